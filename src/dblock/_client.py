@@ -1,0 +1,180 @@
+"""connect() and Client: URL -> backend, owner identity, shared state of its locks."""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import secrets
+import socket
+import threading
+from collections.abc import Callable
+from types import TracebackType
+
+from ._lock import Hold, Lock
+from ._renewer import Scheduler
+from ._types import LockInfo
+from ._url import parse_url
+from ._validate import check_key, check_table
+from .backends import Backend, open_backend
+
+log = logging.getLogger("dblock")
+_HOST = socket.gethostname()[:64] or "localhost"
+
+
+def connect(
+    url: str | None = None, *, table: str = "dblock_locks", create_schema: bool = True
+) -> Client:
+    """Open a client on the lock table ``table`` of the database at ``url``.
+
+    ``url=None`` means the ``DBLOCK_URL`` environment variable, else an embedded SQLite file in
+    the user's state directory (shared by the processes of this host). With
+    ``create_schema=True`` missing tables are created (idempotent, safe under concurrency);
+    with False a missing table raises ConfigurationError.
+
+    >>> with dblock.connect("postgresql://app@db/app") as client:
+    ...     with client.lock("nightly-report", ttl=60):
+    ...         run_report()
+    """
+    schema, name = check_table(table)
+    parsed = parse_url(url)
+    backend = open_backend(parsed, schema, name)
+    try:
+        backend.ensure_schema(create=bool(create_schema))
+    except BaseException:
+        backend.close()
+        raise
+    return Client(backend)
+
+
+class Client:
+    """A thread-safe handle on one lock table. Use it as a context manager or ``close()`` it."""
+
+    def __init__(self, backend: Backend) -> None:
+        self._backend = backend
+        self._scheduler = Scheduler(f"dblock-renewer[{backend.table}]")
+        self._reentrant: dict[tuple[str, int], Hold] = {}
+        self._registry_lock = threading.Lock()
+        self._poll_cap = backend.max_poll
+        self._closed = False
+
+    @property
+    def url(self) -> str:
+        """The database URL, password hidden."""
+        return self._backend.safe_url
+
+    @property
+    def table(self) -> str:
+        return self._backend.table
+
+    @property
+    def dialect(self) -> str:
+        return self._backend.dialect
+
+    # -- locks ----------------------------------------------------------------------------
+    def lock(
+        self,
+        key: str,
+        *,
+        ttl: float = 30.0,
+        timeout: float | None = None,
+        reentrant: bool = True,
+        auto_renew: bool = False,
+        fair: bool = False,
+        on_lost: Callable[[Lock], object] | None = None,
+    ) -> Lock:
+        """A lease lock on ``key`` (not yet acquired). See :class:`Lock`."""
+        return Lock(
+            self,
+            key,
+            ttl=ttl,
+            timeout=timeout,
+            reentrant=reentrant,
+            auto_renew=auto_renew,
+            fair=fair,
+            on_lost=on_lost,
+        )
+
+    # -- inspection and maintenance -------------------------------------------------------
+    def info(self, key: str) -> LockInfo | None:
+        """The current, unexpired hold of ``key``, or None."""
+        return self._backend.info(check_key(key))
+
+    def list(self, prefix: str = "") -> list[LockInfo]:
+        """All current holds whose key starts with ``prefix``, sorted by key (code points)."""
+        if not isinstance(prefix, str):
+            raise TypeError(f"prefix must be a str, not {type(prefix).__name__}")
+        if "\x00" in prefix:
+            raise ValueError("prefix must not contain NUL characters")
+        return self._backend.list(prefix)
+
+    def force_release(self, key: str) -> bool:
+        """Operator's override: end whatever live hold ``key`` has. True if one was freed.
+
+        The holder learns it on its next renewal (``on_lost``) or release (``LockLost``).
+        """
+        return self._backend.force_release(check_key(key))
+
+    def purge(self, older_than: float = 0.0, *, include_once: bool = False) -> int:
+        """Delete rows of locks not held now, released or expired more than ``older_than`` s ago.
+
+        ``once`` records are kept unless ``include_once=True`` (then finished ones go too).
+        Fencing tokens stay monotonic across a purge. Returns how many rows were deleted.
+        """
+        if isinstance(older_than, bool) or not isinstance(older_than, (int, float)):
+            raise TypeError("older_than must be a number of seconds")
+        if not math.isfinite(older_than) or older_than < 0:
+            raise ValueError(f"older_than must be a finite number >= 0, got {older_than!r}")
+        return self._backend.purge(float(older_than), bool(include_once))
+
+    # -- owner identity and re-entrant holds ----------------------------------------------
+    def _identity(self) -> str:
+        return f"{_HOST}:{os.getpid()}:{threading.get_ident()}"
+
+    def _new_owner(self) -> str:
+        return f"{self._identity()}:{secrets.token_hex(8)}"
+
+    def _reentrant_hold(self, key: str, tid: int) -> Hold | None:
+        with self._registry_lock:
+            return self._reentrant.get((key, tid))
+
+    def _set_reentrant_hold(self, key: str, tid: int, hold: Hold) -> None:
+        with self._registry_lock:
+            self._reentrant[(key, tid)] = hold
+
+    def _drop_reentrant_hold(self, key: str, tid: int, hold: Hold) -> None:
+        with self._registry_lock:
+            if self._reentrant.get((key, tid)) is hold:
+                del self._reentrant[(key, tid)]
+
+    # -- lifecycle ------------------------------------------------------------------------
+    def close(self) -> None:
+        """Stop background renewal and close every connection. Idempotent.
+
+        Holds still open are left to expire with their leases (they are not released for
+        you: a lock you forgot to release should not silently protect nothing).
+        """
+        if self._closed:
+            return
+        self._closed = True
+        self._scheduler.stop()
+        self._backend.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<dblock.Client {self.url} table={self.table}>"
+
+
+Client.__module__ = "dblock"
+
+__all__ = ["Client", "connect"]

@@ -1,0 +1,85 @@
+"""The exception tree of dblock.
+
+::
+
+    DBLockError                     base of everything below
+    ├── LockTimeout                 also a TimeoutError
+    ├── NotHeld                     also a RuntimeError
+    │   └── LockLost                the lease was gone before release/renew
+    ├── InProgress                  once(): someone is processing the key now
+    ├── AlreadyDone                 once(): the key has already succeeded
+    ├── ConfigurationError          also a ValueError: bad URL, table name, option
+    └── BackendError                the database failed or could not be reached;
+                                    the driver's exception is its ``__cause__``
+
+Every error that concerns one key carries it as ``.key``. Errors pickle, so they cross
+process boundaries (multiprocessing, concurrent.futures) intact.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class DBLockError(Exception):
+    """Base class of every error raised by dblock."""
+
+    def __init__(self, message: str, *, key: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.key = key
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild, (type(self), self.message, self.key))
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def _rebuild(cls: type[DBLockError], message: str, key: str | None) -> DBLockError:
+    return cls(message, key=key)
+
+
+class LockTimeout(DBLockError, TimeoutError):
+    """The lock was not acquired within the timeout."""
+
+
+class NotHeld(DBLockError, RuntimeError):
+    """release() or renew() of a lock this owner does not hold."""
+
+
+class LockLost(NotHeld):
+    """The lease expired or was taken over before release() or renew().
+
+    The work done under the lock ran partly unprotected: another owner may have acted at the
+    same time. Fencing tokens (``lock.token``) let the protected resource reject such writes.
+    """
+
+
+class InProgress(DBLockError):
+    """once(): another owner is processing the key right now."""
+
+
+class AlreadyDone(DBLockError):
+    """once(): the key has already succeeded; it will not run again."""
+
+
+class ConfigurationError(DBLockError, ValueError):
+    """A bad URL, table name or option. Raised before any SQL runs."""
+
+
+class BackendError(DBLockError):
+    """The database failed or could not be reached. ``__cause__`` is the driver's error."""
+
+
+for _cls in (
+    DBLockError,
+    LockTimeout,
+    NotHeld,
+    LockLost,
+    InProgress,
+    AlreadyDone,
+    ConfigurationError,
+    BackendError,
+):
+    _cls.__module__ = "dblock"

@@ -1,0 +1,355 @@
+"""Lock: waiting, backoff, reentrancy, renewal and loss detection. No SQL here.
+
+What "lost" means: the lease of a hold is gone (expired, taken over by another owner,
+force-released, or could not be renewed before it ran out because the database was
+unreachable). From that moment another owner may act on what the lock protects. dblock tells
+you in three ways: ``held`` turns False, ``on_lost`` is called once (from the client's
+background thread), and ``release()`` / ``renew()`` raise :class:`LockLost`. Stop the work, and
+let the protected resource reject stale writes by their fencing token (``lock.token``).
+
+Timeline of the race fencing protects against::
+
+    A acquires (token 7) ... A pauses (GC, SIGSTOP) ...... A resumes, writes with token 7
+                     lease expires | B acquires (token 8), writes with token 8
+                                     the resource has seen 8, so it rejects A's 7
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from types import TracebackType
+from typing import TYPE_CHECKING
+
+from ._errors import BackendError, LockLost, LockTimeout, NotHeld
+from ._renewer import Job
+from ._timing import Backoff
+from ._validate import check_key, check_timeout, check_ttl
+
+if TYPE_CHECKING:
+    from ._client import Client
+
+log = logging.getLogger("dblock")
+
+#: with pushed wake-ups, waiters poll only as a fallback for a missed notification
+PUSHED_POLL_CAP = 2.0
+FIRST_BACKOFF = 0.002
+
+
+class Hold:
+    """One acquisition in the database, shared by re-entrant acquisitions of its thread."""
+
+    def __init__(self, lock: Lock, owner: str, token: int, ttl: float, sent_at: float) -> None:
+        self.lock = lock
+        self.key = lock.key
+        self.owner = owner
+        self.token = token
+        self.ttl = ttl
+        self.count = 1
+        self.lost = False
+        #: the local monotonic time after which the lease may have ended (conservative: the
+        #: database started the lease no earlier than the request was sent)
+        self.expires_by = sent_at + ttl
+        self.mutex = threading.Lock()
+        self.job: Job | None = None
+
+    def live(self) -> bool:
+        return not self.lost and time.monotonic() < self.expires_by
+
+
+class Lock:
+    """A lease lock on one key. Create it with :meth:`Client.lock`.
+
+    >>> with client.lock("invoice:42", ttl=30, timeout=5):
+    ...     pay()
+    """
+
+    def __init__(
+        self,
+        client: Client,
+        key: str,
+        *,
+        ttl: float = 30.0,
+        timeout: float | None = None,
+        reentrant: bool = True,
+        auto_renew: bool = False,
+        fair: bool = False,
+        on_lost: Callable[[Lock], object] | None = None,
+        kind: str = "lock",
+    ) -> None:
+        self._client = client
+        self._key = check_key(key)
+        self._ttl = check_ttl(ttl)
+        self._timeout = check_timeout(timeout)
+        if on_lost is not None and not callable(on_lost):
+            raise TypeError("on_lost must be a callable taking the lock")
+        if fair:
+            from ._errors import ConfigurationError
+
+            raise ConfigurationError("fair=True is not available yet in this version of dblock")
+        self._reentrant = bool(reentrant)
+        self._auto_renew = bool(auto_renew)
+        self._on_lost = on_lost
+        self._kind = kind
+        self._holds: dict[int, list[Hold]] = {}
+        self._mutex = threading.Lock()
+
+    # -- properties -----------------------------------------------------------------------
+    @property
+    def key(self) -> str:
+        return self._key
+
+    @property
+    def ttl(self) -> float:
+        return self._ttl
+
+    def _current(self) -> Hold | None:
+        with self._mutex:
+            refs = self._holds.get(threading.get_ident())
+            if refs:
+                return refs[-1]
+            for refs in self._holds.values():
+                if refs:
+                    return refs[-1]
+        return None
+
+    @property
+    def held(self) -> bool:
+        """True while this lock object holds the key and its lease is not known to be lost."""
+        hold = self._current()
+        return hold is not None and hold.live()
+
+    @property
+    def token(self) -> int | None:
+        """The fencing token of the current hold, None when not held."""
+        hold = self._current()
+        return hold.token if hold is not None and not hold.lost else None
+
+    @property
+    def owner(self) -> str:
+        """``<host>:<pid>:<thread>:<random>``: the holder's identity (a fresh one per hold)."""
+        hold = self._current()
+        if hold is not None:
+            return hold.owner
+        return self._client._identity() + ":-"
+
+    def locked(self) -> bool:
+        """Ask the database: is the key held by anyone now?"""
+        return self._client._backend.info(self._key) is not None
+
+    # -- acquire --------------------------------------------------------------------------
+    def acquire(self, blocking: bool = True, timeout: float | None = None) -> bool:
+        """Take the lock; return False if it was not had in time.
+
+        ``blocking=False`` tries once. ``timeout`` (seconds) bounds the wait; None uses the
+        lock's own timeout, whose default None waits forever.
+        """
+        wait = check_timeout(timeout) if timeout is not None else self._timeout
+        tid = threading.get_ident()
+        if self._reentrant:
+            shared = self._client._reentrant_hold(self._key, tid)
+            if shared is not None:
+                with shared.mutex:
+                    if shared.live():
+                        shared.count += 1
+                        self._push(tid, shared)
+                        return True
+        hold = self._acquire_new(blocking, wait)
+        if hold is None:
+            return False
+        self._push(tid, hold)
+        if self._reentrant:
+            self._client._set_reentrant_hold(self._key, tid, hold)
+        self._schedule(hold)
+        return True
+
+    def _acquire_new(self, blocking: bool, timeout: float | None) -> Hold | None:
+        client = self._client
+        backend = client._backend
+        owner = client._new_owner()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        subscription = None
+        backoff: Backoff | None = None
+        try:
+            while True:
+                sent = time.monotonic()
+                token = backend.acquire(self._key, owner, self._ttl, self._kind)
+                if token is not None:
+                    return Hold(self, owner, token, self._ttl, sent)
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if not blocking or (remaining is not None and remaining <= 0):
+                    return None
+                if subscription is None:
+                    # Listen before the next try, so a release between the try and the wait
+                    # is not missed (PITFALLS 8).
+                    subscription = backend.subscribe(self._key)
+                    cap = PUSHED_POLL_CAP if subscription.live else client._poll_cap
+                    backoff = Backoff(FIRST_BACKOFF, cap)
+                    continue
+                assert backoff is not None
+                pause = backoff.next()
+                subscription.wait(pause if remaining is None else min(pause, remaining))
+        finally:
+            if subscription is not None:
+                subscription.close()
+
+    def _push(self, tid: int, hold: Hold) -> None:
+        with self._mutex:
+            self._holds.setdefault(tid, []).append(hold)
+
+    # -- release and renew ----------------------------------------------------------------
+    def release(self) -> None:
+        """Release one acquisition; the key is freed after as many releases as acquisitions.
+
+        Raises NotHeld if this owner does not hold the lock, and LockLost if its lease was
+        gone (the work ran partly unprotected). Never frees another owner's hold.
+        """
+        tid = threading.get_ident()
+        with self._mutex:
+            refs = self._holds.get(tid)
+            hold = refs[-1] if refs else None
+        if hold is None or refs is None:
+            raise NotHeld(
+                f"lock {self._key!r} is not held by this owner (table "
+                f"{self._client._backend.table}); release() only what acquire() returned True for",
+                key=self._key,
+            )
+        with hold.mutex:
+            if hold.count > 1:
+                hold.count -= 1
+                self._pop(tid)
+                if hold.lost:
+                    raise self._lost_error(hold)
+                return
+            if hold.job is not None:
+                hold.job.cancel()  # stop renewing before releasing (PITFALLS 11)
+            try:
+                released = self._client._backend.release(self._key, hold.owner, hold.token)
+            except BackendError:
+                self._schedule_locked(hold)  # still ours as far as we know: keep renewing
+                raise
+            hold.count = 0
+            self._pop(tid)
+            self._client._drop_reentrant_hold(self._key, tid, hold)
+            if not released:
+                hold.lost = True
+            if hold.lost:
+                raise self._lost_error(hold)
+
+    def _pop(self, tid: int) -> None:
+        with self._mutex:
+            refs = self._holds[tid]
+            refs.pop()
+            if not refs:
+                del self._holds[tid]
+
+    def _lost_error(self, hold: Hold) -> LockLost:
+        return LockLost(
+            f"the lease of lock {self._key!r} (token {hold.token}, table "
+            f"{self._client._backend.table}) was lost before release: it expired or was taken "
+            "over, so the work ran partly unprotected; use a longer ttl or auto_renew=True",
+            key=self._key,
+        )
+
+    def renew(self, ttl: float | None = None) -> None:
+        """Extend the lease to ``ttl`` seconds from now (default: the lock's ttl).
+
+        Raises NotHeld if not held, LockLost if the lease is no longer this owner's.
+        """
+        new_ttl = self._ttl if ttl is None else check_ttl(ttl)
+        hold = self._current_of_thread()
+        with hold.mutex:
+            if hold.lost:
+                raise self._lost_error(hold)
+            sent = time.monotonic()
+            if not self._client._backend.renew(self._key, hold.owner, hold.token, new_ttl):
+                hold.lost = True
+                if hold.job is not None:
+                    hold.job.cancel()
+                raise self._lost_error(hold)
+            hold.ttl = new_ttl
+            hold.expires_by = sent + new_ttl
+            if hold.job is not None:
+                hold.job.cancel()
+            self._schedule_locked(hold)
+
+    def _current_of_thread(self) -> Hold:
+        with self._mutex:
+            refs = self._holds.get(threading.get_ident())
+        if not refs:
+            raise NotHeld(f"lock {self._key!r} is not held by this owner", key=self._key)
+        return refs[-1]
+
+    # -- background renewal and loss watch ------------------------------------------------
+    def _schedule(self, hold: Hold) -> None:
+        with hold.mutex:
+            self._schedule_locked(hold)
+
+    def _schedule_locked(self, hold: Hold) -> None:
+        if self._auto_renew:
+            when = hold.expires_by - hold.ttl * 2 / 3
+        elif self._on_lost is not None:
+            when = hold.expires_by
+        else:
+            return
+        hold.job = self._client._scheduler.at(when, lambda: self._tick(hold))
+
+    def _tick(self, hold: Hold) -> None:
+        """Runs on the client's background thread: renew, or notice the lease is gone."""
+        with hold.mutex:
+            if hold.count == 0 or hold.lost or hold.job is None or hold.job.cancelled:
+                return
+            if not self._auto_renew:
+                lost = True  # a watched lease that was not renewed has run out
+            else:
+                sent = time.monotonic()
+                try:
+                    lost = not self._client._backend.renew(
+                        self._key, hold.owner, hold.token, hold.ttl
+                    )
+                except BackendError as exc:
+                    if time.monotonic() < hold.expires_by:
+                        log.warning("renewing %r failed, retrying: %s", self._key, exc)
+                        retry = min(time.monotonic() + max(hold.ttl / 10, 0.05), hold.expires_by)
+                        hold.job = self._client._scheduler.at(retry, lambda: self._tick(hold))
+                        return
+                    lost = True
+                else:
+                    if not lost:
+                        hold.expires_by = sent + hold.ttl
+                        self._schedule_locked(hold)
+                        return
+            hold.lost = True
+        log.warning("lost the lease of lock %r (token %d)", self._key, hold.token)
+        if self._on_lost is not None:
+            try:
+                self._on_lost(self)
+            except Exception:
+                log.exception("on_lost callback of lock %r raised", self._key)
+
+    # -- context manager ------------------------------------------------------------------
+    def __enter__(self) -> Lock:
+        if not self.acquire():
+            raise LockTimeout(
+                f"lock {self._key!r} was not acquired within {self._timeout:g} s (table "
+                f"{self._client._backend.table}); it is held by another owner — see "
+                f"`dblock info {self._key}`",
+                key=self._key,
+            )
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.release()
+
+    def __repr__(self) -> str:
+        return f"<dblock.Lock key={self._key!r} ttl={self._ttl:g} held={self.held}>"
+
+
+Lock.__module__ = "dblock"

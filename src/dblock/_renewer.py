@@ -1,0 +1,80 @@
+"""One background thread per client that runs timed jobs: lease renewals and expiry watches."""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+log = logging.getLogger("dblock")
+
+
+class Job:
+    """A scheduled call; ``cancel()`` makes it a no-op if it has not started."""
+
+    __slots__ = ("cancelled", "fn")
+
+    def __init__(self, fn: Callable[[], None]) -> None:
+        self.fn = fn
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class Scheduler:
+    """Runs jobs at monotonic times on a daemon thread, started on first use."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._heap: list[tuple[float, int, Job]] = []
+        self._seq = itertools.count()
+        self._cond = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._stopped = False
+
+    def at(self, when: float, fn: Callable[[], None]) -> Job:
+        """Run ``fn`` at ``time.monotonic() >= when``."""
+        job = Job(fn)
+        with self._cond:
+            if self._stopped:
+                return job
+            heapq.heappush(self._heap, (when, next(self._seq), job))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
+                self._thread.start()
+            self._cond.notify()
+        return job
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopped = True
+            self._heap.clear()
+            self._cond.notify()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=5)
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._stopped:
+                    if self._heap:
+                        wait = self._heap[0][0] - time.monotonic()
+                        if wait <= 0:
+                            break
+                        self._cond.wait(wait)
+                    else:
+                        self._cond.wait()
+                if self._stopped:
+                    return
+                _, _, job = heapq.heappop(self._heap)
+            if job.cancelled:
+                continue
+            try:
+                job.fn()
+            except Exception:
+                log.exception("dblock background job failed")

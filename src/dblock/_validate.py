@@ -1,0 +1,72 @@
+"""Input validation shared by the client, the locks and the CLI (pure, no I/O)."""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Final
+
+from ._errors import ConfigurationError
+
+MAX_KEY_LENGTH: Final = 255
+MAX_TTL: Final = 31_536_000.0  # one year, in seconds
+MAX_TABLE_LENGTH: Final = 63
+_IDENTIFIER: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
+
+
+def check_key(key: object) -> str:
+    """Return ``key`` if it is a valid lock key, else raise TypeError or ValueError."""
+    if not isinstance(key, str):
+        raise TypeError(f"lock key must be a str, not {type(key).__name__}")
+    if not key:
+        raise ValueError("lock key must not be empty")
+    if len(key) > MAX_KEY_LENGTH:
+        raise ValueError(
+            f"lock key is {len(key)} characters long; at most {MAX_KEY_LENGTH} are allowed"
+        )
+    if "\x00" in key:
+        raise ValueError("lock key must not contain NUL characters")
+    return key
+
+
+def check_seconds(value: object, name: str, *, allow_zero: bool = False,
+                  maximum: float = MAX_TTL) -> float:
+    """Return ``value`` as float seconds if finite, positive (or zero) and within ``maximum``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number of seconds, not {type(value).__name__}")
+    seconds = float(value)
+    if not math.isfinite(seconds):
+        raise ValueError(f"{name} must be a finite number of seconds, got {value!r}")
+    if seconds < 0 or (seconds == 0 and not allow_zero):
+        bound = ">= 0" if allow_zero else "> 0"
+        raise ValueError(f"{name} must be {bound} seconds, got {value!r}")
+    if seconds > maximum:
+        raise ValueError(f"{name} must be at most {maximum:g} seconds, got {value!r}")
+    return seconds
+
+
+def check_ttl(ttl: object) -> float:
+    """A lease: finite, > 0 and at most one year."""
+    return check_seconds(ttl, "ttl")
+
+
+def check_timeout(timeout: object) -> float | None:
+    """A wait: None (forever) or a finite number >= 0."""
+    if timeout is None:
+        return None
+    return check_seconds(timeout, "timeout", allow_zero=True, maximum=math.inf)
+
+
+def check_table(table: object) -> tuple[str | None, str]:
+    """Split a validated ``[schema.]table`` name; raise ConfigurationError otherwise."""
+    if not isinstance(table, str):
+        raise ConfigurationError(f"table must be a str, not {type(table).__name__}")
+    parts = table.split(".")
+    if len(parts) > 2 or not all(_IDENTIFIER.fullmatch(p) for p in parts):
+        raise ConfigurationError(
+            f"invalid table name {table!r}: use letters, digits and '_', starting with a "
+            f"letter or '_', at most {MAX_TABLE_LENGTH} characters, optionally 'schema.table'"
+        )
+    if len(parts) == 2:
+        return parts[0], parts[1]
+    return None, parts[0]

@@ -1,0 +1,52 @@
+"""Backends by URL scheme. Drivers are imported only when their URL is used."""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+from .._errors import ConfigurationError
+from ._protocol import Backend, Subscription
+
+if TYPE_CHECKING:
+    from .._url import DatabaseURL
+
+# dialect -> (module, class, the extra that installs its driver)
+BACKENDS: dict[str, tuple[str, str, str | None]] = {
+    "sqlite": ("dblock.backends.sqlite", "SqliteBackend", None),
+    "postgresql": ("dblock.backends.postgresql", "PostgresBackend", "postgresql"),
+    "mysql": ("dblock.backends.mysql", "MysqlBackend", "mysql"),
+}
+
+
+def open_backend(url: DatabaseURL, schema: str | None, table: str) -> Backend:
+    """Instantiate the backend for ``url``; name the extra to install if its driver is missing."""
+    module_name, class_name, extra = BACKENDS[url.dialect]
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigurationError(
+            f"the {url.dialect} backend needs its driver ({exc.name}): "
+            f"pip install 'dblock[{extra}]'"
+        ) from exc
+    backend: Backend = getattr(module, class_name)(url, schema, table)
+    return backend
+
+
+__all__ = ["BACKENDS", "Backend", "Subscription", "ddl_for", "open_backend"]
+
+
+def ddl_for(dialect: str, table: str = "dblock_locks") -> list[str]:
+    """The DDL that ``connect(create_schema=True)`` runs for ``dialect``, without connecting."""
+    from .._url import parse_url
+    from .._validate import check_table
+
+    placeholder = {
+        "sqlite": "sqlite:///dblock.sqlite3",
+        "postgresql": "postgresql://localhost/db",
+        "mysql": "mysql://localhost/db",
+    }
+    if dialect not in placeholder:
+        raise ConfigurationError(f"unknown dialect {dialect!r}: use {', '.join(placeholder)}")
+    schema, name = check_table(table)
+    return open_backend(parse_url(placeholder[dialect]), schema, name).ddl()

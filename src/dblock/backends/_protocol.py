@@ -1,0 +1,87 @@
+"""The contract between the lock semantics (core) and a storage backend.
+
+A backend is a handful of atomic operations on the lock table. Each is one statement (one
+round trip) where the database allows it, measures time on the database server's clock only,
+and checks owner and fencing token in the same statement that changes a hold. The core owns
+everything else: waiting, backoff, reentrancy, renewal, validation.
+
+Every method raises only :class:`dblock.BackendError` (driver errors wrapped, ``__cause__``
+set) or :class:`dblock.ConfigurationError`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from .._types import LockInfo
+
+
+@runtime_checkable
+class Subscription(Protocol):
+    """A registration for wake-ups about one key, live before the first try."""
+
+    #: True if releases will be pushed to this subscription (else wait() only sleeps)
+    live: bool
+
+    def wait(self, timeout: float) -> bool:
+        """Sleep up to ``timeout`` s; return True early if the key was released."""
+
+    def close(self) -> None:
+        """Stop listening."""
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """Atomic operations on one lock table."""
+
+    #: dialect name: "sqlite", "postgresql" or "mysql"
+    dialect: str
+    #: True if releases are pushed to waiters (e.g. LISTEN/NOTIFY); waiters then poll rarely
+    pushes_releases: bool
+    #: longest sleep between two tries of a waiter when releases are not pushed, seconds
+    max_poll: float
+    #: the URL with its password replaced by ``***``, for messages
+    safe_url: str
+    #: the qualified table name, for messages
+    table: str
+
+    def ensure_schema(self, create: bool) -> None:
+        """Create the tables if missing (``create``), else check that they exist."""
+
+    def ddl(self) -> list[str]:
+        """The statements ``ensure_schema(create=True)`` runs, for a DBA."""
+
+    def acquire(self, key: str, owner: str, ttl: float, kind: str) -> int | None:
+        """Insert or take over an expired hold; return its new fencing token, or None if held.
+
+        A row already held by ``owner`` itself is taken again (so a retry after a lost reply is
+        idempotent); the token still increases.
+        """
+
+    def release(self, key: str, owner: str, token: int) -> bool:
+        """End a live hold of (owner, token); False if the lease was already gone."""
+
+    def renew(self, key: str, owner: str, token: int, ttl: float) -> bool:
+        """Set a live hold's lease to ``ttl`` s from now; False if it was already gone."""
+
+    def info(self, key: str) -> LockInfo | None:
+        """The current unexpired hold of ``key``."""
+
+    def list(self, prefix: str) -> list[LockInfo]:
+        """All current holds whose key starts with ``prefix``, sorted by key (code points)."""
+
+    def force_release(self, key: str) -> bool:
+        """End any live hold of ``key``; True if one was freed."""
+
+    def purge(self, older_than: float, include_once: bool) -> int:
+        """Delete rows not held now, released or expired more than ``older_than`` s ago.
+
+        Fencing tokens stay monotonic: a key whose row is deleted later gets a larger token.
+        """
+
+    def subscribe(self, key: str) -> Subscription:
+        """Register for release wake-ups of ``key`` (a plain sleeper if not pushed)."""
+
+    def close(self) -> None:
+        """Close every connection and background thread."""

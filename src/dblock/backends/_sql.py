@@ -1,0 +1,165 @@
+"""What the SQL backends share: connection pool, retry policy, error wrapping.
+
+Retry policy (PITFALLS 6 and 10): a statement that fails because its pooled connection was
+dropped (server restart, ``pg_terminate_backend``, MariaDB ``KILL``) is run once more on a
+fresh connection; a deadlock or serialization failure is retried a few times with backoff.
+Both are safe because every lock operation is idempotent for the same owner (see the backend
+SQL). Anything else becomes :class:`BackendError` at once.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import threading
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from enum import Enum
+from typing import Generic, TypeVar
+
+from .._errors import BackendError
+
+C = TypeVar("C")
+T = TypeVar("T")
+
+_TRANSIENT_ATTEMPTS = 5
+_POOL_SIZE = 8
+
+
+class Failure(Enum):
+    """How a driver error affects the retry decision."""
+
+    DISCONNECT = "disconnect"  # the connection is dead: discard it, retry on a new one
+    TRANSIENT = "transient"  # deadlock / serialization failure: retry the statement
+    FATAL = "fatal"  # anything else: wrap and raise
+
+
+class Sleeper:
+    """A Subscription that only sleeps: for backends that cannot push releases."""
+
+    live = False
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+
+    def wait(self, timeout: float) -> bool:
+        self._event.wait(timeout)
+        return False
+
+    def close(self) -> None:
+        self._event.set()
+
+
+class SqlBackend(ABC, Generic[C]):
+    """Pool, retries and error wrapping around a DB-API driver. Subclasses supply SQL."""
+
+    dialect: str
+    pushes_releases = False
+    max_poll = 0.25
+
+    def __init__(self, safe_url: str, table: str, password: str | None) -> None:
+        self.safe_url = safe_url
+        self.table = table
+        self._password = password
+        self._idle: list[C] = []
+        self._pool_lock = threading.Lock()
+        self._pid = os.getpid()
+        self._closed = False
+
+    # -- to implement -------------------------------------------------------------------
+    @abstractmethod
+    def _connect(self) -> C:
+        """Open a new connection in autocommit mode."""
+
+    @abstractmethod
+    def _close_connection(self, conn: C) -> None:
+        """Close a connection, ignoring errors."""
+
+    @abstractmethod
+    def _classify(self, exc: BaseException) -> Failure | None:
+        """Classify a driver exception; None if it is not the driver's."""
+
+    def _reset(self, conn: C) -> None:  # noqa: B027 - optional hook
+        """Bring a connection back to a clean state after a failed statement."""
+
+    # -- pool ---------------------------------------------------------------------------
+    def _checkout(self) -> C:
+        with self._pool_lock:
+            if self._closed:
+                raise BackendError(f"the dblock client for {self.safe_url} is closed")
+            if self._pid != os.getpid():
+                # Forked: the parent's sockets are not ours. Forget them without closing, as
+                # closing would send a goodbye on the parent's connection.
+                self._idle.clear()
+                self._pid = os.getpid()
+            if self._idle:
+                return self._idle.pop()
+        return self._connect()
+
+    def _checkin(self, conn: C) -> None:
+        with self._pool_lock:
+            if not self._closed and self._pid == os.getpid() and len(self._idle) < _POOL_SIZE:
+                self._idle.append(conn)
+                return
+        self._close_connection(conn)
+
+    def close(self) -> None:
+        with self._pool_lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        if self._pid == os.getpid():
+            for conn in idle:
+                self._close_connection(conn)
+
+    # -- running ------------------------------------------------------------------------
+    def run(self, what: str, fn: Callable[[C], T], *, key: str | None = None) -> T:
+        """Run ``fn(conn)`` with the retry policy; wrap driver errors in BackendError."""
+        reconnected = False
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                conn = self._checkout()
+            except BackendError:
+                raise
+            except Exception as exc:
+                raise self._wrap(exc, f"cannot connect to {self.safe_url}", key) from exc
+            try:
+                result = fn(conn)
+            except BaseException as exc:
+                failure = self._classify(exc)
+                if failure is None:
+                    self._close_connection(conn)
+                    raise
+                if failure is Failure.DISCONNECT:
+                    self._close_connection(conn)
+                    if not reconnected:
+                        reconnected = True
+                        continue
+                else:
+                    self._reset_or_discard(conn)
+                    if failure is Failure.TRANSIENT and attempt < _TRANSIENT_ATTEMPTS:
+                        time.sleep(random.uniform(0.001, 0.01 * attempt))
+                        continue
+                raise self._wrap(exc, f"{what} failed on {self.safe_url}", key) from exc
+            self._checkin(conn)
+            return result
+
+    def _reset_or_discard(self, conn: C) -> None:
+        try:
+            self._reset(conn)
+        except Exception:  # noqa: BLE001 - a connection that cannot reset is dropped
+            self._close_connection(conn)
+        else:
+            self._checkin(conn)
+
+    def _wrap(self, exc: BaseException, doing: str, key: str | None) -> BackendError:
+        detail = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        if self._password:
+            detail = detail.replace(self._password, "***")
+        where = f" (key {key!r}, table {self.table})" if key is not None else f" (table {self.table})"
+        return BackendError(f"{doing}{where}: {detail}", key=key)
+
+    def subscribe(self, key: str) -> Sleeper:
+        return Sleeper()

@@ -1,0 +1,266 @@
+"""SQLite backend (stdlib ``sqlite3``): the embedded default, safe across processes on one host.
+
+Requires SQLite >= 3.35 (upsert with ``RETURNING``). Time comes from SQLite's own clock on the
+host that holds the file: ``julianday('now')``, which is fixed for the duration of one
+statement, converted to Unix seconds (millisecond resolution). WAL mode lets readers run beside
+the single writer; a busy timeout makes writers queue instead of failing.
+
+Fencing tokens are per key (``token + 1`` on every acquisition). ``purge`` records the highest
+token it deletes in ``<table>_meta.hwm`` in the same transaction, and a new row starts above
+it, so deleting rows never lets a token repeat.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from .._errors import ConfigurationError
+from .._types import Kind, LockInfo
+from .._url import DatabaseURL
+from ._names import aux_name, qualify
+from ._sql import Failure, SqlBackend
+
+MIN_VERSION = (3, 35, 0)
+NOW = "((julianday('now') - 2440587.5) * 86400.0)"
+_BUSY_CODES = {"SQLITE_BUSY", "SQLITE_LOCKED"}
+
+
+def _ts(value: float) -> datetime:
+    return datetime.fromtimestamp(value, tz=timezone.utc)
+
+
+class SqliteBackend(SqlBackend[sqlite3.Connection]):
+    """Lock table in a SQLite file."""
+
+    dialect = "sqlite"
+    max_poll = 0.1  # a local file: polling is cheap, and hand-off latency is bounded by this
+
+    def __init__(self, url: DatabaseURL, schema: str | None, table: str) -> None:
+        if sqlite3.sqlite_version_info < MIN_VERSION:
+            raise ConfigurationError(
+                f"dblock needs SQLite >= 3.35 (upsert with RETURNING); this Python has "
+                f"{sqlite3.sqlite_version}"
+            )
+        super().__init__(url.safe, f"{schema}.{table}" if schema else table, None)
+        self.path = url.database
+        unknown = set(url.query) - {"timeout"}
+        if unknown:
+            raise ConfigurationError(
+                f"unknown SQLite URL parameter(s) {sorted(unknown)} in {url.safe!r}; "
+                "supported: timeout (busy timeout in seconds)"
+            )
+        try:
+            self.busy_timeout = float(url.query.get("timeout", "10"))
+        except ValueError:
+            raise ConfigurationError(f"timeout in {url.safe!r} must be a number") from None
+        t = qualify(schema, table, '"')
+        meta = qualify(schema, aux_name(table, "_meta"), '"')
+        index = qualify(schema, aux_name(table, "_expires_idx"), '"')
+        self._ddl = [
+            f"CREATE TABLE IF NOT EXISTS {t} (\n"
+            "    lock_key    TEXT    NOT NULL PRIMARY KEY,\n"
+            "    kind        TEXT    NOT NULL DEFAULT 'lock',\n"
+            "    owner       TEXT,\n"
+            "    token       INTEGER NOT NULL,\n"
+            "    acquired_at REAL    NOT NULL,  -- Unix seconds, SQLite's clock\n"
+            "    expires_at  REAL    NOT NULL,\n"
+            "    state       TEXT,\n"
+            "    note        TEXT\n"
+            ") WITHOUT ROWID",
+            # SQLite qualifies the index name, never the table it indexes.
+            f'CREATE INDEX IF NOT EXISTS {index} ON "{table}" (expires_at)',
+            f"CREATE TABLE IF NOT EXISTS {meta} (\n"
+            "    id  INTEGER NOT NULL PRIMARY KEY,\n"
+            "    hwm INTEGER NOT NULL  -- highest fencing token ever purged\n"
+            ")",
+            f"INSERT OR IGNORE INTO {meta} (id, hwm) VALUES (1, 0)",
+        ]
+        # :key :kind :owner :ttl -> one row (the new token) if taken, no row if held.
+        # A live row is taken only by its own owner (an idempotent retry); a `once` record is
+        # never taken by a plain lock.
+        self._acquire = (
+            f"INSERT INTO {t} AS l (lock_key, kind, owner, token, acquired_at, expires_at)\n"
+            f"SELECT :key, :kind, :owner, hwm + 1, {NOW}, {NOW} + :ttl FROM {meta} WHERE id = 1\n"
+            "ON CONFLICT (lock_key) DO UPDATE SET kind = excluded.kind, owner = excluded.owner,\n"
+            "    token = l.token + 1, acquired_at = excluded.acquired_at,\n"
+            "    expires_at = excluded.expires_at, state = NULL, note = NULL\n"
+            f"WHERE (l.expires_at <= {NOW} AND l.kind <> 'once') OR l.owner = excluded.owner\n"
+            "RETURNING token"
+        )
+        live = f"lock_key = :key AND owner = :owner AND token = :token AND expires_at > {NOW}"
+        # :key :owner :token -> 1 row changed if the hold was live and is now ended
+        self._release = f"UPDATE {t} SET owner = NULL, expires_at = {NOW} WHERE {live}"
+        # :key :owner :token :ttl -> 1 row changed if the hold was live and is extended
+        self._renew = f"UPDATE {t} SET expires_at = {NOW} + :ttl WHERE {live}"
+        cols = "lock_key, owner, token, acquired_at, expires_at, kind"
+        held = f"owner IS NOT NULL AND expires_at > {NOW}"
+        self._info = f"SELECT {cols} FROM {t} WHERE lock_key = :key AND {held}"
+        self._list = (
+            f"SELECT {cols} FROM {t} WHERE {held} AND substr(lock_key, 1, :n) = :prefix "
+            "ORDER BY lock_key"
+        )
+        self._list_all = f"SELECT {cols} FROM {t} WHERE {held} ORDER BY lock_key"
+        self._owner_token = f"SELECT owner, token FROM {t} WHERE lock_key = :key"
+        # :key -> 1 row changed if a live hold was ended
+        self._force = f"UPDATE {t} SET owner = NULL, expires_at = {NOW} WHERE lock_key = :key AND {held}"
+        gone = (
+            f"expires_at < {NOW} - :older AND (kind <> 'once' OR "
+            "(:inc AND state IN ('succeeded', 'failed')))"
+        )
+        self._purge_hwm = (
+            f"UPDATE {meta} SET hwm = max(hwm, coalesce((SELECT max(token) FROM {t} WHERE {gone}), 0)) "
+            "WHERE id = 1"
+        )
+        self._purge = f"DELETE FROM {t} WHERE {gone}"
+        self._exists = (
+            "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name IN (:t, :m)"
+            if schema is None
+            else f'SELECT count(*) FROM "{schema}".sqlite_master '
+            "WHERE type = 'table' AND name IN (:t, :m)"
+        )
+        self._names = {"t": table, "m": aux_name(table, "_meta")}
+
+    # -- connections ----------------------------------------------------------------------
+    def _connect(self) -> sqlite3.Connection:
+        if self.path != ":memory:":
+            Path(self.path).expanduser().parent.mkdir(parents=True, exist_ok=True)
+        conn = sqlite3.connect(
+            str(Path(self.path).expanduser()),
+            timeout=self.busy_timeout,
+            isolation_level=None,
+            check_same_thread=False,
+        )
+        try:
+            conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout * 1000)}")
+            # WAL: readers never block the writer. Kept at synchronous=FULL (the default) so a
+            # power cut cannot roll back an acquisition whose token a client already saw.
+            conn.execute("PRAGMA journal_mode = WAL")
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def _close_connection(self, conn: sqlite3.Connection) -> None:
+        try:
+            conn.close()
+        except sqlite3.Error:
+            pass
+
+    def _classify(self, exc: BaseException) -> Failure | None:
+        if not isinstance(exc, sqlite3.Error):
+            return None
+        if isinstance(exc, sqlite3.ProgrammingError) and "closed" in str(exc):
+            return Failure.DISCONNECT
+        return Failure.FATAL
+
+    def _reset(self, conn: sqlite3.Connection) -> None:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+
+    # -- schema ---------------------------------------------------------------------------
+    def ddl(self) -> list[str]:
+        return list(self._ddl)
+
+    def ensure_schema(self, create: bool) -> None:
+        def op(conn: sqlite3.Connection) -> None:
+            found = conn.execute(self._exists, self._names).fetchone()[0]
+            if found == 2:
+                return
+            if not create:
+                raise ConfigurationError(
+                    f"the lock table {self.table} does not exist in {self.safe_url}; "
+                    "create it with connect(create_schema=True) or apply `dblock schema "
+                    "--dialect sqlite`"
+                )
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                for statement in self._ddl:
+                    conn.execute(statement)
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+
+        self.run("creating the lock table", op)
+
+    # -- operations -----------------------------------------------------------------------
+    def acquire(self, key: str, owner: str, ttl: float, kind: str) -> int | None:
+        params = {"key": key, "kind": kind, "owner": owner, "ttl": ttl}
+
+        def op(conn: sqlite3.Connection) -> int | None:
+            row = conn.execute(self._acquire, params).fetchone()
+            return None if row is None else int(row[0])
+
+        return self.run("acquire", op, key=key)
+
+    def release(self, key: str, owner: str, token: int) -> bool:
+        params = {"key": key, "owner": owner, "token": token}
+        calls = 0
+
+        def op(conn: sqlite3.Connection) -> bool:
+            nonlocal calls
+            calls += 1
+            if conn.execute(self._release, params).rowcount == 1:
+                return True
+            # After a retry the first attempt may have committed: released by us is success.
+            return calls > 1 and self._released_by_us(conn, key, token)
+
+        return self.run("release", op, key=key)
+
+    def _released_by_us(self, conn: sqlite3.Connection, key: str, token: int) -> bool:
+        row = conn.execute(self._owner_token, {"key": key}).fetchone()
+        return row is not None and row[0] is None and row[1] == token
+
+    def renew(self, key: str, owner: str, token: int, ttl: float) -> bool:
+        params = {"key": key, "owner": owner, "token": token, "ttl": ttl}
+        return self.run(
+            "renew", lambda conn: conn.execute(self._renew, params).rowcount == 1, key=key
+        )
+
+    def info(self, key: str) -> LockInfo | None:
+        def op(conn: sqlite3.Connection) -> LockInfo | None:
+            row = conn.execute(self._info, {"key": key}).fetchone()
+            return None if row is None else _info(row)
+
+        return self.run("info", op, key=key)
+
+    def list(self, prefix: str) -> list[LockInfo]:
+        def op(conn: sqlite3.Connection) -> list[LockInfo]:
+            if prefix:
+                cur = conn.execute(self._list, {"n": len(prefix), "prefix": prefix})
+            else:
+                cur = conn.execute(self._list_all)
+            return [_info(row) for row in cur]
+
+        return self.run("list", op)
+
+    def force_release(self, key: str) -> bool:
+        return self.run(
+            "force_release", lambda conn: conn.execute(self._force, {"key": key}).rowcount == 1,
+            key=key,
+        )
+
+    def purge(self, older_than: float, include_once: bool) -> int:
+        params = {"older": older_than, "inc": int(include_once)}
+
+        def op(conn: sqlite3.Connection) -> int:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                conn.execute(self._purge_hwm, params)
+                count = conn.execute(self._purge, params).rowcount
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            return int(count)
+
+        return self.run("purge", op)
+
+
+def _info(row: Any) -> LockInfo:
+    key, owner, token, acquired_at, expires_at, kind = row
+    kind_value: Kind = kind
+    return LockInfo(key, owner, int(token), _ts(acquired_at), _ts(expires_at), kind_value)
