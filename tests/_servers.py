@@ -1,0 +1,71 @@
+"""Where the test servers are, and raw access to them (no dblock code involved)."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from typing import Any
+from urllib.parse import urlsplit
+
+BACKENDS = ("sqlite", "postgresql", "mysql")
+POSTGRESQL_URL = os.environ.get(
+    "DBLOCK_TEST_POSTGRESQL_URL", "postgresql://postgres@127.0.0.1:5432/test"
+)
+MYSQL_URL = os.environ.get("DBLOCK_TEST_MYSQL_URL", "mysql://root@127.0.0.1:3306/test")
+REQUIRE_SERVERS = os.environ.get("DBLOCK_REQUIRE_SERVERS") == "1"
+
+
+def server_url(dialect: str, tmp_dir: str) -> str:
+    if dialect == "sqlite":
+        return f"sqlite:///{tmp_dir}/locks.sqlite3"
+    return POSTGRESQL_URL if dialect == "postgresql" else MYSQL_URL
+
+
+def raw_connect(url: str) -> Any:
+    """A plain driver connection in autocommit mode (to inspect or break things in tests)."""
+    parts = urlsplit(url)
+    if parts.scheme == "sqlite":
+        return sqlite3.connect(parts.path[1:], isolation_level=None, timeout=30)
+    if parts.scheme in ("postgresql", "postgres"):
+        import psycopg
+
+        return psycopg.connect(url, autocommit=True, connect_timeout=5)
+    import pymysql
+
+    return pymysql.connect(
+        host=parts.hostname or "127.0.0.1",
+        port=parts.port or 3306,
+        user=parts.username or "root",
+        password=parts.password or "",
+        database=parts.path.lstrip("/"),
+        autocommit=True,
+        connect_timeout=5,
+        charset="utf8mb4",
+    )
+
+
+def reachable(url: str) -> str | None:
+    """None if the server answers, else the reason."""
+    try:
+        conn = raw_connect(url)
+        conn.close()
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+def drop_tables(url: str, table: str) -> None:
+    """Drop the lock table and what lives beside it (names as in dblock.backends._names)."""
+    from dblock.backends._names import aux_name
+
+    conn = raw_connect(url)
+    try:
+        cur = conn.cursor()
+        scheme = urlsplit(url).scheme
+        q = "`" if scheme in ("mysql", "mariadb") else '"'
+        for name in (table, aux_name(table, "_meta")):
+            cur.execute(f"DROP TABLE IF EXISTS {q}{name}{q}")
+        if scheme in ("postgresql", "postgres"):
+            cur.execute(f'DROP SEQUENCE IF EXISTS "{aux_name(table, "_token_seq")}"')
+    finally:
+        conn.close()

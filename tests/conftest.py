@@ -1,0 +1,59 @@
+"""Fixtures shared by every suite: one backend parameter, real servers only.
+
+``db_url`` runs a test once per backend (sqlite, postgresql, mysql). PostgreSQL and MySQL are
+found through DBLOCK_TEST_POSTGRESQL_URL / DBLOCK_TEST_MYSQL_URL (defaults: the local
+services); when one is unreachable its tests skip, or fail under DBLOCK_REQUIRE_SERVERS=1.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from functools import cache
+
+import pytest
+
+import dblock
+from tests._servers import BACKENDS, REQUIRE_SERVERS, drop_tables, reachable, server_url
+
+
+@cache
+def _unreachable(url: str) -> str | None:
+    return reachable(url)
+
+
+@pytest.fixture(params=BACKENDS)
+def dialect(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def db_url(dialect: str, tmp_path_factory: pytest.TempPathFactory) -> str:
+    url = server_url(dialect, str(tmp_path_factory.mktemp("db")))
+    if dialect != "sqlite":
+        reason = _unreachable(url)
+        if reason is not None:
+            message = f"{dialect} server at {url} unreachable: {reason}"
+            if REQUIRE_SERVERS:
+                pytest.fail(message + " (DBLOCK_REQUIRE_SERVERS=1)")
+            pytest.skip(message)
+    return url
+
+
+@pytest.fixture
+def table(db_url: str) -> Iterator[str]:
+    """A fresh lock table name for this test, dropped afterwards."""
+    name = "t_" + uuid.uuid4().hex[:16]
+    yield name
+    drop_tables(db_url, name)
+
+
+@pytest.fixture
+def client(db_url: str, table: str) -> Iterator[dblock.Client]:
+    with dblock.connect(db_url, table=table) as c:
+        yield c
+
+
+@pytest.fixture
+def key() -> str:
+    return "k-" + uuid.uuid4().hex
