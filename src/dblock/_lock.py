@@ -23,7 +23,7 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import TYPE_CHECKING
 
-from ._errors import BackendError, LockLost, LockTimeout, NotHeld
+from ._errors import BackendError, ConfigurationError, LockLost, LockTimeout, NotHeld
 from ._renewer import Job
 from ._timing import Backoff
 from ._validate import check_key, check_timeout, check_ttl
@@ -86,8 +86,6 @@ class Lock:
         if on_lost is not None and not callable(on_lost):
             raise TypeError("on_lost must be a callable taking the lock")
         if fair:
-            from ._errors import ConfigurationError
-
             raise ConfigurationError("fair=True is not available yet in this version of dblock")
         self._reentrant = bool(reentrant)
         self._auto_renew = bool(auto_renew)
@@ -171,7 +169,7 @@ class Lock:
         owner = client._new_owner()
         deadline = None if timeout is None else time.monotonic() + timeout
         subscription = None
-        backoff: Backoff | None = None
+        backoff = Backoff(FIRST_BACKOFF, client._poll_cap)
         try:
             while True:
                 sent = time.monotonic()
@@ -188,7 +186,6 @@ class Lock:
                     cap = PUSHED_POLL_CAP if subscription.live else client._poll_cap
                     backoff = Backoff(FIRST_BACKOFF, cap)
                     continue
-                assert backoff is not None
                 pause = backoff.next()
                 subscription.wait(pause if remaining is None else min(pause, remaining))
         finally:

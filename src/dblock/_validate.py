@@ -29,8 +29,9 @@ def check_key(key: object) -> str:
     return key
 
 
-def check_seconds(value: object, name: str, *, allow_zero: bool = False,
-                  maximum: float = MAX_TTL) -> float:
+def check_seconds(
+    value: object, name: str, *, allow_zero: bool = False, maximum: float = MAX_TTL
+) -> float:
     """Return ``value`` as float seconds if finite, positive (or zero) and within ``maximum``."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{name} must be a number of seconds, not {type(value).__name__}")

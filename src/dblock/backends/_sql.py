@@ -19,6 +19,7 @@ from enum import Enum
 from typing import Generic, TypeVar
 
 from .._errors import BackendError
+from ._protocol import Subscription
 
 C = TypeVar("C")
 T = TypeVar("T")
@@ -80,7 +81,7 @@ class SqlBackend(ABC, Generic[C]):
     def _classify(self, exc: BaseException) -> Failure | None:
         """Classify a driver exception; None if it is not the driver's."""
 
-    def _reset(self, conn: C) -> None:  # noqa: B027 - optional hook
+    def _reset(self, conn: C) -> None:
         """Bring a connection back to a clean state after a failed statement."""
 
     # -- pool ---------------------------------------------------------------------------
@@ -158,8 +159,8 @@ class SqlBackend(ABC, Generic[C]):
         detail = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         if self._password:
             detail = detail.replace(self._password, "***")
-        where = f" (key {key!r}, table {self.table})" if key is not None else f" (table {self.table})"
+        where = f" (table {self.table})" if key is None else f" (key {key!r}, table {self.table})"
         return BackendError(f"{doing}{where}: {detail}", key=key)
 
-    def subscribe(self, key: str) -> Sleeper:
+    def subscribe(self, key: str) -> Subscription:
         return Sleeper()

@@ -12,6 +12,7 @@ it, so deleting rows never lets a token repeat.
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 from datetime import datetime, timezone
 from pathlib import Path
@@ -105,14 +106,16 @@ class SqliteBackend(SqlBackend[sqlite3.Connection]):
         self._list_all = f"SELECT {cols} FROM {t} WHERE {held} ORDER BY lock_key"
         self._owner_token = f"SELECT owner, token FROM {t} WHERE lock_key = :key"
         # :key -> 1 row changed if a live hold was ended
-        self._force = f"UPDATE {t} SET owner = NULL, expires_at = {NOW} WHERE lock_key = :key AND {held}"
+        self._force = (
+            f"UPDATE {t} SET owner = NULL, expires_at = {NOW} WHERE lock_key = :key AND {held}"
+        )
         gone = (
             f"expires_at < {NOW} - :older AND (kind <> 'once' OR "
             "(:inc AND state IN ('succeeded', 'failed')))"
         )
         self._purge_hwm = (
-            f"UPDATE {meta} SET hwm = max(hwm, coalesce((SELECT max(token) FROM {t} WHERE {gone}), 0)) "
-            "WHERE id = 1"
+            f"UPDATE {meta} SET hwm = max(hwm, coalesce((SELECT max(token) FROM {t} "
+            f"WHERE {gone}), 0)) WHERE id = 1"
         )
         self._purge = f"DELETE FROM {t} WHERE {gone}"
         self._exists = (
@@ -144,10 +147,8 @@ class SqliteBackend(SqlBackend[sqlite3.Connection]):
         return conn
 
     def _close_connection(self, conn: sqlite3.Connection) -> None:
-        try:
+        with contextlib.suppress(sqlite3.Error):
             conn.close()
-        except sqlite3.Error:
-            pass
 
     def _classify(self, exc: BaseException) -> Failure | None:
         if not isinstance(exc, sqlite3.Error):
@@ -239,7 +240,8 @@ class SqliteBackend(SqlBackend[sqlite3.Connection]):
 
     def force_release(self, key: str) -> bool:
         return self.run(
-            "force_release", lambda conn: conn.execute(self._force, {"key": key}).rowcount == 1,
+            "force_release",
+            lambda conn: conn.execute(self._force, {"key": key}).rowcount == 1,
             key=key,
         )
 

@@ -1,0 +1,292 @@
+"""MySQL 8 and MariaDB backend (PyMySQL).
+
+The SQL is written for both; where they differ it says so. Time is ``UTC_TIMESTAMP(6)``
+(fixed for the duration of a statement, and free of the session time zone and its DST jumps:
+PITFALLS 14); columns are ``DATETIME(6)`` holding UTC.
+
+Acquire is one statement and one round trip: ``INSERT ... SELECT ... ON DUPLICATE KEY
+UPDATE``. Neither server can return the row from it (MySQL 8 has no ``RETURNING``; MariaDB's
+does not cover the update branch), so the new token travels back in the OK packet's insert id
+via ``LAST_INSERT_ID(expr)``, and the affected-rows count tells what happened: 1 inserted,
+2 taken over, 0 held by someone else (PyMySQL does not set ``CLIENT_FOUND_ROWS``).
+
+Fencing tokens are per key; ``purge`` records the highest token it deletes in
+``<table>_meta.hwm`` in the same transaction. A new row's token is ``hwm + 1``, read with a
+shared lock (``INSERT ... SELECT`` under REPEATABLE READ locks the rows it reads), so it cannot
+read a stale ``hwm`` while a purge is deleting that key.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+from datetime import datetime, timezone
+from typing import Any
+
+import pymysql
+from pymysql.constants import CLIENT
+
+from .._errors import ConfigurationError
+from .._types import Kind, LockInfo
+from .._url import DatabaseURL
+from ._names import aux_name, qualify
+from ._sql import Failure, SqlBackend
+
+NOW = "UTC_TIMESTAMP(6)"
+# server gone away, lost connection, killed (MariaDB 1927), shutdown, idle disconnect
+# (MySQL 4031), commands out of sync after an interrupted read
+_DISCONNECT = {2006, 2013, 2055, 1927, 1053, 4031, 2014, 0}
+_TRANSIENT = {1213, 1205}  # deadlock, lock wait timeout (PITFALLS 6)
+_INT_PARAMS = {"connect_timeout", "read_timeout", "write_timeout"}
+_STR_PARAMS = {"unix_socket", "ssl_ca", "ssl_cert", "ssl_key", "init_command"}
+
+
+def _utc(value: datetime) -> datetime:
+    return value.replace(tzinfo=timezone.utc)
+
+
+class MysqlBackend(SqlBackend[Any]):
+    """Lock table in MySQL 8 or MariaDB 10.5+."""
+
+    dialect = "mysql"
+
+    def __init__(self, url: DatabaseURL, schema: str | None, table: str) -> None:
+        super().__init__(url.safe, f"{schema}.{table}" if schema else table, url.password)
+        unknown = set(url.query) - _INT_PARAMS - _STR_PARAMS
+        if unknown:
+            raise ConfigurationError(
+                f"unknown MySQL URL parameter(s) {sorted(unknown)} in {url.safe!r}; supported: "
+                f"{', '.join(sorted(_INT_PARAMS | _STR_PARAMS))}"
+            )
+        kwargs: dict[str, Any] = {
+            "host": url.host or "localhost",
+            "port": url.port or 3306,
+            "user": url.user or "root",
+            "password": url.password or "",
+            "database": url.database or None,
+            "charset": "utf8mb4",
+            "autocommit": True,
+            "connect_timeout": 10,
+            "client_flag": CLIENT.MULTI_RESULTS,
+            # INSERT ... SELECT takes shared locks on what it reads only under REPEATABLE READ
+            "init_command": "SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ",
+        }
+        try:
+            kwargs.update({k: int(v) for k, v in url.query.items() if k in _INT_PARAMS})
+        except ValueError:
+            raise ConfigurationError(f"timeouts in {url.safe!r} must be integers") from None
+        kwargs.update({k: v for k, v in url.query.items() if k in _STR_PARAMS})
+        self._kwargs = kwargs
+        t = qualify(schema, table, "`")
+        meta = qualify(schema, aux_name(table, "_meta"), "`")
+        index = f"`{aux_name(table, '_expires_idx')}`"
+        self._ddl = [
+            f"CREATE TABLE IF NOT EXISTS {t} (\n"
+            "    lock_key    VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,\n"
+            "    kind        VARCHAR(16) NOT NULL DEFAULT 'lock',\n"
+            "    owner       VARCHAR(255),\n"
+            "    token       BIGINT NOT NULL,\n"
+            "    acquired_at DATETIME(6) NOT NULL,  -- UTC\n"
+            "    expires_at  DATETIME(6) NOT NULL,  -- UTC\n"
+            "    state       VARCHAR(16),\n"
+            "    note        TEXT,\n"
+            "    PRIMARY KEY (lock_key),\n"
+            f"    KEY {index} (expires_at)\n"
+            ") ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin",
+            f"CREATE TABLE IF NOT EXISTS {meta} (\n"
+            "    id  TINYINT NOT NULL PRIMARY KEY,\n"
+            "    hwm BIGINT NOT NULL  -- highest fencing token ever purged\n"
+            ") ENGINE=InnoDB",
+            f"INSERT IGNORE INTO {meta} (id, hwm) VALUES (1, 0)",
+        ]
+        row = f"{t}."  # MySQL has no alias for an INSERT target: qualify with the table itself
+        take = f"({row}expires_at <= {NOW} AND {row}kind <> 'once') OR {row}owner = VALUES(owner)"
+        # key kind owner ttl_us -> affected rows 1 (inserted) / 2 (taken) with the token as
+        # insert id, or 0 (held). A live row is taken only by its own owner (an idempotent
+        # retry); a `once` record never by a lock. In ON DUPLICATE KEY UPDATE the assignments
+        # run left to right on the updated row, so the columns the condition tests (owner,
+        # expires_at) are assigned last. VALUES() is deprecated in MySQL 8.0.20 in favour of a
+        # row alias that MariaDB lacks; both still accept it.
+        self._acquire = (
+            f"INSERT INTO {t} (lock_key, kind, owner, token, acquired_at, expires_at)\n"
+            f"SELECT %s, %s, %s, LAST_INSERT_ID(m.hwm + 1), {NOW},\n"
+            f"       {NOW} + INTERVAL %s MICROSECOND FROM {meta} m WHERE m.id = 1\n"
+            "ON DUPLICATE KEY UPDATE\n"
+            f"    kind = IF({take}, VALUES(kind), {row}kind),\n"
+            f"    token = IF({take}, LAST_INSERT_ID({row}token + 1), {row}token),\n"
+            f"    acquired_at = IF({take}, VALUES(acquired_at), {row}acquired_at),\n"
+            f"    state = IF({take}, NULL, {row}state),\n"
+            f"    note = IF({take}, NULL, {row}note),\n"
+            f"    owner = IF({take}, VALUES(owner), {row}owner),\n"
+            f"    expires_at = IF({take}, VALUES(expires_at), {row}expires_at)"
+        )
+        live = f"lock_key = %s AND owner = %s AND token = %s AND expires_at > {NOW}"
+        # key owner token -> 1 row changed if the live hold was ended
+        self._release = f"UPDATE {t} SET owner = NULL, expires_at = {NOW} WHERE {live}"
+        # ttl_us key owner token -> 1 row changed if the live hold was extended
+        self._renew = f"UPDATE {t} SET expires_at = {NOW} + INTERVAL %s MICROSECOND WHERE {live}"
+        cols = "lock_key, owner, token, acquired_at, expires_at, kind"
+        held = f"owner IS NOT NULL AND expires_at > {NOW}"
+        self._info = f"SELECT {cols} FROM {t} WHERE lock_key = %s AND {held}"
+        self._list = (
+            f"SELECT {cols} FROM {t} WHERE {held} AND LEFT(lock_key, %s) = %s ORDER BY lock_key"
+        )
+        self._list_all = f"SELECT {cols} FROM {t} WHERE {held} ORDER BY lock_key"
+        self._owner_token = f"SELECT owner, token FROM {t} WHERE lock_key = %s"
+        self._force = (
+            f"UPDATE {t} SET owner = NULL, expires_at = {NOW} WHERE lock_key = %s AND {held}"
+        )
+        gone = (
+            f"expires_at < {NOW} - INTERVAL %s MICROSECOND AND (kind <> 'once' OR "
+            "(%s AND state IN ('succeeded', 'failed')))"
+        )
+        self._purge_max = f"SELECT COALESCE(MAX(token), 0) FROM {t} WHERE {gone}"
+        self._purge_hwm = f"UPDATE {meta} SET hwm = GREATEST(hwm, %s) WHERE id = 1"
+        self._purge = f"DELETE FROM {t} WHERE {gone} AND token <= %s"
+        self._schema = schema
+        self._names = (table, aux_name(table, "_meta"))
+        digest = hashlib.sha1(t.encode(), usedforsecurity=False).hexdigest()[:16]
+        self._ddl_lock = f"dblock_ddl_{digest}"
+
+    # -- connections ----------------------------------------------------------------------
+    def _connect(self) -> Any:
+        return pymysql.connect(**self._kwargs)
+
+    def _close_connection(self, conn: Any) -> None:
+        with contextlib.suppress(Exception):  # a dead connection may fail to close in many ways
+            conn.close()
+
+    def _classify(self, exc: BaseException) -> Failure | None:
+        if not isinstance(exc, pymysql.err.Error):
+            return None
+        code = exc.args[0] if exc.args and isinstance(exc.args[0], int) else 0
+        if isinstance(exc, pymysql.err.InterfaceError) or (
+            isinstance(exc, pymysql.err.OperationalError) and code in _DISCONNECT
+        ):
+            return Failure.DISCONNECT
+        if code in _TRANSIENT:
+            return Failure.TRANSIENT
+        return Failure.FATAL
+
+    def _reset(self, conn: Any) -> None:
+        conn.rollback()
+
+    # -- schema ---------------------------------------------------------------------------
+    def ddl(self) -> list[str]:
+        return list(self._ddl)
+
+    def ensure_schema(self, create: bool) -> None:
+        def op(conn: Any) -> None:
+            with conn.cursor() as cur:
+                cur.execute(
+                    "SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = "
+                    "COALESCE(%s, DATABASE()) AND table_name IN (%s, %s)",
+                    (self._schema, *self._names),
+                )
+                if cur.fetchone()[0] == 2:
+                    return
+                if not create:
+                    raise ConfigurationError(
+                        f"the lock table {self.table} does not exist in {self.safe_url}; "
+                        "create it with connect(create_schema=True) or apply `dblock schema "
+                        "--dialect mysql`"
+                    )
+                cur.execute("SELECT GET_LOCK(%s, 30)", (self._ddl_lock,))
+                try:
+                    for statement in self._ddl:
+                        cur.execute(statement)
+                finally:
+                    cur.execute("SELECT RELEASE_LOCK(%s)", (self._ddl_lock,))
+
+        self.run("creating the lock table", op)
+
+    # -- operations -----------------------------------------------------------------------
+    def acquire(self, key: str, owner: str, ttl: float, kind: str) -> int | None:
+        params = (key, kind, owner, round(ttl * 1_000_000))
+
+        def op(conn: Any) -> int | None:
+            with conn.cursor() as cur:
+                affected = cur.execute(self._acquire, params)
+                return int(cur.lastrowid) if affected in (1, 2) else None
+
+        return self.run("acquire", op, key=key)
+
+    def release(self, key: str, owner: str, token: int) -> bool:
+        calls = 0
+
+        def op(conn: Any) -> bool:
+            nonlocal calls
+            calls += 1
+            with conn.cursor() as cur:
+                if cur.execute(self._release, (key, owner, token)) == 1:
+                    return True
+                # After a retry the first attempt may have committed: released by us is success.
+                if calls == 1 or not cur.execute(self._owner_token, (key,)):
+                    return False
+                row = cur.fetchone()
+                return bool(row[0] is None and row[1] == token)
+
+        return self.run("release", op, key=key)
+
+    def renew(self, key: str, owner: str, token: int, ttl: float) -> bool:
+        params = (round(ttl * 1_000_000), key, owner, token)
+
+        def op(conn: Any) -> bool:
+            with conn.cursor() as cur:
+                return bool(cur.execute(self._renew, params) == 1)
+
+        return self.run("renew", op, key=key)
+
+    def info(self, key: str) -> LockInfo | None:
+        def op(conn: Any) -> LockInfo | None:
+            with conn.cursor() as cur:
+                cur.execute(self._info, (key,))
+                row = cur.fetchone()
+                return None if row is None else _info(row)
+
+        return self.run("info", op, key=key)
+
+    def list(self, prefix: str) -> list[LockInfo]:
+        def op(conn: Any) -> list[LockInfo]:
+            with conn.cursor() as cur:
+                if prefix:
+                    cur.execute(self._list, (len(prefix), prefix))
+                else:
+                    cur.execute(self._list_all)
+                return [_info(row) for row in cur.fetchall()]
+
+        return self.run("list", op)
+
+    def force_release(self, key: str) -> bool:
+        def op(conn: Any) -> bool:
+            with conn.cursor() as cur:
+                return bool(cur.execute(self._force, (key,)) == 1)
+
+        return self.run("force_release", op, key=key)
+
+    def purge(self, older_than: float, include_once: bool) -> int:
+        gone = (round(older_than * 1_000_000), int(include_once))
+
+        def op(conn: Any) -> int:
+            with conn.cursor() as cur:
+                # READ COMMITTED: the scan does not leave gap locks on rows it does not delete.
+                cur.execute("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
+                conn.begin()
+                try:
+                    cur.execute(self._purge_max, gone)
+                    highest = int(cur.fetchone()[0])
+                    cur.execute(self._purge_hwm, (highest,))
+                    count = int(cur.execute(self._purge, (*gone, highest)))
+                    conn.commit()
+                except BaseException:
+                    conn.rollback()
+                    raise
+                return count
+
+        return self.run("purge", op)
+
+
+def _info(row: Any) -> LockInfo:
+    key, owner, token, acquired_at, expires_at, kind = row
+    kind_value: Kind = kind
+    return LockInfo(key, owner, int(token), _utc(acquired_at), _utc(expires_at), kind_value)

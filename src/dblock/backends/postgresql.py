@@ -1,0 +1,340 @@
+"""PostgreSQL backend (psycopg 3).
+
+Time is ``statement_timestamp()``: the server's clock at the start of the statement (each lock
+statement runs in its own autocommit transaction, so ``now()`` would be the same, but
+``statement_timestamp()`` stays right if a caller ever wraps several in one transaction).
+
+Tokens come from one sequence shared by all keys (``<table>_token_seq``): a sequence never goes
+back, across purges, restarts and crashes (its WAL record is flushed with the commit of the
+acquisition that used it; we pin ``synchronous_commit=on`` so a client never sees a token whose
+acquisition a crash could undo).
+
+Releases are pushed: the release statement calls ``pg_notify`` and waiters of this client
+share one LISTEN connection, so hand-off takes milliseconds, not a poll interval. A missed
+notification costs latency only: waiters still poll, rarely.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import threading
+from datetime import datetime, timezone
+from typing import Any
+
+import psycopg
+
+from .._errors import ConfigurationError
+from .._types import Kind, LockInfo
+from .._url import DatabaseURL
+from ._names import aux_name, qualify
+from ._sql import Failure, SqlBackend
+
+log = logging.getLogger("dblock")
+
+NOW = "statement_timestamp()"
+_TRANSIENT = {"40001", "40P01"}  # serialization failure, deadlock detected (PITFALLS 6)
+
+
+def _utc(value: datetime) -> datetime:
+    return value.astimezone(timezone.utc)
+
+
+class PostgresBackend(SqlBackend[psycopg.Connection[Any]]):
+    """Lock table in PostgreSQL."""
+
+    dialect = "postgresql"
+    pushes_releases = True
+
+    def __init__(self, url: DatabaseURL, schema: str | None, table: str) -> None:
+        super().__init__(url.safe, f"{schema}.{table}" if schema else table, url.password)
+        self._conninfo = url.raw
+        self._options: dict[str, Any] = {}
+        if "connect_timeout" not in url.query:
+            self._options["connect_timeout"] = 10
+        if "application_name" not in url.query:
+            self._options["application_name"] = "dblock"
+        if "options" not in url.query:
+            self._options["options"] = "-c synchronous_commit=on"
+        t = qualify(schema, table, '"')
+        seq = qualify(schema, aux_name(table, "_token_seq"), '"')
+        index = f'"{aux_name(table, "_expires_idx")}"'
+        self.channel = aux_name(table if schema is None else f"{schema}_{table}", "_released")
+        self._ddl = [
+            f"CREATE TABLE IF NOT EXISTS {t} (\n"
+            '    lock_key    text COLLATE "C" NOT NULL PRIMARY KEY,\n'
+            "    kind        varchar(16) NOT NULL DEFAULT 'lock',\n"
+            "    owner       varchar(255),\n"
+            "    token       bigint NOT NULL,\n"
+            "    acquired_at timestamptz NOT NULL,\n"
+            "    expires_at  timestamptz NOT NULL,\n"
+            "    state       varchar(16),\n"
+            "    note        text\n"
+            ")",
+            f"CREATE INDEX IF NOT EXISTS {index} ON {t} (expires_at)",
+            f"CREATE SEQUENCE IF NOT EXISTS {seq}",
+        ]
+        # key kind owner ttl -> one row (the new token) if taken, no row if held. A live row is
+        # taken only by its own owner (an idempotent retry); a `once` record never by a lock.
+        self._acquire = (
+            f"INSERT INTO {t} AS l (lock_key, kind, owner, token, acquired_at, expires_at)\n"
+            f"VALUES (%(key)s, %(kind)s, %(owner)s, nextval('{seq}'), {NOW},\n"
+            f"        {NOW} + make_interval(secs => %(ttl)s))\n"
+            "ON CONFLICT (lock_key) DO UPDATE SET kind = EXCLUDED.kind, owner = EXCLUDED.owner,\n"
+            "    token = EXCLUDED.token, acquired_at = EXCLUDED.acquired_at,\n"
+            "    expires_at = EXCLUDED.expires_at, state = NULL, note = NULL\n"
+            f"WHERE (l.expires_at <= {NOW} AND l.kind <> 'once') OR l.owner = EXCLUDED.owner\n"
+            "RETURNING token"
+        )
+        live = (
+            f"lock_key = %(key)s AND owner = %(owner)s AND token = %(token)s AND expires_at > {NOW}"
+        )
+        # key owner token -> one row if the live hold was ended; waiters are notified at commit
+        self._release = (
+            f"WITH r AS (UPDATE {t} SET owner = NULL, expires_at = {NOW} WHERE {live} "
+            "RETURNING lock_key)\n"
+            f"SELECT pg_notify('{self.channel}', lock_key) FROM r"
+        )
+        # key owner token ttl -> one row changed if the live hold was extended
+        self._renew = (
+            f"UPDATE {t} SET expires_at = {NOW} + make_interval(secs => %(ttl)s) WHERE {live}"
+        )
+        cols = "lock_key, owner, token, acquired_at, expires_at, kind"
+        held = f"owner IS NOT NULL AND expires_at > {NOW}"
+        self._info = f"SELECT {cols} FROM {t} WHERE lock_key = %(key)s AND {held}"
+        self._list = (
+            f"SELECT {cols} FROM {t} WHERE {held} AND left(lock_key, %(n)s) = %(prefix)s "
+            "ORDER BY lock_key"
+        )
+        self._list_all = f"SELECT {cols} FROM {t} WHERE {held} ORDER BY lock_key"
+        self._owner_token = f"SELECT owner, token FROM {t} WHERE lock_key = %(key)s"
+        # key -> one row if a live hold was ended (and waiters are notified)
+        self._force = (
+            f"WITH r AS (UPDATE {t} SET owner = NULL, expires_at = {NOW} "
+            f"WHERE lock_key = %(key)s AND {held} RETURNING lock_key)\n"
+            f"SELECT pg_notify('{self.channel}', lock_key) FROM r"
+        )
+        # older inc -> deleted rows; tokens come from the sequence, so nothing to remember
+        self._purge = (
+            f"DELETE FROM {t} WHERE expires_at < {NOW} - make_interval(secs => %(older)s) "
+            "AND (kind <> 'once' OR (%(inc)s AND state IN ('succeeded', 'failed')))"
+        )
+        self._exists = "SELECT to_regclass(%(t)s) IS NOT NULL AND to_regclass(%(s)s) IS NOT NULL"
+        self._names = {"t": t, "s": seq}
+        digest = hashlib.sha1(t.encode(), usedforsecurity=False).digest()
+        self._ddl_lock_id = int.from_bytes(digest[:8], "big", signed=True)
+        self._listener: _Listener | None = None
+        self._listener_lock = threading.Lock()
+
+    # -- connections ----------------------------------------------------------------------
+    def _connect(self) -> psycopg.Connection[Any]:
+        return psycopg.connect(self._conninfo, autocommit=True, **self._options)
+
+    def _close_connection(self, conn: psycopg.Connection[Any]) -> None:
+        with contextlib.suppress(psycopg.Error):
+            conn.close()
+
+    def _classify(self, exc: BaseException) -> Failure | None:
+        if not isinstance(exc, psycopg.Error):
+            return None
+        if exc.sqlstate in _TRANSIENT:
+            return Failure.TRANSIENT
+        if isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError)) and (
+            exc.sqlstate is None or exc.sqlstate.startswith(("08", "57P"))
+        ):
+            return Failure.DISCONNECT
+        return Failure.FATAL
+
+    def _reset(self, conn: psycopg.Connection[Any]) -> None:
+        if conn.closed or conn.broken:
+            raise psycopg.InterfaceError("connection is closed")
+
+    # -- schema ---------------------------------------------------------------------------
+    def ddl(self) -> list[str]:
+        return list(self._ddl)
+
+    def ensure_schema(self, create: bool) -> None:
+        def op(conn: psycopg.Connection[Any]) -> None:
+            row = conn.execute(self._exists, self._names).fetchone()
+            if row is not None and row[0]:
+                return
+            if not create:
+                raise ConfigurationError(
+                    f"the lock table {self.table} does not exist in {self.safe_url}; create it "
+                    "with connect(create_schema=True) or apply `dblock schema --dialect "
+                    "postgresql`"
+                )
+            # CREATE ... IF NOT EXISTS races on the catalog when many processes start at
+            # once; a transaction-scoped advisory lock serialises them.
+            with conn.transaction():
+                conn.execute("SELECT pg_advisory_xact_lock(%s)", (self._ddl_lock_id,))
+                for statement in self._ddl:
+                    conn.execute(statement)
+
+        self.run("creating the lock table", op)
+
+    # -- operations -----------------------------------------------------------------------
+    def acquire(self, key: str, owner: str, ttl: float, kind: str) -> int | None:
+        params = {"key": key, "kind": kind, "owner": owner, "ttl": ttl}
+
+        def op(conn: psycopg.Connection[Any]) -> int | None:
+            row = conn.execute(self._acquire, params).fetchone()
+            return None if row is None else int(row[0])
+
+        return self.run("acquire", op, key=key)
+
+    def release(self, key: str, owner: str, token: int) -> bool:
+        params = {"key": key, "owner": owner, "token": token}
+        calls = 0
+
+        def op(conn: psycopg.Connection[Any]) -> bool:
+            nonlocal calls
+            calls += 1
+            if conn.execute(self._release, params).fetchone() is not None:
+                return True
+            # After a retry the first attempt may have committed: released by us is success.
+            if calls == 1:
+                return False
+            row = conn.execute(self._owner_token, {"key": key}).fetchone()
+            return row is not None and row[0] is None and row[1] == token
+
+        return self.run("release", op, key=key)
+
+    def renew(self, key: str, owner: str, token: int, ttl: float) -> bool:
+        params = {"key": key, "owner": owner, "token": token, "ttl": ttl}
+        return self.run(
+            "renew",
+            lambda conn: conn.execute(self._renew, params).rowcount == 1,
+            key=key,
+        )
+
+    def info(self, key: str) -> LockInfo | None:
+        def op(conn: psycopg.Connection[Any]) -> LockInfo | None:
+            row = conn.execute(self._info, {"key": key}).fetchone()
+            return None if row is None else _info(row)
+
+        return self.run("info", op, key=key)
+
+    def list(self, prefix: str) -> list[LockInfo]:
+        def op(conn: psycopg.Connection[Any]) -> list[LockInfo]:
+            if prefix:
+                cur = conn.execute(self._list, {"n": len(prefix), "prefix": prefix})
+            else:
+                cur = conn.execute(self._list_all)
+            return [_info(row) for row in cur.fetchall()]
+
+        return self.run("list", op)
+
+    def force_release(self, key: str) -> bool:
+        return self.run(
+            "force_release",
+            lambda conn: conn.execute(self._force, {"key": key}).fetchone() is not None,
+            key=key,
+        )
+
+    def purge(self, older_than: float, include_once: bool) -> int:
+        params = {"older": older_than, "inc": include_once}
+        return self.run("purge", lambda conn: conn.execute(self._purge, params).rowcount)
+
+    # -- pushed wake-ups ------------------------------------------------------------------
+    def subscribe(self, key: str) -> _Subscription:
+        with self._listener_lock:
+            if self._listener is None:
+                self._listener = _Listener(self)
+            listener = self._listener
+        return listener.subscribe(key)
+
+    def close(self) -> None:
+        with self._listener_lock:
+            listener, self._listener = self._listener, None
+        if listener is not None:
+            listener.stop()
+        super().close()
+
+
+class _Subscription:
+    def __init__(self, listener: _Listener, key: str, live: bool) -> None:
+        self._listener = listener
+        self.key = key
+        self.live = live
+        self.event = threading.Event()
+
+    def wait(self, timeout: float) -> bool:
+        woken = self.event.wait(timeout)
+        self.event.clear()
+        return woken
+
+    def close(self) -> None:
+        self._listener.unsubscribe(self)
+
+
+class _Listener:
+    """One LISTEN connection per client, on its own thread, waking the waiters of a key."""
+
+    def __init__(self, backend: PostgresBackend) -> None:
+        self._backend = backend
+        self._subs: dict[str, set[_Subscription]] = {}
+        self._lock = threading.Lock()
+        self._ready = threading.Event()
+        self._stopped = threading.Event()
+        self._conn: psycopg.Connection[Any] | None = None
+        self._thread = threading.Thread(target=self._run, name="dblock-listener", daemon=True)
+        self._thread.start()
+
+    def subscribe(self, key: str) -> _Subscription:
+        # Wait (briefly) until LISTEN is active, so no release after our next try is missed.
+        live = self._ready.wait(2.0)
+        sub = _Subscription(self, key, live)
+        with self._lock:
+            self._subs.setdefault(key, set()).add(sub)
+        return sub
+
+    def unsubscribe(self, sub: _Subscription) -> None:
+        with self._lock:
+            subs = self._subs.get(sub.key)
+            if subs is not None:
+                subs.discard(sub)
+                if not subs:
+                    del self._subs[sub.key]
+
+    def _wake(self, key: str | None) -> None:
+        with self._lock:
+            targets = [s for k, subs in self._subs.items() if key in (None, k) for s in subs]
+        for sub in targets:
+            sub.event.set()
+
+    def _run(self) -> None:
+        pause = 0.1
+        while not self._stopped.is_set():
+            try:
+                conn = self._backend._connect()
+                self._conn = conn
+                conn.execute(f'LISTEN "{self._backend.channel}"')
+                self._ready.set()
+                self._wake(None)  # anything released while we were away: look again
+                pause = 0.1
+                while not self._stopped.is_set():
+                    for note in conn.notifies(timeout=0.5, stop_after=64):
+                        self._wake(note.payload)
+            except psycopg.Error as exc:
+                self._ready.clear()
+                if not self._stopped.is_set():
+                    log.debug("dblock listener reconnecting after: %s", exc)
+                    self._wake(None)
+                    self._stopped.wait(pause)
+                    pause = min(pause * 2, 5.0)
+            finally:
+                conn_, self._conn = self._conn, None
+                if conn_ is not None:
+                    self._backend._close_connection(conn_)
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self._thread.join(timeout=2)
+
+
+def _info(row: Any) -> LockInfo:
+    key, owner, token, acquired_at, expires_at, kind = row
+    kind_value: Kind = kind
+    return LockInfo(key, owner, int(token), _utc(acquired_at), _utc(expires_at), kind_value)
