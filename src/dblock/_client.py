@@ -176,5 +176,6 @@ class Client:
 
 
 Client.__module__ = "dblock"
+connect.__module__ = "dblock"
 
 __all__ = ["Client", "connect"]

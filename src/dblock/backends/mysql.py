@@ -137,7 +137,7 @@ class MysqlBackend(SqlBackend[Any]):
             f"UPDATE {t} SET owner = NULL, expires_at = {NOW} WHERE lock_key = %s AND {held}"
         )
         gone = (
-            f"expires_at < {NOW} - INTERVAL %s MICROSECOND AND (kind <> 'once' OR "
+            f"expires_at <= {NOW} - INTERVAL %s MICROSECOND AND (kind <> 'once' OR "
             "(%s AND state IN ('succeeded', 'failed')))"
         )
         self._purge_max = f"SELECT COALESCE(MAX(token), 0) FROM {t} WHERE {gone}"

@@ -117,7 +117,7 @@ class PostgresBackend(SqlBackend[psycopg.Connection[Any]]):
         )
         # older inc -> deleted rows; tokens come from the sequence, so nothing to remember
         self._purge = (
-            f"DELETE FROM {t} WHERE expires_at < {NOW} - make_interval(secs => %(older)s) "
+            f"DELETE FROM {t} WHERE expires_at <= {NOW} - make_interval(secs => %(older)s) "
             "AND (kind <> 'once' OR (%(inc)s AND state IN ('succeeded', 'failed')))"
         )
         self._exists = "SELECT to_regclass(%(t)s) IS NOT NULL AND to_regclass(%(s)s) IS NOT NULL"

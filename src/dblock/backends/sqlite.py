@@ -110,7 +110,7 @@ class SqliteBackend(SqlBackend[sqlite3.Connection]):
             f"UPDATE {t} SET owner = NULL, expires_at = {NOW} WHERE lock_key = :key AND {held}"
         )
         gone = (
-            f"expires_at < {NOW} - :older AND (kind <> 'once' OR "
+            f"expires_at <= {NOW} - :older AND (kind <> 'once' OR "
             "(:inc AND state IN ('succeeded', 'failed')))"
         )
         self._purge_hwm = (

@@ -1,0 +1,146 @@
+"""What every command shares: --url/--table/--debug, opening the client, one-line errors."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import click
+
+import dblock
+from dblock._url import default_url, parse_url, redact
+from dblock._validate import check_key, check_table
+
+from . import exit_codes
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+DEFAULT_TABLE = "dblock_locks"
+
+
+@dataclass
+class Settings:
+    """Options given to the group or to a subcommand (the subcommand's win)."""
+
+    url: str | None = None
+    table: str = DEFAULT_TABLE
+    debug: bool = False
+
+    def effective_url(self) -> str:
+        """--url, else DBLOCK_URL, else the embedded SQLite default."""
+        return self.url or default_url()
+
+    def safe_url(self) -> str:
+        return redact(self.effective_url())
+
+
+class CliError(click.ClickException):
+    """A failure reported as one line ``dblock: message`` with its own exit status."""
+
+    def __init__(self, message: str, exit_code: int = exit_codes.FAILURE) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+    def show(self, file: Any = None) -> None:
+        click.echo(f"dblock: {self.format_message()}", file=file or sys.stderr)
+
+
+def settings_of(ctx: click.Context) -> Settings:
+    return ctx.ensure_object(Settings)
+
+
+def _store(name: str) -> Callable[[click.Context, click.Parameter, Any], None]:
+    def callback(ctx: click.Context, param: click.Parameter, value: Any) -> None:
+        if value is None or value is False:
+            return
+        settings = settings_of(ctx)
+        if name == "table":
+            try:
+                check_table(value)
+            except dblock.ConfigurationError as exc:
+                raise click.BadParameter(str(exc), ctx=ctx, param=param) from None
+        if name == "url":
+            try:
+                parse_url(value)
+            except dblock.ConfigurationError as exc:
+                raise click.BadParameter(str(exc), ctx=ctx, param=param) from None
+        setattr(settings, name, value)
+        if name == "debug":
+            from .app import enable_debug
+
+            enable_debug()
+
+    return callback
+
+
+def common_options(fn: F) -> F:
+    """``--url``, ``--table`` and ``--debug``, accepted by the group and by every command."""
+    options = [
+        click.option(
+            "--url",
+            metavar="URL",
+            expose_value=False,
+            callback=_store("url"),
+            help="Database URL (default: $DBLOCK_URL, else the embedded SQLite file "
+            "~/.local/state/dblock/locks.sqlite3).",
+        ),
+        click.option(
+            "--table",
+            metavar="NAME",
+            expose_value=False,
+            callback=_store("table"),
+            help=f"Lock table, optionally schema.table (default: {DEFAULT_TABLE}).",
+        ),
+        click.option(
+            "--debug",
+            is_flag=True,
+            default=False,
+            expose_value=False,
+            callback=_store("debug"),
+            help="Log what dblock does and show tracebacks.",
+        ),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def validate_key(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    """Click callback: a lock key as API.md allows it."""
+    try:
+        return check_key(value)
+    except (TypeError, ValueError) as exc:
+        raise click.BadParameter(str(exc), ctx=ctx, param=param) from None
+
+
+def unavailable(url: str, exc: BaseException) -> CliError:
+    """The one-line error for a database that cannot be reached; never shows the password."""
+    lines = str(exc).strip().splitlines()
+    detail = lines[0] if lines else type(exc).__name__
+    safe = redact(url)
+    if safe not in detail:
+        detail = f"{safe}: {detail}"
+    try:
+        password = parse_url(url).password
+    except dblock.ConfigurationError:
+        password = None
+    if password:
+        detail = detail.replace(password, "***")
+    return CliError(f"database unavailable: {detail}", exit_codes.UNAVAILABLE)
+
+
+def open_client(ctx: click.Context, *, close_on_exit: bool = True) -> dblock.Client:
+    """Connect as the options say; usage error for a bad URL, exit 69 if unreachable."""
+    settings = settings_of(ctx)
+    url = settings.effective_url()
+    try:
+        client = dblock.connect(url, table=settings.table)
+    except dblock.ConfigurationError as exc:
+        raise click.UsageError(str(exc), ctx=ctx) from exc
+    except dblock.BackendError as exc:
+        raise unavailable(url, exc) from exc
+    if close_on_exit:
+        ctx.call_on_close(client.close)
+    return client

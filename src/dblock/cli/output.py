@@ -1,0 +1,128 @@
+"""How holds are shown: durations, ISO-8601 times, the table and JSON lines.
+
+"held for" and "expires in" compare the database's timestamps with this host's clock, so they
+are off by the clock difference between the two; the timestamps themselves are the database's.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from datetime import datetime, timezone
+from typing import Any, TextIO
+
+from dblock import LockInfo
+
+
+def now_utc() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def duration(seconds: float) -> str:
+    """A short human duration: ``850ms``, ``12s``, ``3m04s``, ``2h05m``, ``3d04h``."""
+    if seconds < 0:
+        seconds = 0.0
+    if seconds < 1:
+        return f"{int(seconds * 1000)}ms"
+    whole = int(seconds)
+    if whole < 60:
+        return f"{seconds:.0f}s" if seconds >= 10 else f"{seconds:.1f}s"
+    minutes, secs = divmod(whole, 60)
+    if minutes < 60:
+        return f"{minutes}m{secs:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 24:
+        return f"{hours}h{minutes:02d}m"
+    days, hours = divmod(hours, 24)
+    return f"{days}d{hours:02d}h"
+
+
+def iso(moment: datetime) -> str:
+    """ISO-8601 in UTC with milliseconds and an explicit ``+00:00`` offset."""
+    return moment.astimezone(timezone.utc).isoformat(timespec="milliseconds")
+
+
+def held_for(info: LockInfo, now: datetime) -> float:
+    return (now - info.acquired_at).total_seconds()
+
+
+def expires_in(info: LockInfo, now: datetime) -> float:
+    return (info.expires_at - now).total_seconds()
+
+
+def as_dict(info: LockInfo) -> dict[str, Any]:
+    """The JSON object of one hold (times as ISO-8601 UTC strings)."""
+    return {
+        "key": info.key,
+        "owner": info.owner,
+        "token": info.token,
+        "kind": info.kind,
+        "acquired_at": iso(info.acquired_at),
+        "expires_at": iso(info.expires_at),
+    }
+
+
+def json_line(info: LockInfo) -> str:
+    return json.dumps(as_dict(info), ensure_ascii=False, sort_keys=False)
+
+
+def describe_holder(info: LockInfo | None, now: datetime | None = None) -> str:
+    """``held by OWNER (token 7) for 12s, expires in 18s`` for messages and the status line."""
+    if info is None:
+        return "not held right now"
+    now = now or now_utc()
+    return (
+        f"held by {info.owner} (token {info.token}) for {duration(held_for(info, now))}, "
+        f"expires in {duration(expires_in(info, now))}"
+    )
+
+
+def print_table(infos: list[LockInfo], file: TextIO | None = None) -> None:
+    """The holds as a table; wide and colourless when not writing to a terminal."""
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+
+    out = file or sys.stdout
+    terminal = out.isatty()
+    console = Console(
+        file=out, width=None if terminal else 10_000, highlight=False, markup=False, emoji=False
+    )
+    if not infos:
+        console.print("no locks held")
+        return
+    now = now_utc()
+    table = Table(box=box.SIMPLE_HEAD if terminal else box.SIMPLE, pad_edge=False)
+    table.add_column("key", overflow="fold")
+    table.add_column("owner", overflow="fold")
+    table.add_column("token", justify="right")
+    table.add_column("held for", justify="right")
+    table.add_column("expires in", justify="right")
+    for info in infos:
+        table.add_row(
+            info.key,
+            info.owner,
+            str(info.token),
+            duration(held_for(info, now)),
+            duration(expires_in(info, now)),
+        )
+    console.print(table)
+
+
+def print_info(info: LockInfo, file: TextIO | None = None) -> None:
+    """One hold as ``field: value`` lines."""
+    out = file or sys.stdout
+    now = now_utc()
+    rows = [
+        ("key", info.key),
+        ("kind", info.kind),
+        ("owner", info.owner),
+        ("token", str(info.token)),
+        ("acquired at", iso(info.acquired_at)),
+        ("expires at", iso(info.expires_at)),
+        ("held for", duration(held_for(info, now))),
+        ("expires in", duration(expires_in(info, now))),
+    ]
+    width = max(len(name) for name, _ in rows)
+    for name, value in rows:
+        out.write(f"{name + ':':<{width + 1}} {value}\n")

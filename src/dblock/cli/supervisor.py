@@ -1,0 +1,155 @@
+"""Running CMD as a child: signal forwarding, exit statuses, termination on lease loss.
+
+Process groups: when dblock runs in the foreground of a terminal, CMD stays in dblock's
+process group so it can use the terminal, and a Ctrl-C typed there reaches CMD directly (dblock
+does not send SIGINT a second time). Otherwise (cron, systemd, scripts) CMD gets a session and
+process group of its own, and signals go to that whole group, so ``sh -c 'a; b'`` and the
+children CMD starts are stopped too.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+from collections.abc import Mapping, Sequence
+from types import FrameType, TracebackType
+from typing import Final
+
+from . import exit_codes
+
+#: the signals dblock passes on to CMD
+FORWARDED: Final = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+#: seconds between SIGTERM and SIGKILL when CMD must stop because the lease was lost
+KILL_GRACE: Final = 5.0
+
+
+class Interrupted(BaseException):
+    """Raised in the main thread when a forwarded signal arrives before CMD has started."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+class CannotStart(Exception):
+    """CMD could not be started; ``exit_code`` is 127 (not found) or 126 (not executable)."""
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def _in_terminal_foreground() -> bool:
+    """True if dblock's process group is the foreground group of a terminal on fd 0, 1 or 2."""
+    for fd in (0, 1, 2):
+        try:
+            if os.isatty(fd) and os.tcgetpgrp(fd) == os.getpgrp():
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def status_of(returncode: int) -> int:
+    """A child's status as a shell reports it: ``128 + N`` when it died of signal N."""
+    return exit_codes.SIGNAL_BASE - returncode if returncode < 0 else returncode
+
+
+class Child:
+    """CMD running as a child process."""
+
+    def __init__(self, argv: Sequence[str], env: Mapping[str, str] | None = None) -> None:
+        self.foreground = _in_terminal_foreground()
+        try:
+            self.process = subprocess.Popen(  # noqa: S603 - running CMD is the point
+                list(argv), env=env, start_new_session=not self.foreground
+            )
+        except FileNotFoundError:
+            raise CannotStart(f"{argv[0]}: command not found", exit_codes.NOT_FOUND) from None
+        except PermissionError:
+            raise CannotStart(f"{argv[0]}: permission denied", exit_codes.CANNOT_EXECUTE) from None
+        except OSError as exc:
+            raise CannotStart(f"{argv[0]}: {exc.strerror}", exit_codes.CANNOT_EXECUTE) from None
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def send(self, signum: int) -> None:
+        """Send ``signum`` to CMD (to its whole process group when it has its own)."""
+        try:
+            if self.foreground:
+                if self.process.returncode is None:
+                    self.process.send_signal(signum)
+            else:
+                os.killpg(self.process.pid, signum)
+        except (ProcessLookupError, PermissionError):
+            pass  # already gone
+
+    def forward(self, signum: int) -> None:
+        """Pass on a signal dblock received (a terminal's Ctrl-C has reached CMD already)."""
+        if self.foreground and signum == signal.SIGINT:
+            return
+        self.send(signum)
+
+    def poll(self) -> int | None:
+        return self.process.poll()
+
+    def terminate(self, grace: float = KILL_GRACE) -> int:
+        """SIGTERM, then SIGKILL after ``grace`` seconds; return the child's returncode."""
+        self.send(signal.SIGTERM)
+        try:
+            return self.process.wait(grace)
+        except subprocess.TimeoutExpired:
+            self.send(signal.SIGKILL)
+            return self.process.wait()
+        finally:
+            if not self.foreground:
+                self.send(signal.SIGKILL)  # whatever CMD left behind in its group
+
+
+class SignalRelay:
+    """Handlers for SIGINT/SIGTERM/SIGHUP while dblock runs.
+
+    Until a child is attached a signal raises :class:`Interrupted` in the main thread (so a
+    wait for the lock ends at once); afterwards it is forwarded to the child. Handlers are
+    installed only in the main thread and restored on exit.
+    """
+
+    def __init__(self) -> None:
+        self._child: Child | None = None
+        self._previous: dict[int, object] = {}
+        self.received: list[int] = []
+
+    def attach(self, child: Child) -> None:
+        self._child = child
+        for signum in self.received:
+            child.forward(signum)
+
+    def detach(self) -> None:
+        self._child = None
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        child = self._child
+        if child is None:
+            raise Interrupted(signum)
+        self.received.append(signum)
+        child.forward(signum)
+
+    def __enter__(self) -> SignalRelay:
+        if threading.current_thread() is threading.main_thread():
+            for signum in FORWARDED:
+                self._previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)  # type: ignore[arg-type]
+        self._previous.clear()

@@ -1,0 +1,250 @@
+"""Output: the progress display, the results table, the conclusion, and JSON."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from ._runner import Result
+
+
+def verdict(result: Result) -> str:
+    """A one-word judgement of the strategy's run."""
+    if result.status == "skipped":
+        return "skipped"
+    if result.status == "error":
+        return "ERROR"
+    if result.oversold > 0 or result.unaccounted != 0:
+        return "FAILED" if result.correct else "OVERSOLD"
+    return "ok" if result.correct else "lucky"
+
+
+class RichProgress:
+    """One progress bar per strategy, left on screen when it is done (for terminals)."""
+
+    def __init__(self, console: Console) -> None:
+        self._progress = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(bar_width=30),
+            TextColumn("{task.fields[units]:>5} units  {task.fields[orders]:>4} orders"),
+            TimeElapsedColumn(),
+            console=console,
+        )
+        self._task: TaskID | None = None
+
+    def __enter__(self) -> RichProgress:
+        self._progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._progress.stop()
+
+    def start(self, label: str, total: int) -> None:
+        self._task = self._progress.add_task(f"{label:<44}", total=total, units=0, orders=0)
+
+    def update(self, confirmed: int, shipped: int) -> None:
+        if self._task is not None:
+            self._progress.update(
+                self._task,
+                completed=min(shipped, self._progress.tasks[-1].total or 0),
+                units=shipped,
+                orders=confirmed,
+            )
+
+    def finish(self, result: Result) -> None:
+        if result.status == "skipped":
+            self._progress.console.print(f"{result.title:<44} skipped: {result.note}")
+            return
+        if self._task is not None:
+            self.update(result.confirmed, result.shipped)
+            self._progress.stop_task(self._task)
+            self._task = None
+
+
+class PlainProgress:
+    """One line per finished strategy (when not on a terminal)."""
+
+    def __init__(self, console: Console) -> None:
+        self._console = console
+
+    def __enter__(self) -> PlainProgress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def start(self, label: str, total: int) -> None:
+        return None
+
+    def update(self, confirmed: int, shipped: int) -> None:
+        return None
+
+    def finish(self, result: Result) -> None:
+        if result.status == "skipped":
+            line = f"{result.number}. {result.title}: skipped ({result.note})"
+        else:
+            line = (
+                f"{result.number}. {result.title}: {result.confirmed} orders, "
+                f"{result.shipped} units in {result.elapsed:.2f} s ({verdict(result)})"
+            )
+        self._console.print(line, highlight=False, markup=False)
+
+
+class NoProgress(PlainProgress):
+    """Nothing at all (``--json`` off a terminal)."""
+
+    def finish(self, result: Result) -> None:
+        return None
+
+
+_STYLES = {
+    "ok": "green",
+    "lucky": "yellow",
+    "OVERSOLD": "red",
+    "FAILED": "bold red on white",
+    "ERROR": "bold red",
+    "skipped": "dim",
+}
+
+
+def table(results: list[Result], stock: int) -> Table:
+    """The results table: one row per strategy."""
+    t = Table(title=f"Inventory deduction, initial stock {stock}", title_justify="left")
+    t.add_column("strategy")
+    for name in ("orders", "shipped", "left", "oversold", "retries", "orders/s", "p99 ms"):
+        t.add_column(name, justify="right")
+    t.add_column("verdict")
+    for r in results:
+        word = verdict(r)
+        if r.status == "skipped":
+            t.add_row(f"{r.number} {r.title}", *["-"] * 7, word, style=_STYLES[word])
+            continue
+        t.add_row(
+            f"{r.number} {r.title}",
+            str(r.confirmed),
+            str(r.shipped),
+            str(r.stock_left),
+            f"[red]{r.oversold}[/]" if r.oversold else "0",
+            str(r.retries),
+            f"{r.throughput:.0f}",
+            f"{r.p99_ms:.1f}",
+            f"[{_STYLES[word]}]{word}[/]",
+        )
+    return t
+
+
+def _names(results: list[Result]) -> str:
+    names = [f"{r.title} ({r.number})" for r in results]
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+
+
+def conclusion(results: list[Result], stock: int) -> str:
+    """One plain-language paragraph about what this run showed."""
+    ran = [r for r in results if r.status == "ok"]
+    naive = [r for r in ran if not r.correct]
+    racy = [r for r in naive if r.oversold or r.unaccounted]
+    correct = [r for r in ran if r.correct]
+    failed = [r for r in results if r.failed]
+    parts: list[str] = []
+    for r in racy:
+        what = f"{r.title} ({r.number}) confirmed {r.shipped} units from a stock of {stock}"
+        if r.stock_left < 0:
+            what += f", driving the stock to {r.stock_left}"
+        elif r.unaccounted > 0:
+            what += (
+                f" yet the books show {r.stock_left} left: {r.unaccounted} units were "
+                "shipped but never deducted (lost updates)"
+            )
+        parts.append(what + ".")
+    if racy:
+        parts.append(
+            "Without a lock each worker checked a stock level that another worker was about "
+            "to change, so orders were confirmed for goods that do not exist."
+        )
+    lucky = [r for r in naive if r not in racy]
+    if lucky:
+        parts.append(
+            f"{_names(lucky)} got lucky this time: a race needs two orders to overlap in the "
+            "few milliseconds between read and write; run again, or with more --workers, "
+            "and they oversell."
+        )
+    if failed:
+        parts.append(
+            f"SOMETHING IS WRONG: {_names(failed)} should be safe but oversold, lost units or "
+            "failed; this is a bug worth reporting."
+        )
+    elif correct:
+        parts.append(
+            "Every protected strategy shipped exactly what was in stock and oversold nothing."
+        )
+        by = {r.number: r for r in correct}
+        if 3 in by:
+            parts.append(
+                f"The single guarded UPDATE ({by[3].throughput:.0f} orders/s) is the baseline "
+                "to beat: when the whole rule fits in one statement, let the database do it."
+            )
+        others = []
+        if 4 in by:
+            others.append(
+                f"{by[4].title} ({by[4].throughput:.0f} orders/s) keeps a transaction and a "
+                "lock open while the order is processed"
+            )
+        if 5 in by:
+            others.append(
+                f"the optimistic version column ({by[5].throughput:.0f} orders/s) needed "
+                f"{by[5].retries} retries, wasted work that grows with contention"
+            )
+        if 7 in by:
+            others.append(f"the advisory lock runs at {by[7].throughput:.0f} orders/s")
+        if 6 in by:
+            others.append(
+                f"a dblock lock ({by[6].throughput:.0f} orders/s) serializes the "
+                "read-check-write across processes and hosts without holding a database "
+                "transaction open, and it protects work outside this one table too "
+                "(other services, files, payments)"
+            )
+        if others:
+            parts.append(
+                "When the check needs more than one statement, the read-check-write must be "
+                "serialized: " + "; ".join(others) + "."
+            )
+    return " ".join(parts)
+
+
+def to_json(
+    results: list[Result], *, url: str, dialect: str, workers: int, stock: int, seed: int
+) -> dict[str, Any]:
+    """The machine-readable form of a run."""
+    return {
+        "url": url,
+        "dialect": dialect,
+        "workers": workers,
+        "stock": stock,
+        "seed": seed,
+        "ok": not any(r.failed for r in results),
+        "strategies": [
+            {
+                "number": r.number,
+                "name": r.slug,
+                "title": r.title,
+                "correct": r.correct,
+                "status": r.status,
+                "verdict": verdict(r),
+                "note": r.note,
+                "orders_confirmed": r.confirmed,
+                "orders_rejected": r.rejected,
+                "units_shipped": r.shipped,
+                "stock_left": r.stock_left,
+                "oversold_units": r.oversold,
+                "unaccounted_units": r.unaccounted,
+                "retries": r.retries,
+                "elapsed_s": round(r.elapsed, 4),
+                "throughput_orders_per_s": round(r.throughput, 1),
+                "p99_latency_ms": round(r.p99_ms, 2),
+            }
+            for r in results
+        ],
+    }

@@ -1,0 +1,62 @@
+"""The strategies the demo compares (shared by the parent and the worker processes)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """One way of confirming an outbound order against the inventory row."""
+
+    number: int
+    slug: str
+    title: str
+    #: True if the strategy must never oversell (the demo fails loudly if it does)
+    correct: bool
+
+    def label(self, dialect: str) -> str:
+        """The title as it applies on ``dialect``."""
+        if self.number == 4 and dialect == "sqlite":
+            return "BEGIN IMMEDIATE transaction"
+        if self.number == 7:
+            return {
+                "postgresql": "advisory lock (pg_advisory_xact_lock)",
+                "mysql": "advisory lock (GET_LOCK)",
+            }.get(dialect, self.title)
+        return self.title
+
+    def skip_reason(self, dialect: str) -> str | None:
+        """Why the strategy cannot run on ``dialect``, or None."""
+        if self.number == 7 and dialect == "sqlite":
+            return "SQLite has no advisory locks"
+        return None
+
+
+STRATEGIES: tuple[Strategy, ...] = (
+    Strategy(1, "read-write", "read, check, write computed value", correct=False),
+    Strategy(2, "read-decrement", "read, check, SET available = available - q", correct=False),
+    Strategy(3, "guarded-update", "one UPDATE ... WHERE available >= q", correct=True),
+    Strategy(4, "for-update", "SELECT ... FOR UPDATE transaction", correct=True),
+    Strategy(5, "optimistic", "optimistic version column + retries", correct=True),
+    Strategy(6, "dblock", "dblock lock around read-check-write", correct=True),
+    Strategy(7, "advisory", "advisory lock", correct=True),
+)
+BY_NUMBER = {s.number: s for s in STRATEGIES}
+
+
+def parse_strategies(text: str) -> list[Strategy]:
+    """``"1,3,dblock"`` -> strategies in the order given (numbers or slugs); ValueError if unknown."""
+    chosen: list[Strategy] = []
+    for item in (part.strip().lower() for part in text.split(",")):
+        if not item:
+            continue
+        found = next((s for s in STRATEGIES if item in (str(s.number), s.slug)), None)
+        if found is None:
+            names = ", ".join(f"{s.number}/{s.slug}" for s in STRATEGIES)
+            raise ValueError(f"unknown strategy {item!r} (choose from {names})")
+        if found not in chosen:
+            chosen.append(found)
+    if not chosen:
+        raise ValueError("no strategy given")
+    return chosen

@@ -1,0 +1,36 @@
+"""Server-side faults for tests: kill a client's connections from the database side."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import dblock
+from tests._servers import raw_connect
+
+
+def session_ids(client: dblock.Client) -> list[int]:
+    """Server-side ids of the client's pooled connections (reaches into the pool: tests only)."""
+    backend: Any = client._backend
+    ids = []
+    for conn in list(backend._idle):
+        if client.dialect == "postgresql":
+            ids.append(conn.info.backend_pid)
+        elif client.dialect == "mysql":
+            ids.append(conn.thread_id())
+    return ids
+
+
+def kill_sessions(client: dblock.Client, url: str) -> int:
+    """Terminate every pooled connection of ``client`` from the server side; return how many."""
+    ids = session_ids(client)
+    conn = raw_connect(url)
+    try:
+        cur = conn.cursor()
+        for sid in ids:
+            if client.dialect == "postgresql":
+                cur.execute("SELECT pg_terminate_backend(%s)", (sid,))
+            else:
+                cur.execute(f"KILL {int(sid)}")
+    finally:
+        conn.close()
+    return len(ids)

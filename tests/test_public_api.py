@@ -1,0 +1,75 @@
+"""The public surface matches ../shared/API.md, and `import dblock` stays light."""
+
+from __future__ import annotations
+
+import inspect
+import pickle
+import subprocess
+import sys
+
+import pytest
+
+import dblock
+
+API_NAMES = {
+    "connect",
+    "Client",
+    "Lock",
+    "LockInfo",
+    "DBLockError",
+    "LockTimeout",
+    "NotHeld",
+    "LockLost",
+    "InProgress",
+    "AlreadyDone",
+    "ConfigurationError",
+    "BackendError",
+}
+
+
+def test_exports_are_the_contract() -> None:
+    assert set(dblock.__all__) - {"__version__"} == API_NAMES
+    for name in API_NAMES:
+        assert getattr(dblock, name).__module__ == "dblock", name
+
+
+def test_error_tree() -> None:
+    assert issubclass(dblock.LockTimeout, dblock.DBLockError)
+    assert issubclass(dblock.LockTimeout, TimeoutError)
+    assert issubclass(dblock.NotHeld, RuntimeError)
+    assert issubclass(dblock.LockLost, dblock.NotHeld)
+    assert issubclass(dblock.ConfigurationError, ValueError)
+    for cls in (dblock.InProgress, dblock.AlreadyDone, dblock.BackendError):
+        assert issubclass(cls, dblock.DBLockError)
+
+
+@pytest.mark.parametrize("cls", [dblock.LockLost, dblock.LockTimeout, dblock.BackendError])
+def test_errors_pickle_with_their_key(cls: type[dblock.DBLockError]) -> None:
+    err = pickle.loads(pickle.dumps(cls("boom on 'k'", key="k")))
+    assert type(err) is cls
+    assert (str(err), err.key) == ("boom on 'k'", "k")
+
+
+def test_signatures() -> None:
+    connect = inspect.signature(dblock.connect)
+    assert list(connect.parameters) == ["url", "table", "create_schema"]
+    assert connect.parameters["table"].default == "dblock_locks"
+    lock = inspect.signature(dblock.Client.lock)
+    assert list(lock.parameters)[1:] == [
+        "key", "ttl", "timeout", "reentrant", "auto_renew", "fair", "on_lost",
+    ]  # fmt: skip
+    assert lock.parameters["ttl"].default == 30.0
+    acquire = inspect.signature(dblock.Lock.acquire)
+    assert list(acquire.parameters)[1:] == ["blocking", "timeout"]
+    purge = inspect.signature(dblock.Client.purge)
+    assert purge.parameters["include_once"].kind is inspect.Parameter.KEYWORD_ONLY
+
+
+def test_import_loads_no_driver_and_no_cli_toolkit() -> None:
+    code = (
+        "import sys, dblock; "
+        "heavy = {'psycopg', 'pymysql', 'click', 'rich'} & set(sys.modules); "
+        "print(sorted(heavy))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
