@@ -30,7 +30,11 @@ def kill_sessions(client: dblock.Client, url: str) -> int:
             if client.dialect == "postgresql":
                 cur.execute("SELECT pg_terminate_backend(%s)", (sid,))
             else:
-                cur.execute(f"KILL {int(sid)}")
+                try:
+                    cur.execute(f"KILL {int(sid)}")
+                except Exception as exc:  # 1094: already gone (killed before, not yet reused)
+                    if exc.args[0] != 1094:
+                        raise
     finally:
         conn.close()
     return len(ids)

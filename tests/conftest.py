@@ -57,3 +57,16 @@ def client(db_url: str, table: str) -> Iterator[dblock.Client]:
 @pytest.fixture
 def key() -> str:
     return "k-" + uuid.uuid4().hex
+
+
+@pytest.fixture(params=[d for d in BACKENDS if d != "sqlite"])
+def server_db_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """Like db_url, for the client-server backends only (server-side faults)."""
+    url = server_url(str(request.param), str(tmp_path_factory.mktemp("db")))
+    reason = _unreachable(url)
+    if reason is not None:
+        message = f"{request.param} server at {url} unreachable: {reason}"
+        if REQUIRE_SERVERS:
+            pytest.fail(message + " (DBLOCK_REQUIRE_SERVERS=1)")
+        pytest.skip(message)
+    return url

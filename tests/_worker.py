@@ -1,0 +1,52 @@
+"""Worker processes for the multi-process tests: ``python -m tests._worker CMD ...``."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import dblock
+
+
+def count(url: str, table: str, key: str, n: str, counter: str, log: str) -> None:
+    """Increment a counter file n times with a non-atomic read-modify-write under the lock."""
+    with dblock.connect(url, table=table) as client, open(log, "a") as out:
+        for _ in range(int(n)):
+            with client.lock(key, ttl=30, timeout=120) as lock:
+                start = time.monotonic_ns()
+                with open(counter) as f:
+                    value = int(f.read() or 0)
+                time.sleep(0.002)  # widen the race window
+                with open(counter, "w") as f:
+                    f.write(str(value + 1))
+                end = time.monotonic_ns()
+                out.write(f"{start} {end} {lock.token}\n")
+
+
+def hold(url: str, table: str, key: str, ttl: str) -> None:
+    """Acquire, report, wait for 'go' on stdin, then renew and release and report both."""
+    with dblock.connect(url, table=table) as client:
+        lock = client.lock(key, ttl=float(ttl))
+        assert lock.acquire(timeout=30)
+        print(json.dumps({"token": lock.token, "owner": lock.owner}), flush=True)
+        sys.stdin.readline()
+        result = {}
+        for name, step in (("renew", lock.renew), ("release", lock.release)):
+            try:
+                step()
+                result[name] = "ok"
+            except dblock.DBLockError as exc:
+                result[name] = type(exc).__name__
+        print(json.dumps(result), flush=True)
+
+
+def schema(url: str, table: str, start_at: str) -> None:
+    """Create the schema at a given wall-clock moment (many processes at once)."""
+    time.sleep(max(0.0, float(start_at) - time.time()))
+    with dblock.connect(url, table=table) as client, client.lock("created"):
+        print("ok", flush=True)
+
+
+if __name__ == "__main__":
+    {"count": count, "hold": hold, "schema": schema}[sys.argv[1]](*sys.argv[2:])
