@@ -48,5 +48,44 @@ def schema(url: str, table: str, start_at: str) -> None:
         print("ok", flush=True)
 
 
+def once(url: str, table: str, key: str, start_at: str, work: str) -> None:
+    """At a given moment, run a once-block that sleeps ``work`` s; print what happened."""
+    with dblock.connect(url, table=table) as client:
+        time.sleep(max(0.0, float(start_at) - time.time()))
+        try:
+            with client.once(key, ttl=30):
+                print("ran", flush=True)
+                time.sleep(float(work))
+        except (dblock.InProgress, dblock.AlreadyDone) as exc:
+            print(type(exc).__name__, flush=True)
+
+
+def once_crash(url: str, table: str, key: str, ttl: str) -> None:
+    """Claim a once-record, report, then wait to be killed."""
+    with dblock.connect(url, table=table) as client, client.once(key, ttl=float(ttl)):
+        print("claimed", flush=True)
+        time.sleep(600)
+
+
+def scheduled(url: str, table: str, name: str, start_at: str) -> None:
+    """Fire a scheduled job (at_most 30 s, at_least 3 s) at a given moment."""
+    with dblock.connect(url, table=table) as client:
+
+        @client.scheduled(name, at_most=30, at_least=3)
+        def job() -> str:
+            return "ran"
+
+        time.sleep(max(0.0, float(start_at) - time.time()))
+        print(job() or "skipped", flush=True)
+
+
 if __name__ == "__main__":
-    {"count": count, "hold": hold, "schema": schema}[sys.argv[1]](*sys.argv[2:])
+    commands = {
+        "count": count,
+        "hold": hold,
+        "schema": schema,
+        "once": once,
+        "once_crash": once_crash,
+        "scheduled": scheduled,
+    }
+    commands[sys.argv[1]](*sys.argv[2:])

@@ -10,15 +10,19 @@ import socket
 import threading
 from collections.abc import Callable
 from types import TracebackType
+from typing import ParamSpec, TypeVar
 
 from ._lock import Hold, Lock
+from ._patterns import OnceLock, locked, scheduled
 from ._renewer import Scheduler
-from ._types import LockInfo
+from ._types import LockInfo, State
 from ._url import parse_url
 from ._validate import check_key, check_table
 from .backends import Backend, open_backend
 
 log = logging.getLogger("dblock")
+P = ParamSpec("P")
+R = TypeVar("R")
 _HOST = socket.gethostname()[:64] or "localhost"
 
 
@@ -93,6 +97,60 @@ class Client:
             auto_renew=auto_renew,
             fair=fair,
             on_lost=on_lost,
+        )
+
+    # -- patterns -------------------------------------------------------------------------
+    def once(
+        self, key: str, *, ttl: float = 30.0, note: str | None = None, auto_renew: bool = True
+    ) -> OnceLock:
+        """Run a block at most once successfully per key (the status lock).
+
+        Claims the key when it has no record, when its record is ``failed``, or when a
+        ``processing`` record's lease has expired. Normal exit records ``succeeded``; an
+        exception records ``failed`` and propagates. Otherwise raises InProgress or
+        AlreadyDone. The lease is renewed in the background while the block runs
+        (``auto_renew``), so ``ttl`` is how long a crashed holder blocks a retry.
+
+        >>> with client.once("payout:" + request_no, ttl=300, note="payout"):
+        ...     pay(request_no)
+        """
+        return OnceLock(self, key, ttl=ttl, note=note, auto_renew=auto_renew)
+
+    def state(self, key: str) -> State | None:
+        """The once-record of ``key``: "processing", "failed", "succeeded", or None."""
+        row = self._backend.once_state(check_key(key))
+        if row is None or row[0] != "once":
+            return None
+        value: State | None = row[1]  # type: ignore[assignment]
+        return value
+
+    def scheduled(
+        self, name: str, at_most: float, at_least: float = 0.0
+    ) -> Callable[[Callable[P, R]], Callable[P, R | None]]:
+        """Decorator for a job fired on many hosts at once: exactly one runs it.
+
+        A host that cannot take the lock skips the run and returns None. The lease lasts at
+        most ``at_most`` s; a job that ends early keeps the lock until ``at_least`` s after its
+        start, so schedulers whose clocks differ a little do not run it twice.
+        """
+        return scheduled(self, name, at_most, at_least)
+
+    def locked(
+        self,
+        template: str,
+        *,
+        ttl: float = 30.0,
+        timeout: float | None = None,
+        reentrant: bool = True,
+        auto_renew: bool = False,
+    ) -> Callable[[Callable[P, R]], Callable[P, R]]:
+        """Decorator: hold the lock ``template.format(**call arguments)`` during each call.
+
+        >>> @client.locked("settle:{request_no}", ttl=60, timeout=0)
+        ... def settle(request_no, amount): ...   # busy -> LockTimeout
+        """
+        return locked(
+            self, template, ttl=ttl, timeout=timeout, reentrant=reentrant, auto_renew=auto_renew
         )
 
     # -- inspection and maintenance -------------------------------------------------------

@@ -173,7 +173,7 @@ class Lock:
         try:
             while True:
                 sent = time.monotonic()
-                token = backend.acquire(self._key, owner, self._ttl, self._kind)
+                token = self._try_acquire(owner)
                 if token is not None:
                     return Hold(self, owner, token, self._ttl, sent)
                 remaining = None if deadline is None else deadline - time.monotonic()
@@ -191,6 +191,14 @@ class Lock:
         finally:
             if subscription is not None:
                 subscription.close()
+
+    def _try_acquire(self, owner: str) -> int | None:
+        """One attempt in the database; the new fencing token, or None if busy."""
+        return self._client._backend.acquire(self._key, owner, self._ttl, self._kind)
+
+    def _end_hold(self, hold: Hold) -> bool:
+        """End the hold in the database; False if its lease was already gone."""
+        return self._client._backend.release(self._key, hold.owner, hold.token)
 
     def _push(self, tid: int, hold: Hold) -> None:
         with self._mutex:
@@ -223,7 +231,7 @@ class Lock:
             if hold.job is not None:
                 hold.job.cancel()  # stop renewing before releasing (PITFALLS 11)
             try:
-                released = self._client._backend.release(self._key, hold.owner, hold.token)
+                released = self._end_hold(hold)
             except BackendError:
                 self._schedule_locked(hold)  # still ours as far as we know: keep renewing
                 raise

@@ -45,8 +45,7 @@ def test_six_processes_read_modify_write_exactly(
     procs, per_worker = 6, 12
     logs = [tmp_path / f"log{i}" for i in range(procs)]
     workers = [
-        worker("count", db_url, table, key, str(per_worker), str(counter), str(log))
-        for log in logs
+        worker("count", db_url, table, key, str(per_worker), str(counter), str(log)) for log in logs
     ]
     for w in workers:
         w.communicate(timeout=180)
@@ -61,9 +60,7 @@ def test_six_processes_read_modify_write_exactly(
         assert token < next_token, "fencing tokens did not increase with time"
 
 
-def test_sigkilled_holder_blocks_until_its_lease_ends(
-    db_url: str, table: str, key: str
-) -> None:
+def test_sigkilled_holder_blocks_until_its_lease_ends(db_url: str, table: str, key: str) -> None:
     with dblock.connect(db_url, table=table) as client:
         holder = worker("hold", db_url, table, key, "2", stdin=subprocess.PIPE)
         try:

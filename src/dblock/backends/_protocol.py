@@ -65,6 +65,19 @@ class Backend(Protocol):
     def renew(self, key: str, owner: str, token: int, ttl: float) -> bool:
         """Set a live hold's lease to ``ttl`` s from now; False if it was already gone."""
 
+    def claim_once(self, key: str, owner: str, ttl: float, note: str | None) -> int | None:
+        """Claim a once-record (absent, failed, or processing with an expired lease) as
+        ``processing``; its token, or None if it is not claimable now."""
+
+    def once_state(self, key: str) -> tuple[str, str | None, bool] | None:
+        """(kind, state, lease live) of the key's row, or None if it has none."""
+
+    def finish_once(self, key: str, owner: str, token: int, state: str) -> bool:
+        """Record ``state`` and end the hold in one statement; False if no longer ours."""
+
+    def finish_scheduled(self, key: str, owner: str, token: int, at_least: float) -> bool:
+        """End the hold, or keep it until ``at_least`` s after it started; False if lost."""
+
     def info(self, key: str) -> LockInfo | None:
         """The current unexpired hold of ``key``."""
 

@@ -120,6 +120,45 @@ class MysqlBackend(SqlBackend[Any]):
             f"    owner = IF({take}, VALUES(owner), {row}owner),\n"
             f"    expires_at = IF({take}, VALUES(expires_at), {row}expires_at)"
         )
+        # key owner ttl_us note -> affected rows 1 / 2 with the token as insert id if the
+        # once-record was claimed (absent, failed, or processing with an expired lease), else 0.
+        # The claim condition tests four columns, so `owner` is assigned first and every later
+        # assignment tests whether `owner` became ours.
+        claim = (
+            f"({row}kind <> 'once' AND {row}expires_at <= {NOW}) OR ({row}kind = 'once' AND "
+            f"({row}state = 'failed' OR ({row}state = 'processing' AND {row}expires_at <= {NOW})))"
+            f" OR {row}owner = VALUES(owner)"
+        )
+        ours = f"{row}owner = VALUES(owner)"
+        self._claim_once = (
+            f"INSERT INTO {t} (lock_key, kind, owner, token, acquired_at, expires_at, state,\n"
+            "    note)\n"
+            f"SELECT %s, 'once', %s, LAST_INSERT_ID(m.hwm + 1), {NOW},\n"
+            f"       {NOW} + INTERVAL %s MICROSECOND, 'processing', %s\n"
+            f"FROM {meta} m WHERE m.id = 1\n"
+            "ON DUPLICATE KEY UPDATE\n"
+            f"    owner = IF({claim}, VALUES(owner), {row}owner),\n"
+            f"    token = IF({ours}, LAST_INSERT_ID({row}token + 1), {row}token),\n"
+            f"    kind = IF({ours}, 'once', {row}kind),\n"
+            f"    acquired_at = IF({ours}, VALUES(acquired_at), {row}acquired_at),\n"
+            f"    state = IF({ours}, 'processing', {row}state),\n"
+            f"    note = IF({ours}, VALUES(note), {row}note),\n"
+            f"    expires_at = IF({ours}, VALUES(expires_at), {row}expires_at)"
+        )
+        self._once_state = f"SELECT kind, state, expires_at > {NOW} FROM {t} WHERE lock_key = %s"
+        mine = "lock_key = %s AND owner = %s AND token = %s"
+        # state key owner token -> 1 row if the outcome was recorded (and the hold ended)
+        self._finish_once = (
+            f"UPDATE {t} SET state = %s, owner = NULL, expires_at = {NOW} "
+            f"WHERE {mine} AND kind = 'once'"
+        )
+        least = "acquired_at + INTERVAL %s MICROSECOND"
+        # least_us least_us key owner token -> 1 row if ended, or kept until `least` s after the
+        # start. `owner` is assigned before `expires_at`; neither condition reads either column.
+        self._finish_least = (
+            f"UPDATE {t} SET owner = IF({least} > {NOW}, owner, NULL), "
+            f"expires_at = GREATEST({least}, {NOW}) WHERE {mine}"
+        )
         live = f"lock_key = %s AND owner = %s AND token = %s AND expires_at > {NOW}"
         # key owner token -> 1 row changed if the live hold was ended
         self._release = f"UPDATE {t} SET owner = NULL, expires_at = {NOW} WHERE {live}"
@@ -227,6 +266,50 @@ class MysqlBackend(SqlBackend[Any]):
                 return bool(row[0] is None and row[1] == token)
 
         return self.run("release", op, key=key)
+
+    def claim_once(self, key: str, owner: str, ttl: float, note: str | None) -> int | None:
+        params = (key, owner, round(ttl * 1_000_000), note)
+
+        def op(conn: Any) -> int | None:
+            with conn.cursor() as cur:
+                affected = cur.execute(self._claim_once, params)
+                return int(cur.lastrowid) if affected in (1, 2) else None
+
+        return self.run("once", op, key=key)
+
+    def once_state(self, key: str) -> tuple[str, str | None, bool] | None:
+        def op(conn: Any) -> tuple[str, str | None, bool] | None:
+            with conn.cursor() as cur:
+                cur.execute(self._once_state, (key,))
+                row = cur.fetchone()
+                return None if row is None else (row[0], row[1], bool(row[2]))
+
+        return self.run("state", op, key=key)
+
+    def _finish(self, what: str, sql: str, params: tuple[Any, ...], key: str, token: int) -> bool:
+        """Run a statement that ends (owner, token)'s hold; after a retry, ours-and-gone is done."""
+        calls = 0
+
+        def op(conn: Any) -> bool:
+            nonlocal calls
+            calls += 1
+            with conn.cursor() as cur:
+                if cur.execute(sql, params) == 1:
+                    return True
+                if calls == 1 or not cur.execute(self._owner_token, (key,)):
+                    return False
+                return bool(cur.fetchone()[1] == token)
+
+        return self.run(what, op, key=key)
+
+    def finish_once(self, key: str, owner: str, token: int, state: str) -> bool:
+        params = (state, key, owner, token)
+        return self._finish("recording the once outcome", self._finish_once, params, key, token)
+
+    def finish_scheduled(self, key: str, owner: str, token: int, at_least: float) -> bool:
+        least = round(at_least * 1_000_000)
+        params = (least, least, key, owner, token)
+        return self._finish("release", self._finish_least, params, key, token)
 
     def renew(self, key: str, owner: str, token: int, ttl: float) -> bool:
         params = (round(ttl * 1_000_000), key, owner, token)

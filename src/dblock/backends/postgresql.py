@@ -87,6 +87,36 @@ class PostgresBackend(SqlBackend[psycopg.Connection[Any]]):
             f"WHERE (l.expires_at <= {NOW} AND l.kind <> 'once') OR l.owner = EXCLUDED.owner\n"
             "RETURNING token"
         )
+        # key owner ttl note -> one row (the token) if the once-record was claimed: absent,
+        # failed, or processing with an expired lease (its holder crashed)
+        self._claim_once = (
+            f"INSERT INTO {t} AS l (lock_key, kind, owner, token, acquired_at, expires_at, state, "
+            "note)\n"
+            f"VALUES (%(key)s, 'once', %(owner)s, nextval('{seq}'), {NOW},\n"
+            f"        {NOW} + make_interval(secs => %(ttl)s), 'processing', %(note)s)\n"
+            "ON CONFLICT (lock_key) DO UPDATE SET kind = 'once', owner = EXCLUDED.owner,\n"
+            "    token = EXCLUDED.token, acquired_at = EXCLUDED.acquired_at,\n"
+            "    expires_at = EXCLUDED.expires_at, state = 'processing', note = EXCLUDED.note\n"
+            f"WHERE (l.kind <> 'once' AND l.expires_at <= {NOW}) OR (l.kind = 'once' AND\n"
+            f"    (l.state = 'failed' OR (l.state = 'processing' AND l.expires_at <= {NOW})))\n"
+            "    OR l.owner = EXCLUDED.owner\n"
+            "RETURNING token"
+        )
+        self._once_state = (
+            f"SELECT kind, state, expires_at > {NOW} FROM {t} WHERE lock_key = %(key)s"
+        )
+        mine = "lock_key = %(key)s AND owner = %(owner)s AND token = %(token)s"
+        # key owner token state -> 1 row if the outcome was recorded (and the hold ended)
+        self._finish_once = (
+            f"UPDATE {t} SET state = %(state)s, owner = NULL, expires_at = {NOW} "
+            f"WHERE {mine} AND kind = 'once'"
+        )
+        least = "acquired_at + make_interval(secs => %(least)s)"
+        # key owner token least -> 1 row if ended, or kept until `least` s after the start
+        self._finish_least = (
+            f"UPDATE {t} SET owner = CASE WHEN {least} > {NOW} THEN owner END, "
+            f"expires_at = GREATEST({least}, {NOW}) WHERE {mine}"
+        )
         live = (
             f"lock_key = %(key)s AND owner = %(owner)s AND token = %(token)s AND expires_at > {NOW}"
         )
@@ -200,6 +230,46 @@ class PostgresBackend(SqlBackend[psycopg.Connection[Any]]):
             return row is not None and row[0] is None and row[1] == token
 
         return self.run("release", op, key=key)
+
+    def claim_once(self, key: str, owner: str, ttl: float, note: str | None) -> int | None:
+        params = {"key": key, "owner": owner, "ttl": ttl, "note": note}
+
+        def op(conn: psycopg.Connection[Any]) -> int | None:
+            row = conn.execute(self._claim_once, params).fetchone()
+            return None if row is None else int(row[0])
+
+        return self.run("once", op, key=key)
+
+    def once_state(self, key: str) -> tuple[str, str | None, bool] | None:
+        def op(conn: psycopg.Connection[Any]) -> tuple[str, str | None, bool] | None:
+            row = conn.execute(self._once_state, {"key": key}).fetchone()
+            return None if row is None else (row[0], row[1], bool(row[2]))
+
+        return self.run("state", op, key=key)
+
+    def _finish(self, what: str, sql: str, params: dict[str, Any]) -> bool:
+        """Run a statement that ends (owner, token)'s hold; after a retry, ours-and-gone is done."""
+        calls = 0
+
+        def op(conn: psycopg.Connection[Any]) -> bool:
+            nonlocal calls
+            calls += 1
+            if conn.execute(sql, params).rowcount == 1:
+                return True
+            if calls == 1:
+                return False
+            row = conn.execute(self._owner_token, {"key": params["key"]}).fetchone()
+            return row is not None and row[1] == params["token"]
+
+        return self.run(what, op, key=params["key"])
+
+    def finish_once(self, key: str, owner: str, token: int, state: str) -> bool:
+        params = {"key": key, "owner": owner, "token": token, "state": state}
+        return self._finish("recording the once outcome", self._finish_once, params)
+
+    def finish_scheduled(self, key: str, owner: str, token: int, at_least: float) -> bool:
+        params = {"key": key, "owner": owner, "token": token, "least": at_least}
+        return self._finish("release", self._finish_least, params)
 
     def renew(self, key: str, owner: str, token: int, ttl: float) -> bool:
         params = {"key": key, "owner": owner, "token": token, "ttl": ttl}

@@ -91,6 +91,33 @@ class SqliteBackend(SqlBackend[sqlite3.Connection]):
             f"WHERE (l.expires_at <= {NOW} AND l.kind <> 'once') OR l.owner = excluded.owner\n"
             "RETURNING token"
         )
+        # :key :owner :ttl :note -> one row (the token) if the once-record was claimed: absent,
+        # failed, or processing with an expired lease (its holder crashed)
+        self._claim_once = (
+            f"INSERT INTO {t} AS l (lock_key, kind, owner, token, acquired_at, expires_at, state, "
+            "note)\n"
+            f"SELECT :key, 'once', :owner, hwm + 1, {NOW}, {NOW} + :ttl, 'processing', :note "
+            f"FROM {meta} WHERE id = 1\n"
+            "ON CONFLICT (lock_key) DO UPDATE SET kind = 'once', owner = excluded.owner,\n"
+            "    token = l.token + 1, acquired_at = excluded.acquired_at,\n"
+            "    expires_at = excluded.expires_at, state = 'processing', note = excluded.note\n"
+            f"WHERE (l.kind <> 'once' AND l.expires_at <= {NOW}) OR (l.kind = 'once' AND\n"
+            f"    (l.state = 'failed' OR (l.state = 'processing' AND l.expires_at <= {NOW})))\n"
+            "    OR l.owner = excluded.owner\n"
+            "RETURNING token"
+        )
+        self._once_state = f"SELECT kind, state, expires_at > {NOW} FROM {t} WHERE lock_key = :key"
+        mine = "lock_key = :key AND owner = :owner AND token = :token"
+        # :key :owner :token :state -> 1 row if the outcome was recorded (and the hold ended)
+        self._finish_once = (
+            f"UPDATE {t} SET state = :state, owner = NULL, expires_at = {NOW} "
+            f"WHERE {mine} AND kind = 'once'"
+        )
+        # :key :owner :token :least -> 1 row if ended, or kept until `least` s after the start
+        self._finish_least = (
+            f"UPDATE {t} SET owner = CASE WHEN acquired_at + :least > {NOW} THEN owner END, "
+            f"expires_at = max(acquired_at + :least, {NOW}) WHERE {mine}"
+        )
         live = f"lock_key = :key AND owner = :owner AND token = :token AND expires_at > {NOW}"
         # :key :owner :token -> 1 row changed if the hold was live and is now ended
         self._release = f"UPDATE {t} SET owner = NULL, expires_at = {NOW} WHERE {live}"
@@ -214,6 +241,49 @@ class SqliteBackend(SqlBackend[sqlite3.Connection]):
     def _released_by_us(self, conn: sqlite3.Connection, key: str, token: int) -> bool:
         row = conn.execute(self._owner_token, {"key": key}).fetchone()
         return row is not None and row[0] is None and row[1] == token
+
+    def claim_once(self, key: str, owner: str, ttl: float, note: str | None) -> int | None:
+        params = {"key": key, "owner": owner, "ttl": ttl, "note": note}
+
+        def op(conn: sqlite3.Connection) -> int | None:
+            row = conn.execute(self._claim_once, params).fetchone()
+            return None if row is None else int(row[0])
+
+        return self.run("once", op, key=key)
+
+    def once_state(self, key: str) -> tuple[str, str | None, bool] | None:
+        def op(conn: sqlite3.Connection) -> tuple[str, str | None, bool] | None:
+            row = conn.execute(self._once_state, {"key": key}).fetchone()
+            return None if row is None else (row[0], row[1], bool(row[2]))
+
+        return self.run("state", op, key=key)
+
+    def finish_once(self, key: str, owner: str, token: int, state: str) -> bool:
+        params = {"key": key, "owner": owner, "token": token, "state": state}
+        calls = 0
+
+        def op(conn: sqlite3.Connection) -> bool:
+            nonlocal calls
+            calls += 1
+            if conn.execute(self._finish_once, params).rowcount == 1:
+                return True
+            return calls > 1 and self._released_by_us(conn, key, token)
+
+        return self.run("recording the once outcome", op, key=key)
+
+    def finish_scheduled(self, key: str, owner: str, token: int, at_least: float) -> bool:
+        params = {"key": key, "owner": owner, "token": token, "least": at_least}
+        calls = 0
+
+        def op(conn: sqlite3.Connection) -> bool:
+            nonlocal calls
+            calls += 1
+            if conn.execute(self._finish_least, params).rowcount == 1:
+                return True
+            row = conn.execute(self._owner_token, {"key": key}).fetchone()
+            return calls > 1 and row is not None and row[1] == token
+
+        return self.run("release", op, key=key)
 
     def renew(self, key: str, owner: str, token: int, ttl: float) -> bool:
         params = {"key": key, "owner": owner, "token": token, "ttl": ttl}

@@ -1,0 +1,172 @@
+"""The patterns of the design notes on top of Lock: once (status lock), scheduled, locked.
+
+``once(key)`` is the transaction / retry-compensation lock. Its record moves::
+
+    (none) --claim--> processing --ok--> succeeded          (never runs again: AlreadyDone)
+                          |    \\--exception--> failed --claim--> processing ...
+                          \\--holder crashed: lease expires --claim--> processing ...
+
+A live ``processing`` record makes others get ``InProgress``. The outcome is written by the
+same statement that ends the hold, so no path leaves a key ``processing`` with a live lease
+after its holder is gone.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+import string
+from collections.abc import Callable
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
+
+from ._errors import AlreadyDone, ConfigurationError, InProgress
+from ._lock import Hold, Lock
+from ._validate import check_seconds, check_ttl
+
+if TYPE_CHECKING:
+    from ._client import Client
+
+log = logging.getLogger("dblock")
+P = ParamSpec("P")
+R = TypeVar("R")
+_CLAIM_ATTEMPTS = 5
+
+
+class OnceLock(Lock):
+    """The hold behind ``client.once()``: claims a once-record, records the outcome."""
+
+    def __init__(
+        self, client: Client, key: str, *, ttl: float, note: str | None, auto_renew: bool
+    ) -> None:
+        super().__init__(client, key, ttl=ttl, reentrant=False, auto_renew=auto_renew, kind="once")
+        if note is not None and not isinstance(note, str):
+            raise TypeError("note must be a str or None")
+        self._note = note
+        self._outcome = "failed"
+
+    def _try_acquire(self, owner: str) -> int | None:
+        return self._client._backend.claim_once(self.key, owner, self.ttl, self._note)
+
+    def _end_hold(self, hold: Hold) -> bool:
+        return self._client._backend.finish_once(self.key, hold.owner, hold.token, self._outcome)
+
+    def __enter__(self) -> OnceLock:
+        backend = self._client._backend
+        for _ in range(_CLAIM_ATTEMPTS):
+            if self.acquire(blocking=False):
+                return self
+            row = backend.once_state(self.key)
+            if row is None:
+                continue  # purged between the two statements: claim again
+            kind, state, live = row
+            if kind == "once" and state == "succeeded":
+                raise AlreadyDone(
+                    f"{self.key!r} has already succeeded (table {backend.table}); it runs at "
+                    "most once successfully",
+                    key=self.key,
+                )
+            if live:
+                raise InProgress(
+                    f"{self.key!r} is being processed by another owner right now (table "
+                    f"{backend.table}); try again after it finishes or its lease expires",
+                    key=self.key,
+                )
+        raise InProgress(
+            f"{self.key!r} could not be claimed: it changed hands repeatedly", key=self.key
+        )
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._outcome = "succeeded" if exc_type is None else "failed"
+        self.release()
+
+
+class ScheduledLock(Lock):
+    """The hold behind ``client.scheduled()``: kept until ``at_least`` s after its start."""
+
+    def __init__(self, client: Client, name: str, *, at_most: float, at_least: float) -> None:
+        super().__init__(client, name, ttl=at_most, reentrant=False, kind="scheduled")
+        self._at_least = at_least
+
+    def _end_hold(self, hold: Hold) -> bool:
+        return self._client._backend.finish_scheduled(
+            self.key, hold.owner, hold.token, self._at_least
+        )
+
+
+def scheduled(
+    client: Client, name: str, at_most: float, at_least: float = 0.0
+) -> Callable[[Callable[P, R]], Callable[P, R | None]]:
+    """Decorator: of N hosts calling the job at once, exactly one runs it; others get None."""
+    at_most = check_ttl(at_most)
+    at_least = check_seconds(at_least, "at_least", allow_zero=True)
+    if at_least > at_most:
+        raise ConfigurationError(
+            f"scheduled({name!r}): need 0 <= at_least <= at_most, got at_least={at_least:g} "
+            f"and at_most={at_most:g}"
+        )
+    ScheduledLock(client, name, at_most=at_most, at_least=at_least)  # validates the name now
+
+    def decorate(fn: Callable[P, R]) -> Callable[P, R | None]:
+        @functools.wraps(fn)
+        def run(*args: P.args, **kwargs: P.kwargs) -> R | None:
+            lock = ScheduledLock(client, name, at_most=at_most, at_least=at_least)
+            if not lock.acquire(blocking=False):
+                log.debug("scheduled job %r skipped: another host holds its lock", name)
+                return None
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                lock.release()
+
+        return run
+
+    return decorate
+
+
+def locked(
+    client: Client, template: str, *, ttl: float, timeout: float | None, **options: Any
+) -> Callable[[Callable[P, R]], Callable[P, R]]:
+    """Decorator: hold the lock named by ``template.format(**arguments)`` during each call."""
+    if not isinstance(template, str):
+        raise TypeError("the key template must be a str")
+    check_ttl(ttl)
+    fields = {
+        name.split(".", 1)[0].split("[", 1)[0]
+        for _, name, _, _ in string.Formatter().parse(template)
+        if name is not None
+    }
+    if "" in fields or any(f.isdigit() for f in fields):
+        raise ConfigurationError(
+            f"key template {template!r}: name the arguments, e.g. 'order:{{order_id}}'"
+        )
+
+    def decorate(fn: Callable[P, R]) -> Callable[P, R]:
+        signature = inspect.signature(fn)
+        missing = fields - set(signature.parameters)
+        if missing:
+            raise ConfigurationError(
+                f"key template {template!r} names {sorted(missing)}, which "
+                f"{fn.__qualname__}{signature} does not take"
+            )
+
+        @functools.wraps(fn)
+        def call(*args: P.args, **kwargs: P.kwargs) -> R:
+            bound = signature.bind(*args, **kwargs)
+            bound.apply_defaults()
+            key = template.format(**bound.arguments)
+            with client.lock(key, ttl=ttl, timeout=timeout, **options):
+                return fn(*args, **kwargs)
+
+        return call
+
+    return decorate
+
+
+__all__ = ["OnceLock", "ScheduledLock", "locked", "scheduled"]
