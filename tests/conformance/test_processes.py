@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -55,7 +56,7 @@ def test_six_processes_read_modify_write_exactly(
         tuple(map(int, line.split())) for log in logs for line in log.read_text().splitlines()
     )
     assert len(holds) == procs * per_worker
-    for (_, end, token), (start, _, next_token) in zip(holds, holds[1:]):
+    for (_, end, token), (start, _, next_token) in itertools.pairwise(holds):
         assert end <= start, "two holds overlapped"
         assert token < next_token, "fencing tokens did not increase with time"
 
