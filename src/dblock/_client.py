@@ -15,6 +15,7 @@ from typing import ParamSpec, TypeVar
 from ._lock import Hold, Lock
 from ._patterns import OnceLock, locked, scheduled
 from ._renewer import Scheduler
+from ._rwlock import FairLock, RWLock, Semaphore
 from ._types import LockInfo, State
 from ._url import parse_url
 from ._validate import check_key, check_table
@@ -88,16 +89,27 @@ class Client:
         on_lost: Callable[[Lock], object] | None = None,
     ) -> Lock:
         """A lease lock on ``key`` (not yet acquired). See :class:`Lock`."""
-        return Lock(
+        cls = FairLock if fair else Lock
+        return cls(
             self,
             key,
             ttl=ttl,
             timeout=timeout,
             reentrant=reentrant,
             auto_renew=auto_renew,
-            fair=fair,
             on_lost=on_lost,
         )
+
+    def rwlock(self, key: str, *, ttl: float = 30.0, timeout: float | None = None) -> RWLock:
+        """A read-write lock: many readers at once, or one writer; writers are not starved."""
+        return RWLock(self, key, ttl=ttl, timeout=timeout)
+
+    def semaphore(
+        self, key: str, permits: int, *, ttl: float = 30.0, timeout: float | None = None
+    ) -> Semaphore:
+        """At most ``permits`` holders of ``key`` at once; a crashed holder's permit comes back
+        when its lease ends."""
+        return Semaphore(self, key, permits, ttl=ttl, timeout=timeout)
 
     # -- patterns -------------------------------------------------------------------------
     def once(

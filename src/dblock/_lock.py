@@ -23,7 +23,7 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import TYPE_CHECKING
 
-from ._errors import BackendError, ConfigurationError, LockLost, LockTimeout, NotHeld
+from ._errors import BackendError, LockLost, LockTimeout, NotHeld
 from ._renewer import Job
 from ._timing import Backoff
 from ._validate import check_key, check_timeout, check_ttl
@@ -36,6 +36,8 @@ log = logging.getLogger("dblock")
 #: with pushed wake-ups, waiters poll only as a fallback for a missed notification
 PUSHED_POLL_CAP = 2.0
 FIRST_BACKOFF = 0.002
+#: lease of a waiter's queue entry: a waiter that died or froze leaves the queue after it
+QUEUE_TTL = 5.0
 
 
 class Hold:
@@ -75,7 +77,6 @@ class Lock:
         timeout: float | None = None,
         reentrant: bool = True,
         auto_renew: bool = False,
-        fair: bool = False,
         on_lost: Callable[[Lock], object] | None = None,
         kind: str = "lock",
     ) -> None:
@@ -85,8 +86,6 @@ class Lock:
         self._timeout = check_timeout(timeout)
         if on_lost is not None and not callable(on_lost):
             raise TypeError("on_lost must be a callable taking the lock")
-        if fair:
-            raise ConfigurationError("fair=True is not available yet in this version of dblock")
         self._reentrant = bool(reentrant)
         self._auto_renew = bool(auto_renew)
         self._on_lost = on_lost
@@ -170,11 +169,14 @@ class Lock:
         deadline = None if timeout is None else time.monotonic() + timeout
         subscription = None
         backoff = Backoff(FIRST_BACKOFF, client._poll_cap)
+        queued_at: float | None = None  # when our queue entry was last made or refreshed
+        acquired = False
         try:
             while True:
                 sent = time.monotonic()
-                token = self._try_acquire(owner)
+                token = self._try_acquire(owner, queued_at is not None)
                 if token is not None:
+                    acquired = True
                     return Hold(self, owner, token, self._ttl, sent)
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if not blocking or (remaining is not None and remaining <= 0):
@@ -185,16 +187,38 @@ class Lock:
                     subscription = backend.subscribe(self._key)
                     cap = PUSHED_POLL_CAP if subscription.live else client._poll_cap
                     backoff = Backoff(FIRST_BACKOFF, cap)
+                if self._queue_kind is not None and (
+                    queued_at is None or time.monotonic() - queued_at > QUEUE_TTL / 3
+                ):
+                    queued_at = time.monotonic()
+                    backend.enqueue(self._key, owner, self._queue_kind, QUEUE_TTL)
                     continue
                 pause = backoff.next()
                 subscription.wait(pause if remaining is None else min(pause, remaining))
         finally:
             if subscription is not None:
                 subscription.close()
+            if queued_at is not None and not (acquired and self._dequeues_itself):
+                self._leave_queue(owner)
 
-    def _try_acquire(self, owner: str) -> int | None:
+    #: waiters of this kind keep an entry in the key's wait queue (None: they do not queue)
+    _queue_kind: str | None = None
+    #: a successful acquisition removes the waiter's queue entry in the same transaction
+    _dequeues_itself = False
+
+    def _try_acquire(self, owner: str, queued: bool) -> int | None:
         """One attempt in the database; the new fencing token, or None if busy."""
         return self._client._backend.acquire(self._key, owner, self._ttl, self._kind)
+
+    def _renew_hold(self, hold: Hold, ttl: float) -> bool:
+        """Extend the hold's lease in the database; False if it was already gone."""
+        return self._client._backend.renew(self._key, hold.owner, hold.token, ttl)
+
+    def _leave_queue(self, owner: str) -> None:
+        try:
+            self._client._backend.dequeue(self._key, owner)
+        except BackendError as exc:  # the entry's own lease ends it soon enough
+            log.warning("could not leave the wait queue of %r: %s", self._key, exc)
 
     def _end_hold(self, hold: Hold) -> bool:
         """End the hold in the database; False if its lease was already gone."""
@@ -269,7 +293,7 @@ class Lock:
             if hold.lost:
                 raise self._lost_error(hold)
             sent = time.monotonic()
-            if not self._client._backend.renew(self._key, hold.owner, hold.token, new_ttl):
+            if not self._renew_hold(hold, new_ttl):
                 hold.lost = True
                 if hold.job is not None:
                     hold.job.cancel()
@@ -311,9 +335,7 @@ class Lock:
             else:
                 sent = time.monotonic()
                 try:
-                    lost = not self._client._backend.renew(
-                        self._key, hold.owner, hold.token, hold.ttl
-                    )
+                    lost = not self._renew_hold(hold, hold.ttl)
                 except BackendError as exc:
                     if time.monotonic() < hold.expires_by:
                         log.warning("renewing %r failed, retrying: %s", self._key, exc)

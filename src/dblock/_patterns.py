@@ -46,7 +46,7 @@ class OnceLock(Lock):
         self._note = note
         self._outcome = "failed"
 
-    def _try_acquire(self, owner: str) -> int | None:
+    def _try_acquire(self, owner: str, queued: bool) -> int | None:
         return self._client._backend.claim_once(self.key, owner, self.ttl, self._note)
 
     def _end_hold(self, hold: Hold) -> bool:

@@ -65,6 +65,30 @@ class Backend(Protocol):
     def renew(self, key: str, owner: str, token: int, ttl: float) -> bool:
         """Set a live hold's lease to ``ttl`` s from now; False if it was already gone."""
 
+    def acquire_fair(self, key: str, owner: str, ttl: float, queued: bool) -> int | None:
+        """Like acquire, but only if no live waiter of the key is ahead of ``owner`` (any
+        waiter, when ``owner`` is not ``queued``)."""
+
+    def acquire_shared(
+        self, key: str, owner: str, ttl: float, kind: str, permits: int | None
+    ) -> int | None:
+        """A read hold (``permits`` None) or a semaphore permit; its token, or None."""
+
+    def release_shared(self, key: str, owner: str, token: int) -> bool:
+        """End a live read hold or permit; False if its lease was already gone."""
+
+    def renew_shared(self, key: str, owner: str, token: int, ttl: float) -> bool:
+        """Extend a live read hold or permit; False if it was already gone."""
+
+    def acquire_write(self, key: str, owner: str, ttl: float) -> int | None:
+        """The write hold of a read-write lock, when no reader holds it; its token, or None."""
+
+    def enqueue(self, key: str, owner: str, kind: str, ttl: float) -> None:
+        """Make or refresh ``owner``'s queue entry (a refresh keeps its place)."""
+
+    def dequeue(self, key: str, owner: str) -> None:
+        """Remove ``owner``'s queue entry."""
+
     def claim_once(self, key: str, owner: str, ttl: float, note: str | None) -> int | None:
         """Claim a once-record (absent, failed, or processing with an expired lease) as
         ``processing``; its token, or None if it is not claimable now."""

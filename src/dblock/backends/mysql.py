@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from typing import Any
 
@@ -29,8 +31,9 @@ from pymysql.constants import CLIENT
 from .._errors import ConfigurationError
 from .._types import Kind, LockInfo
 from .._url import DatabaseURL
+from ._holders import HoldersMixin, Rows
 from ._names import aux_name, qualify
-from ._sql import Failure, SqlBackend
+from ._sql import Failure
 
 NOW = "UTC_TIMESTAMP(6)"
 # server gone away, lost connection, killed (MariaDB 1927), shutdown, idle disconnect
@@ -45,7 +48,7 @@ def _utc(value: datetime) -> datetime:
     return value.replace(tzinfo=timezone.utc)
 
 
-class MysqlBackend(SqlBackend[Any]):
+class MysqlBackend(HoldersMixin[Any]):
     """Lock table in MySQL 8 or MariaDB 10.5+."""
 
     dialect = "mysql"
@@ -77,9 +80,14 @@ class MysqlBackend(SqlBackend[Any]):
             raise ConfigurationError(f"timeouts in {url.safe!r} must be integers") from None
         kwargs.update({k: v for k, v in url.query.items() if k in _STR_PARAMS})
         self._kwargs = kwargs
+        self._build_statements(schema, table)
+
+    def _build_statements(self, schema: str | None, table: str) -> None:
+        """The SQL of every operation, with its parameters and what its result means."""
         t = qualify(schema, table, "`")
         meta = qualify(schema, aux_name(table, "_meta"), "`")
         index = f"`{aux_name(table, '_expires_idx')}`"
+        holders = qualify(schema, aux_name(table, "_holders"), "`")
         self._ddl = [
             f"CREATE TABLE IF NOT EXISTS {t} (\n"
             "    lock_key    VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,\n"
@@ -98,28 +106,74 @@ class MysqlBackend(SqlBackend[Any]):
             "    hwm BIGINT NOT NULL  -- highest fencing token ever purged\n"
             ") ENGINE=InnoDB",
             f"INSERT IGNORE INTO {meta} (id, hwm) VALUES (1, 0)",
+            f"CREATE TABLE IF NOT EXISTS {holders} (\n"
+            "    lock_key    VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,\n"
+            "    holder      VARCHAR(255) NOT NULL,  -- the owner of a hold or queue entry\n"
+            "    kind        VARCHAR(16) NOT NULL,\n"
+            "    waiting     SMALLINT NOT NULL DEFAULT 0,  -- 1: a queue entry, not a hold\n"
+            "    token       BIGINT NOT NULL,\n"
+            "    acquired_at DATETIME(6) NOT NULL,  -- UTC\n"
+            "    expires_at  DATETIME(6) NOT NULL,  -- UTC\n"
+            "    PRIMARY KEY (lock_key, holder)\n"
+            ") ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin",
         ]
-        row = f"{t}."  # MySQL has no alias for an INSERT target: qualify with the table itself
-        take = f"({row}expires_at <= {NOW} AND {row}kind <> 'once') OR {row}owner = VALUES(owner)"
-        # key kind owner ttl_us -> affected rows 1 (inserted) / 2 (taken) with the token as
-        # insert id, or 0 (held). A live row is taken only by its own owner (an idempotent
-        # retry); a `once` record never by a lock. In ON DUPLICATE KEY UPDATE the assignments
-        # run left to right on the updated row, so the columns the condition tests (owner,
-        # expires_at) are assigned last. VALUES() is deprecated in MySQL 8.0.20 in favour of a
-        # row alias that MariaDB lacks; both still accept it.
-        self._acquire = (
+        # dialect pieces for the multi-holder operations (see _holders.py)
+        self._main, self._holders, self._now = t, holders, NOW
+        self._ensure_parent = (
             f"INSERT INTO {t} (lock_key, kind, owner, token, acquired_at, expires_at)\n"
-            f"SELECT %s, %s, %s, LAST_INSERT_ID(m.hwm + 1), {NOW},\n"
-            f"       {NOW} + INTERVAL %s MICROSECOND FROM {meta} m WHERE m.id = 1\n"
-            "ON DUPLICATE KEY UPDATE\n"
-            f"    kind = IF({take}, VALUES(kind), {row}kind),\n"
-            f"    token = IF({take}, LAST_INSERT_ID({row}token + 1), {row}token),\n"
-            f"    acquired_at = IF({take}, VALUES(acquired_at), {row}acquired_at),\n"
-            f"    state = IF({take}, NULL, {row}state),\n"
-            f"    note = IF({take}, NULL, {row}note),\n"
-            f"    owner = IF({take}, VALUES(owner), {row}owner),\n"
-            f"    expires_at = IF({take}, VALUES(expires_at), {row}expires_at)"
+            f"SELECT %(key)s, 'lock', NULL, m.hwm + 1, {NOW}, {NOW} FROM {meta} m WHERE m.id = 1\n"
+            "ON DUPLICATE KEY UPDATE lock_key = lock_key"
         )
+        self._lock_parent = (
+            f"SELECT owner, owner IS NOT NULL AND expires_at > {NOW} FROM {t} "
+            "WHERE lock_key = %(key)s FOR UPDATE"
+        )
+        # `acquired_at` is assigned before `waiting`, which its condition reads
+        self._upsert_holder = (
+            f"INSERT INTO {holders} (lock_key, holder, kind, waiting, token, acquired_at,\n"
+            "    expires_at)\n"
+            "VALUES (%(key)s, %(owner)s, %(kind)s, %(waiting)s, %(token)s,\n"
+            f"    {NOW}, {NOW} + INTERVAL %(ttl_us)s MICROSECOND)\n"
+            "ON DUPLICATE KEY UPDATE kind = VALUES(kind), token = VALUES(token),\n"
+            "    expires_at = VALUES(expires_at),\n"
+            "    acquired_at = IF(waiting = 1 AND VALUES(waiting) = 1, acquired_at,\n"
+            "        VALUES(acquired_at)),\n"
+            "    waiting = VALUES(waiting)"
+        )
+        self._prefix_match = "LEFT(lock_key, %(n)s) = %(prefix)s"
+        # inside the parent-locking transaction, count with a locking read: it sees the latest
+        # committed rows whatever snapshot REPEATABLE READ would otherwise give
+        self._locking_read = " LOCK IN SHARE MODE"
+        row = f"{t}."  # MySQL has no alias for an INSERT target: qualify with the table itself
+        ours = f"{row}owner = VALUES(owner)"
+
+        def acquire_sql(fair: str = "") -> str:
+            """key kind owner ttl_us -> affected rows 1 (inserted) / 2 (taken) with the token as
+            insert id, or 0 (held). A live row is taken only by its own owner (an idempotent
+            retry); a `once` record never by a lock. In ON DUPLICATE KEY UPDATE assignments run
+            left to right on the updated row, so `owner` is assigned first from the condition
+            and every later assignment tests whether `owner` became ours. VALUES() is
+            deprecated in MySQL 8.0.20 for a row alias that MariaDB lacks; both accept it."""
+            also = f" AND {fair}" if fair else ""
+            return (
+                f"INSERT INTO {t} (lock_key, kind, owner, token, acquired_at, expires_at)\n"
+                f"SELECT %(key)s, %(kind)s, %(owner)s, LAST_INSERT_ID(m.hwm + 1), {NOW},\n"
+                f"       {NOW} + INTERVAL %(ttl_us)s MICROSECOND FROM {meta} m\n"
+                f"WHERE m.id = 1{also}\n"
+                "ON DUPLICATE KEY UPDATE\n"
+                f"    owner = IF(({row}expires_at <= {NOW} AND {row}kind <> 'once'{also})\n"
+                f"        OR {ours}, VALUES(owner), {row}owner),\n"
+                f"    token = IF({ours}, LAST_INSERT_ID({row}token + 1), {row}token),\n"
+                f"    kind = IF({ours}, VALUES(kind), {row}kind),\n"
+                f"    acquired_at = IF({ours}, VALUES(acquired_at), {row}acquired_at),\n"
+                f"    state = IF({ours}, NULL, {row}state),\n"
+                f"    note = IF({ours}, NULL, {row}note),\n"
+                f"    expires_at = IF({ours}, VALUES(expires_at), {row}expires_at)"
+            )
+
+        self._acquire = acquire_sql()
+        # the same, for a fair lock: only when no live waiter is ahead of %(owner)s
+        self._acquire_fair = {q: acquire_sql(self._queue_clause(q)) for q in (False, True)}
         # key owner ttl_us note -> affected rows 1 / 2 with the token as insert id if the
         # once-record was claimed (absent, failed, or processing with an expired lease), else 0.
         # The claim condition tests four columns, so `owner` is assigned first and every later
@@ -129,7 +183,6 @@ class MysqlBackend(SqlBackend[Any]):
             f"({row}state = 'failed' OR ({row}state = 'processing' AND {row}expires_at <= {NOW})))"
             f" OR {row}owner = VALUES(owner)"
         )
-        ours = f"{row}owner = VALUES(owner)"
         self._claim_once = (
             f"INSERT INTO {t} (lock_key, kind, owner, token, acquired_at, expires_at, state,\n"
             "    note)\n"
@@ -177,7 +230,7 @@ class MysqlBackend(SqlBackend[Any]):
         )
         gone = (
             f"expires_at <= {NOW} - INTERVAL %s MICROSECOND AND (kind <> 'once' OR "
-            "(%s AND state IN ('succeeded', 'failed')))"
+            f"(%s AND state IN ('succeeded', 'failed'))) AND {self._no_live_holders(t)}"
         )
         self._purge_max = f"SELECT COALESCE(MAX(token), 0) FROM {t} WHERE {gone}"
         self._purge_hwm = f"UPDATE {meta} SET hwm = GREATEST(hwm, %s) WHERE id = 1"
@@ -241,11 +294,17 @@ class MysqlBackend(SqlBackend[Any]):
 
     # -- operations -----------------------------------------------------------------------
     def acquire(self, key: str, owner: str, ttl: float, kind: str) -> int | None:
-        params = (key, kind, owner, round(ttl * 1_000_000))
+        return self._take(self._acquire, key, owner, ttl, kind)
+
+    def acquire_fair(self, key: str, owner: str, ttl: float, queued: bool) -> int | None:
+        return self._take(self._acquire_fair[queued], key, owner, ttl, "lock")
+
+    def _take(self, sql: str, key: str, owner: str, ttl: float, kind: str) -> int | None:
+        params = {"key": key, "kind": kind, "owner": owner, "ttl_us": round(ttl * 1_000_000)}
 
         def op(conn: Any) -> int | None:
             with conn.cursor() as cur:
-                affected = cur.execute(self._acquire, params)
+                affected = cur.execute(sql, params)
                 return int(cur.lastrowid) if affected in (1, 2) else None
 
         return self.run("acquire", op, key=key)
@@ -325,7 +384,10 @@ class MysqlBackend(SqlBackend[Any]):
             with conn.cursor() as cur:
                 cur.execute(self._info, (key,))
                 row = cur.fetchone()
-                return None if row is None else _info(row)
+            if row is None:
+                rows = self._holder_rows(conn, key=key)
+                row = rows[0] if rows else None
+            return None if row is None else _info(row)
 
         return self.run("info", op, key=key)
 
@@ -336,16 +398,48 @@ class MysqlBackend(SqlBackend[Any]):
                     cur.execute(self._list, (len(prefix), prefix))
                 else:
                     cur.execute(self._list_all)
-                return [_info(row) for row in cur.fetchall()]
+                rows = [*cur.fetchall(), *self._holder_rows(conn, prefix=prefix)]
+            return sorted((_info(row) for row in rows), key=lambda i: (i.key, i.acquired_at))
 
         return self.run("list", op)
 
     def force_release(self, key: str) -> bool:
         def op(conn: Any) -> bool:
             with conn.cursor() as cur:
-                return bool(cur.execute(self._force, (key,)) == 1)
+                freed = cur.execute(self._force, (key,)) == 1
+            return self._force_holders(conn, key) > 0 or freed
 
         return self.run("force_release", op, key=key)
+
+    # -- dialect hooks for the multi-holder operations ------------------------------------
+    def _later(self, name: str) -> str:
+        return f"{NOW} + INTERVAL %({name}_us)s MICROSECOND"
+
+    def _earlier(self, name: str) -> str:
+        return f"{NOW} - INTERVAL %({name}_us)s MICROSECOND"
+
+    def _exec(self, conn: Any, sql: str, params: dict[str, Any]) -> tuple[int, Rows]:
+        with conn.cursor() as cur:
+            count = cur.execute(sql, _us(params))
+            return int(count), list(cur.fetchall()) if cur.description else []
+
+    @contextmanager
+    def _transaction(self, conn: Any) -> Iterator[None]:
+        conn.begin()
+        try:
+            yield
+        except BaseException:
+            conn.rollback()
+            raise
+        conn.commit()
+
+    def _next_token(self, conn: Any, key: str) -> int:
+        with conn.cursor() as cur:
+            cur.execute(
+                f"UPDATE {self._main} SET token = LAST_INSERT_ID(token + 1) WHERE lock_key = %s",
+                (key,),
+            )
+            return int(cur.lastrowid)
 
     def purge(self, older_than: float, include_once: bool) -> int:
         gone = (round(older_than * 1_000_000), int(include_once))
@@ -360,6 +454,7 @@ class MysqlBackend(SqlBackend[Any]):
                     highest = int(cur.fetchone()[0])
                     cur.execute(self._purge_hwm, (highest,))
                     count = int(cur.execute(self._purge, (*gone, highest)))
+                    count += self._purge_holders(conn, older_than)
                     conn.commit()
                 except BaseException:
                     conn.rollback()
@@ -367,6 +462,12 @@ class MysqlBackend(SqlBackend[Any]):
                 return count
 
         return self.run("purge", op)
+
+
+def _us(params: dict[str, Any]) -> dict[str, Any]:
+    """Add ``<name>_us`` microsecond integers for the duration parameters MySQL SQL uses."""
+    extra = {f"{k}_us": round(v * 1_000_000) for k, v in params.items() if k in ("ttl", "older")}
+    return {**params, **extra}
 
 
 def _info(row: Any) -> LockInfo:

@@ -20,6 +20,8 @@ import contextlib
 import hashlib
 import logging
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from typing import Any
 
@@ -28,8 +30,9 @@ import psycopg
 from .._errors import ConfigurationError
 from .._types import Kind, LockInfo
 from .._url import DatabaseURL
+from ._holders import HoldersMixin, Rows
 from ._names import aux_name, qualify
-from ._sql import Failure, SqlBackend
+from ._sql import Failure
 
 log = logging.getLogger("dblock")
 
@@ -41,7 +44,7 @@ def _utc(value: datetime) -> datetime:
     return value.astimezone(timezone.utc)
 
 
-class PostgresBackend(SqlBackend[psycopg.Connection[Any]]):
+class PostgresBackend(HoldersMixin[psycopg.Connection[Any]]):
     """Lock table in PostgreSQL."""
 
     dialect = "postgresql"
@@ -60,6 +63,7 @@ class PostgresBackend(SqlBackend[psycopg.Connection[Any]]):
         t = qualify(schema, table, '"')
         seq = qualify(schema, aux_name(table, "_token_seq"), '"')
         index = f'"{aux_name(table, "_expires_idx")}"'
+        holders = qualify(schema, aux_name(table, "_holders"), '"')
         self.channel = aux_name(table if schema is None else f"{schema}_{table}", "_released")
         self._ddl = [
             f"CREATE TABLE IF NOT EXISTS {t} (\n"
@@ -74,19 +78,64 @@ class PostgresBackend(SqlBackend[psycopg.Connection[Any]]):
             ")",
             f"CREATE INDEX IF NOT EXISTS {index} ON {t} (expires_at)",
             f"CREATE SEQUENCE IF NOT EXISTS {seq}",
+            f"CREATE TABLE IF NOT EXISTS {holders} (\n"
+            '    lock_key    text COLLATE "C" NOT NULL,\n'
+            "    holder      varchar(255) NOT NULL,  -- the owner of a hold or queue entry\n"
+            "    kind        varchar(16) NOT NULL,\n"
+            "    waiting     smallint NOT NULL DEFAULT 0,  -- 1: a queue entry, not a hold\n"
+            "    token       bigint NOT NULL,\n"
+            "    acquired_at timestamptz NOT NULL,\n"
+            "    expires_at  timestamptz NOT NULL,\n"
+            "    PRIMARY KEY (lock_key, holder)\n"
+            ")",
         ]
+        # dialect pieces for the multi-holder operations (see _holders.py)
+        self._main, self._holders, self._now, self._seq = t, holders, NOW, seq
+        self._ensure_parent = (
+            f"INSERT INTO {t} (lock_key, kind, owner, token, acquired_at, expires_at)\n"
+            f"VALUES (%(key)s, 'lock', NULL, nextval('{seq}'), {NOW}, {NOW})\n"
+            "ON CONFLICT (lock_key) DO NOTHING"
+        )
+        self._lock_parent = (
+            f"SELECT owner, owner IS NOT NULL AND expires_at > {NOW} FROM {t} "
+            "WHERE lock_key = %(key)s FOR UPDATE"
+        )
+        self._upsert_holder = (
+            f"INSERT INTO {holders} AS x (lock_key, holder, kind, waiting, token, acquired_at,\n"
+            "    expires_at)\n"
+            "VALUES (%(key)s, %(owner)s, %(kind)s, %(waiting)s, %(token)s,\n"
+            f"    {NOW}, {NOW} + make_interval(secs => %(ttl)s))\n"
+            "ON CONFLICT (lock_key, holder) DO UPDATE SET kind = EXCLUDED.kind,\n"
+            "    token = EXCLUDED.token, expires_at = EXCLUDED.expires_at,\n"
+            "    acquired_at = CASE WHEN x.waiting = 1 AND EXCLUDED.waiting = 1\n"
+            "        THEN x.acquired_at ELSE EXCLUDED.acquired_at END,\n"
+            "    waiting = EXCLUDED.waiting"
+        )
+        self._prefix_match = "left(lock_key, %(n)s) = %(prefix)s"
+
         # key kind owner ttl -> one row (the new token) if taken, no row if held. A live row is
         # taken only by its own owner (an idempotent retry); a `once` record never by a lock.
-        self._acquire = (
-            f"INSERT INTO {t} AS l (lock_key, kind, owner, token, acquired_at, expires_at)\n"
-            f"VALUES (%(key)s, %(kind)s, %(owner)s, nextval('{seq}'), {NOW},\n"
-            f"        {NOW} + make_interval(secs => %(ttl)s))\n"
-            "ON CONFLICT (lock_key) DO UPDATE SET kind = EXCLUDED.kind, owner = EXCLUDED.owner,\n"
-            "    token = EXCLUDED.token, acquired_at = EXCLUDED.acquired_at,\n"
-            "    expires_at = EXCLUDED.expires_at, state = NULL, note = NULL\n"
-            f"WHERE (l.expires_at <= {NOW} AND l.kind <> 'once') OR l.owner = EXCLUDED.owner\n"
-            "RETURNING token"
-        )
+        def acquire_sql(fair: str = "") -> str:
+            # the casts settle the parameter types, which the queue clause uses too
+            values = (
+                "%(key)s::text, %(kind)s::varchar, %(owner)s::varchar, "
+                f"nextval('{seq}'), {NOW},\n    {NOW} + make_interval(secs => %(ttl)s)"
+            )
+            return (
+                f"INSERT INTO {t} AS l (lock_key, kind, owner, token, acquired_at, expires_at)\n"
+                + (f"SELECT {values} WHERE {fair}\n" if fair else f"VALUES ({values})\n")
+                + "ON CONFLICT (lock_key) DO UPDATE SET kind = EXCLUDED.kind,\n"
+                "    owner = EXCLUDED.owner, token = EXCLUDED.token,\n"
+                "    acquired_at = EXCLUDED.acquired_at, expires_at = EXCLUDED.expires_at,\n"
+                "    state = NULL, note = NULL\n"
+                f"WHERE (l.expires_at <= {NOW} AND l.kind <> 'once' {fair and 'AND ' + fair})\n"
+                "    OR l.owner = EXCLUDED.owner\n"
+                "RETURNING token"
+            )
+
+        self._acquire = acquire_sql()
+        # the same, for a fair lock: only when no live waiter is ahead of %(owner)s
+        self._acquire_fair = {q: acquire_sql(self._queue_clause(q)) for q in (False, True)}
         # key owner ttl note -> one row (the token) if the once-record was claimed: absent,
         # failed, or processing with an expired lease (its holder crashed)
         self._claim_once = (
@@ -148,7 +197,8 @@ class PostgresBackend(SqlBackend[psycopg.Connection[Any]]):
         # older inc -> deleted rows; tokens come from the sequence, so nothing to remember
         self._purge = (
             f"DELETE FROM {t} WHERE expires_at <= {NOW} - make_interval(secs => %(older)s) "
-            "AND (kind <> 'once' OR (%(inc)s AND state IN ('succeeded', 'failed')))"
+            "AND (kind <> 'once' OR (%(inc)s AND state IN ('succeeded', 'failed'))) "
+            f"AND {self._no_live_holders(t)}"
         )
         self._exists = "SELECT to_regclass(%(t)s) IS NOT NULL AND to_regclass(%(s)s) IS NOT NULL"
         self._names = {"t": t, "s": seq}
@@ -279,9 +329,21 @@ class PostgresBackend(SqlBackend[psycopg.Connection[Any]]):
             key=key,
         )
 
+    def acquire_fair(self, key: str, owner: str, ttl: float, queued: bool) -> int | None:
+        params = {"key": key, "kind": "lock", "owner": owner, "ttl": ttl}
+
+        def op(conn: psycopg.Connection[Any]) -> int | None:
+            row = conn.execute(self._acquire_fair[queued], params).fetchone()
+            return None if row is None else int(row[0])
+
+        return self.run("acquire", op, key=key)
+
     def info(self, key: str) -> LockInfo | None:
         def op(conn: psycopg.Connection[Any]) -> LockInfo | None:
             row = conn.execute(self._info, {"key": key}).fetchone()
+            if row is None:
+                rows = self._holder_rows(conn, key=key)
+                row = rows[0] if rows else None
             return None if row is None else _info(row)
 
         return self.run("info", op, key=key)
@@ -292,20 +354,51 @@ class PostgresBackend(SqlBackend[psycopg.Connection[Any]]):
                 cur = conn.execute(self._list, {"n": len(prefix), "prefix": prefix})
             else:
                 cur = conn.execute(self._list_all)
-            return [_info(row) for row in cur.fetchall()]
+            rows = [*cur.fetchall(), *self._holder_rows(conn, prefix=prefix)]
+            return sorted((_info(row) for row in rows), key=lambda i: (i.key, i.acquired_at))
 
         return self.run("list", op)
 
     def force_release(self, key: str) -> bool:
-        return self.run(
-            "force_release",
-            lambda conn: conn.execute(self._force, {"key": key}).fetchone() is not None,
-            key=key,
-        )
+        def op(conn: psycopg.Connection[Any]) -> bool:
+            freed = conn.execute(self._force, {"key": key}).fetchone() is not None
+            return self._force_holders(conn, key) > 0 or freed
+
+        return self.run("force_release", op, key=key)
 
     def purge(self, older_than: float, include_once: bool) -> int:
         params = {"older": older_than, "inc": include_once}
-        return self.run("purge", lambda conn: conn.execute(self._purge, params).rowcount)
+
+        def op(conn: psycopg.Connection[Any]) -> int:
+            return conn.execute(self._purge, params).rowcount + self._purge_holders(
+                conn, older_than
+            )
+
+        return self.run("purge", op)
+
+    # -- dialect hooks for the multi-holder operations ------------------------------------
+    def _later(self, name: str) -> str:
+        return f"{NOW} + make_interval(secs => %({name})s)"
+
+    def _earlier(self, name: str) -> str:
+        return f"{NOW} - make_interval(secs => %({name})s)"
+
+    def _exec(
+        self, conn: psycopg.Connection[Any], sql: str, params: dict[str, Any]
+    ) -> tuple[int, Rows]:
+        cur = conn.execute(sql, params)
+        return cur.rowcount, cur.fetchall() if cur.description else []
+
+    @contextmanager
+    def _transaction(self, conn: psycopg.Connection[Any]) -> Iterator[None]:
+        with conn.transaction():
+            yield
+
+    def _next_token(self, conn: psycopg.Connection[Any], key: str) -> int:
+        return int(conn.execute(f"SELECT nextval('{self._seq}')").fetchall()[0][0])
+
+    def _notify(self, conn: psycopg.Connection[Any], key: str) -> None:
+        conn.execute(f"SELECT pg_notify('{self.channel}', %(key)s)", {"key": key})
 
     # -- pushed wake-ups ------------------------------------------------------------------
     def subscribe(self, key: str) -> _Subscription:

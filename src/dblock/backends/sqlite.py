@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import contextlib
 import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -21,8 +23,9 @@ from typing import Any
 from .._errors import ConfigurationError
 from .._types import Kind, LockInfo
 from .._url import DatabaseURL
+from ._holders import HoldersMixin, Rows
 from ._names import aux_name, qualify
-from ._sql import Failure, SqlBackend
+from ._sql import Failure
 
 MIN_VERSION = (3, 35, 0)
 NOW = "((julianday('now') - 2440587.5) * 86400.0)"
@@ -33,7 +36,7 @@ def _ts(value: float) -> datetime:
     return datetime.fromtimestamp(value, tz=timezone.utc)
 
 
-class SqliteBackend(SqlBackend[sqlite3.Connection]):
+class SqliteBackend(HoldersMixin[sqlite3.Connection]):
     """Lock table in a SQLite file."""
 
     dialect = "sqlite"
@@ -60,6 +63,8 @@ class SqliteBackend(SqlBackend[sqlite3.Connection]):
         t = qualify(schema, table, '"')
         meta = qualify(schema, aux_name(table, "_meta"), '"')
         index = qualify(schema, aux_name(table, "_expires_idx"), '"')
+        holders = qualify(schema, aux_name(table, "_holders"), '"')
+        self._main, self._holders, self._now = t, holders, NOW
         self._ddl = [
             f"CREATE TABLE IF NOT EXISTS {t} (\n"
             "    lock_key    TEXT    NOT NULL PRIMARY KEY,\n"
@@ -78,19 +83,63 @@ class SqliteBackend(SqlBackend[sqlite3.Connection]):
             "    hwm INTEGER NOT NULL  -- highest fencing token ever purged\n"
             ")",
             f"INSERT OR IGNORE INTO {meta} (id, hwm) VALUES (1, 0)",
+            f"CREATE TABLE IF NOT EXISTS {holders} (\n"
+            "    lock_key    TEXT    NOT NULL,\n"
+            "    holder      TEXT    NOT NULL,  -- the owner of a hold or queue entry\n"
+            "    kind        TEXT    NOT NULL,\n"
+            "    waiting     INTEGER NOT NULL DEFAULT 0,  -- 1: a queue entry, not a hold\n"
+            "    token       INTEGER NOT NULL,\n"
+            "    acquired_at REAL    NOT NULL,\n"
+            "    expires_at  REAL    NOT NULL,\n"
+            "    PRIMARY KEY (lock_key, holder)\n"
+            ") WITHOUT ROWID",
         ]
+        # dialect pieces for the multi-holder operations (see _holders.py)
+        self._ensure_parent = (
+            f"INSERT INTO {t} (lock_key, kind, owner, token, acquired_at, expires_at)\n"
+            f"SELECT %(key)s, 'lock', NULL, hwm + 1, {NOW}, {NOW} FROM {meta} WHERE id = 1\n"
+            "ON CONFLICT (lock_key) DO NOTHING"
+        )
+        self._lock_parent = (
+            f"SELECT owner, owner IS NOT NULL AND expires_at > {NOW} FROM {t} "
+            "WHERE lock_key = %(key)s"
+        )
+        self._upsert_holder = (
+            f"INSERT INTO {holders} AS x (lock_key, holder, kind, waiting, token, acquired_at,\n"
+            "    expires_at)\n"
+            "VALUES (%(key)s, %(owner)s, %(kind)s, %(waiting)s, %(token)s,\n"
+            f"    {NOW}, {NOW} + %(ttl)s)\n"
+            "ON CONFLICT (lock_key, holder) DO UPDATE SET kind = excluded.kind,\n"
+            "    token = excluded.token, expires_at = excluded.expires_at,\n"
+            "    acquired_at = CASE WHEN x.waiting = 1 AND excluded.waiting = 1\n"
+            "        THEN x.acquired_at ELSE excluded.acquired_at END,\n"
+            "    waiting = excluded.waiting"
+        )
+        self._prefix_match = "substr(lock_key, 1, %(n)s) = %(prefix)s"
+
         # :key :kind :owner :ttl -> one row (the new token) if taken, no row if held.
         # A live row is taken only by its own owner (an idempotent retry); a `once` record is
         # never taken by a plain lock.
-        self._acquire = (
-            f"INSERT INTO {t} AS l (lock_key, kind, owner, token, acquired_at, expires_at)\n"
-            f"SELECT :key, :kind, :owner, hwm + 1, {NOW}, {NOW} + :ttl FROM {meta} WHERE id = 1\n"
-            "ON CONFLICT (lock_key) DO UPDATE SET kind = excluded.kind, owner = excluded.owner,\n"
-            "    token = l.token + 1, acquired_at = excluded.acquired_at,\n"
-            "    expires_at = excluded.expires_at, state = NULL, note = NULL\n"
-            f"WHERE (l.expires_at <= {NOW} AND l.kind <> 'once') OR l.owner = excluded.owner\n"
-            "RETURNING token"
-        )
+        def acquire_sql(fair: str = "") -> str:
+            return (
+                f"INSERT INTO {t} AS l (lock_key, kind, owner, token, acquired_at, expires_at)\n"
+                f"SELECT :key, :kind, :owner, hwm + 1, {NOW}, {NOW} + :ttl FROM {meta}\n"
+                f"WHERE id = 1 {fair and 'AND ' + fair}\n"
+                "ON CONFLICT (lock_key) DO UPDATE SET kind = excluded.kind,\n"
+                "    owner = excluded.owner, token = l.token + 1,\n"
+                "    acquired_at = excluded.acquired_at, expires_at = excluded.expires_at,\n"
+                "    state = NULL, note = NULL\n"
+                f"WHERE (l.expires_at <= {NOW} AND l.kind <> 'once' {fair and 'AND ' + fair})\n"
+                "    OR l.owner = excluded.owner\n"
+                "RETURNING token"
+            )
+
+        self._acquire = acquire_sql()
+        # the same, for a fair lock: only when no live waiter is ahead of :owner
+        self._acquire_fair = {
+            queued: acquire_sql(self._sqlite_style(self._queue_clause(queued)))
+            for queued in (False, True)
+        }
         # :key :owner :ttl :note -> one row (the token) if the once-record was claimed: absent,
         # failed, or processing with an expired lease (its holder crashed)
         self._claim_once = (
@@ -138,7 +187,7 @@ class SqliteBackend(SqlBackend[sqlite3.Connection]):
         )
         gone = (
             f"expires_at <= {NOW} - :older AND (kind <> 'once' OR "
-            "(:inc AND state IN ('succeeded', 'failed')))"
+            f"(:inc AND state IN ('succeeded', 'failed'))) AND {self._no_live_holders(t)}"
         )
         self._purge_hwm = (
             f"UPDATE {meta} SET hwm = max(hwm, coalesce((SELECT max(token) FROM {t} "
@@ -291,9 +340,21 @@ class SqliteBackend(SqlBackend[sqlite3.Connection]):
             "renew", lambda conn: conn.execute(self._renew, params).rowcount == 1, key=key
         )
 
+    def acquire_fair(self, key: str, owner: str, ttl: float, queued: bool) -> int | None:
+        params = {"key": key, "kind": "lock", "owner": owner, "ttl": ttl}
+
+        def op(conn: sqlite3.Connection) -> int | None:
+            row = conn.execute(self._acquire_fair[queued], params).fetchone()
+            return None if row is None else int(row[0])
+
+        return self.run("acquire", op, key=key)
+
     def info(self, key: str) -> LockInfo | None:
         def op(conn: sqlite3.Connection) -> LockInfo | None:
             row = conn.execute(self._info, {"key": key}).fetchone()
+            if row is None:
+                rows = self._holder_rows(conn, key=key)
+                row = rows[0] if rows else None
             return None if row is None else _info(row)
 
         return self.run("info", op, key=key)
@@ -304,16 +365,48 @@ class SqliteBackend(SqlBackend[sqlite3.Connection]):
                 cur = conn.execute(self._list, {"n": len(prefix), "prefix": prefix})
             else:
                 cur = conn.execute(self._list_all)
-            return [_info(row) for row in cur]
+            rows = [*cur, *self._holder_rows(conn, prefix=prefix)]
+            return sorted((_info(row) for row in rows), key=lambda i: (i.key, i.acquired_at))
 
         return self.run("list", op)
 
     def force_release(self, key: str) -> bool:
-        return self.run(
-            "force_release",
-            lambda conn: conn.execute(self._force, {"key": key}).rowcount == 1,
-            key=key,
-        )
+        def op(conn: sqlite3.Connection) -> bool:
+            freed = conn.execute(self._force, {"key": key}).rowcount
+            return freed + self._force_holders(conn, key) > 0
+
+        return self.run("force_release", op, key=key)
+
+    # -- dialect hooks for the multi-holder operations ------------------------------------
+    def _later(self, name: str) -> str:
+        return f"{NOW} + %({name})s"
+
+    def _earlier(self, name: str) -> str:
+        return f"{NOW} - %({name})s"
+
+    def _exec(
+        self, conn: sqlite3.Connection, sql: str, params: dict[str, Any]
+    ) -> tuple[int, Rows]:
+        cur = conn.execute(self._sqlite_style(sql), params)
+        rows = cur.fetchall()
+        return cur.rowcount, rows
+
+    @contextmanager
+    def _transaction(self, conn: sqlite3.Connection) -> Iterator[None]:
+        conn.execute("BEGIN IMMEDIATE")  # the database's write lock serialises everything
+        try:
+            yield
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+
+    def _next_token(self, conn: sqlite3.Connection, key: str) -> int:
+        row = conn.execute(
+            f"UPDATE {self._main} SET token = token + 1 WHERE lock_key = :key RETURNING token",
+            {"key": key},
+        ).fetchone()
+        return int(row[0])
 
     def purge(self, older_than: float, include_once: bool) -> int:
         params = {"older": older_than, "inc": int(include_once)}
@@ -323,6 +416,7 @@ class SqliteBackend(SqlBackend[sqlite3.Connection]):
             try:
                 conn.execute(self._purge_hwm, params)
                 count = conn.execute(self._purge, params).rowcount
+                count += self._purge_holders(conn, older_than)
                 conn.execute("COMMIT")
             except BaseException:
                 conn.execute("ROLLBACK")

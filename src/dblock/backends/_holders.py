@@ -1,0 +1,239 @@
+"""Multi-holder primitives on the SQL backends: semaphores, read-write locks, wait queues.
+
+They live in ``<table>_holders`` (one row per hold or queue entry, each with its own lease)
+beside the lock table, whose row for the same key is the *parent*: every decision that reads
+several rows (how many permits are taken, is a writer waiting) runs in a short transaction that
+first locks the parent row, so concurrent acquirers of one key are serialised there, and the
+parent's token counter issues the fencing tokens (PostgreSQL: the token sequence).
+
+Queue entries (``waiting = 1``) are ordered by when they were made, on the database clock; a
+waiter refreshes its entry while it waits, so a waiter that died or paused drops out of the
+queue when its entry's lease ends.
+
+The SQL here is written once with ``%(name)s`` parameters and a few dialect hooks.
+"""
+
+from __future__ import annotations
+
+import re
+from abc import abstractmethod
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, Generic, TypeVar
+
+from ._sql import SqlBackend
+
+C = TypeVar("C")
+_NAMED = re.compile(r"%\((\w+)\)s")
+Rows = list[Any]  # a name for backends whose method `list` shadows the builtin
+
+
+class HoldersMixin(SqlBackend[C], Generic[C]):
+    """Generic semaphore / rwlock / queue operations over dialect hooks."""
+
+    #: quoted table names
+    _main: str
+    _holders: str
+    #: the server clock expression
+    _now: str
+
+    @abstractmethod
+    def _later(self, name: str) -> str:
+        """SQL for ``now + <seconds parameter name>``."""
+
+    @abstractmethod
+    def _exec(self, conn: C, sql: str, params: dict[str, Any]) -> tuple[int, list[Any]]:
+        """Run one statement with ``%(name)s`` parameters; (rowcount, fetched rows)."""
+
+    @abstractmethod
+    @contextmanager
+    def _transaction(self, conn: C) -> Iterator[None]:
+        """A transaction that serialises on the parent row locked inside it."""
+
+    @abstractmethod
+    def _next_token(self, conn: C, key: str) -> int:
+        """A new fencing token for ``key`` (inside the parent-locking transaction)."""
+
+    #: inserts a free parent row for %(key)s if there is none
+    _ensure_parent: str
+    #: locks the parent row: one row (owner, live) of %(key)s
+    _lock_parent: str
+    #: inserts or refreshes a holder row; on conflict a queue entry keeps its place
+    _upsert_holder: str
+    #: appended to reads of the holders table inside the transaction (MySQL: locking read)
+    _locking_read = ""
+
+    def _notify(self, conn: C, key: str) -> None:
+        """Wake waiters of ``key`` (where the backend pushes releases)."""
+
+    # -- helpers --------------------------------------------------------------------------
+    def _count(self, conn: C, where: str, params: dict[str, Any]) -> int:
+        sql = f"SELECT count(*) FROM {self._holders} WHERE {where}{self._locking_read}"
+        return int(self._exec(conn, sql, params)[1][0][0])
+
+    def _parent(self, conn: C, key: str) -> tuple[str | None, bool]:
+        self._exec(conn, self._ensure_parent, {"key": key})
+        owner, live = self._exec(conn, self._lock_parent, {"key": key})[1][0]
+        return owner, bool(live)
+
+    # -- shared holds: read locks and semaphore permits -----------------------------------
+    def acquire_shared(
+        self, key: str, owner: str, ttl: float, kind: str, permits: int | None
+    ) -> int | None:
+        """Take a read hold (``permits`` None) or one of ``permits`` semaphore permits."""
+        params = {"key": key, "owner": owner, "kind": kind, "ttl": ttl}
+        live = f"lock_key = %(key)s AND expires_at > {self._now}"
+
+        def op(conn: C) -> int | None:
+            with self._transaction(conn):
+                _, held = self._parent(conn, key)
+                if held:
+                    return None  # a writer (or a plain lock on this key) holds it
+                if permits is None:
+                    if self._count(conn, f"{live} AND kind = 'write' AND waiting = 1", params):
+                        return None  # a waiting writer goes first: readers do not starve it
+                else:
+                    taken = self._count(
+                        conn, f"{live} AND kind = %(kind)s AND waiting = 0 AND holder <> %(owner)s",
+                        params,
+                    )
+                    if taken >= permits:
+                        return None
+                token = self._next_token(conn, key)
+                self._exec(conn, self._upsert_holder, {**params, "token": token, "waiting": 0})
+                return token
+
+        return self.run("acquire", op, key=key)
+
+    def release_shared(self, key: str, owner: str, token: int) -> bool:
+        """End a live shared hold; False if its lease was already gone."""
+        params = {"key": key, "owner": owner, "token": token}
+        mine = "lock_key = %(key)s AND holder = %(owner)s AND token = %(token)s AND waiting = 0"
+        calls = 0
+
+        def op(conn: C) -> bool:
+            nonlocal calls
+            calls += 1
+            sql = f"DELETE FROM {self._holders} WHERE {mine} AND expires_at > {self._now}"
+            if self._exec(conn, sql, params)[0] == 1:
+                self._notify(conn, key)
+                return True
+            # after a retry the first attempt may have committed: gone is then success
+            return calls > 1 and not self._count(conn, mine, params)
+
+        return self.run("release", op, key=key)
+
+    def renew_shared(self, key: str, owner: str, token: int, ttl: float) -> bool:
+        params = {"key": key, "owner": owner, "token": token, "ttl": ttl}
+        sql = (
+            f"UPDATE {self._holders} SET expires_at = {self._later('ttl')} WHERE lock_key = "
+            "%(key)s AND holder = %(owner)s AND token = %(token)s AND waiting = 0 AND "
+            f"expires_at > {self._now}"
+        )
+        return self.run("renew", lambda conn: self._exec(conn, sql, params)[0] == 1, key=key)
+
+    # -- write locks ----------------------------------------------------------------------
+    def acquire_write(self, key: str, owner: str, ttl: float) -> int | None:
+        """Take the parent row as a writer when no reader holds the key."""
+        params = {"key": key, "owner": owner, "ttl": ttl}
+
+        def op(conn: C) -> int | None:
+            with self._transaction(conn):
+                holder, held = self._parent(conn, key)
+                if held and holder != owner:
+                    return None
+                live = f"lock_key = %(key)s AND expires_at > {self._now}"
+                if self._count(conn, f"{live} AND kind = 'read' AND waiting = 0", params):
+                    return None
+                token = self._next_token(conn, key)
+                self._exec(
+                    conn,
+                    f"UPDATE {self._main} SET kind = 'write', owner = %(owner)s, "
+                    f"token = %(token)s, acquired_at = {self._now}, "
+                    f"expires_at = {self._later('ttl')}, state = NULL, note = NULL "
+                    "WHERE lock_key = %(key)s",
+                    {**params, "token": token},
+                )
+                self._exec(conn, self._dequeue_sql, params)
+                return token
+
+        return self.run("acquire", op, key=key)
+
+    # -- wait queues ----------------------------------------------------------------------
+    @property
+    def _dequeue_sql(self) -> str:
+        return (
+            f"DELETE FROM {self._holders} WHERE lock_key = %(key)s AND holder = %(owner)s "
+            "AND waiting = 1"
+        )
+
+    def enqueue(self, key: str, owner: str, kind: str, ttl: float) -> None:
+        """Make or refresh ``owner``'s queue entry for ``key`` (a refresh keeps its place)."""
+        params = {"key": key, "owner": owner, "kind": kind, "ttl": ttl, "token": 0, "waiting": 1}
+        self.run("queueing", lambda conn: self._exec(conn, self._upsert_holder, params), key=key)
+
+    def dequeue(self, key: str, owner: str) -> None:
+        params = {"key": key, "owner": owner}
+        self.run("leaving the queue", lambda conn: self._exec(conn, self._dequeue_sql, params),
+                 key=key)
+
+    def _queue_clause(self, queued: bool) -> str:
+        """SQL that is true when no live waiter of the key is ahead of ``%(owner)s``."""
+        ahead = (
+            f"SELECT 1 FROM {self._holders} w WHERE w.lock_key = %(key)s AND w.waiting = 1 "
+            f"AND w.kind = 'lock' AND w.expires_at > {self._now}"
+        )
+        if queued:
+            ahead += (
+                " AND w.holder <> %(owner)s AND (w.acquired_at, w.holder) < (SELECT "
+                f"q.acquired_at, q.holder FROM {self._holders} q WHERE q.lock_key = %(key)s "
+                "AND q.holder = %(owner)s AND q.waiting = 1)"
+            )
+        return f"NOT EXISTS ({ahead})"
+
+    def _sqlite_style(self, sql: str) -> str:
+        return _NAMED.sub(r":\1", sql)
+
+    # -- inspection and maintenance of holder rows ----------------------------------------
+    @abstractmethod
+    def _earlier(self, name: str) -> str:
+        """SQL for ``now - <seconds parameter name>``."""
+
+    def _holder_rows(self, conn: C, key: str | None = None, prefix: str = "") -> list[Any]:
+        """Live holds in the holders table: (key, owner, token, acquired_at, expires_at, kind)."""
+        sql = (
+            "SELECT lock_key, holder, token, acquired_at, expires_at, kind FROM "
+            f"{self._holders} WHERE waiting = 0 AND expires_at > {self._now}"
+        )
+        params: dict[str, Any] = {}
+        if key is not None:
+            sql += " AND lock_key = %(key)s"
+            params["key"] = key
+        elif prefix:
+            sql += f" AND {self._prefix_match}"
+            params.update(n=len(prefix), prefix=prefix)
+        return self._exec(conn, sql + " ORDER BY lock_key, acquired_at, holder", params)[1]
+
+    #: true when lock_key starts with %(prefix)s of length %(n)s
+    _prefix_match: str
+
+    def _force_holders(self, conn: C, key: str) -> int:
+        sql = (
+            f"DELETE FROM {self._holders} WHERE lock_key = %(key)s AND waiting = 0 "
+            f"AND expires_at > {self._now}"
+        )
+        freed = self._exec(conn, sql, {"key": key})[0]
+        if freed:
+            self._notify(conn, key)
+        return freed
+
+    def _purge_holders(self, conn: C, older_than: float) -> int:
+        sql = f"DELETE FROM {self._holders} WHERE expires_at <= {self._earlier('older')}"
+        return self._exec(conn, sql, {"older": older_than})[0]
+
+    def _no_live_holders(self, main_alias: str) -> str:
+        """SQL: the main-table row ``main_alias`` has no live holder rows (keep its parent)."""
+        return (
+            f"NOT EXISTS (SELECT 1 FROM {self._holders} h WHERE h.lock_key = "
+            f"{main_alias}.lock_key AND h.expires_at > {self._now})"
+        )
