@@ -79,6 +79,53 @@ def scheduled(url: str, table: str, name: str, start_at: str) -> None:
         print(job() or "skipped", flush=True)
 
 
+def fair(url: str, table: str, key: str, idx: str, timeout: str) -> None:
+    """Wait for a fair lock; print "<idx> <token>" once had (or "<idx> timeout")."""
+    with dblock.connect(url, table=table) as client:
+        lock = client.lock(key, ttl=30, fair=True)
+        if not lock.acquire(timeout=float(timeout)):
+            print(idx, "timeout", flush=True)
+            return
+        print(idx, lock.token, flush=True)
+        time.sleep(0.1)
+        lock.release()
+
+
+def rw(url: str, table: str, key: str, mode: str, hold: str, count: str, log: str) -> None:
+    """Take read or write holds ``count`` times for ``hold`` s; log "<mode> <start> <end>"."""
+    with dblock.connect(url, table=table) as client, open(log, "a") as out:
+        lock = client.rwlock(key, ttl=30, timeout=120)
+        for _ in range(int(count)):
+            with lock.read_lock() if mode == "read" else lock.write_lock():
+                start = time.monotonic_ns()
+                time.sleep(float(hold))
+                end = time.monotonic_ns()
+            out.write(f"{mode} {start} {end}\n")
+            out.flush()
+
+
+def sem(url: str, table: str, key: str, permits: str, hold: str, count: str, log: str) -> None:
+    """Take a permit ``count`` times for ``hold`` s; log "<start> <end>"."""
+    with dblock.connect(url, table=table) as client, open(log, "a") as out:
+        semaphore = client.semaphore(key, int(permits), ttl=30, timeout=120)
+        for _ in range(int(count)):
+            with semaphore:
+                start = time.monotonic_ns()
+                time.sleep(float(hold))
+                end = time.monotonic_ns()
+            out.write(f"{start} {end}\n")
+            out.flush()
+
+
+def sem_hold(url: str, table: str, key: str, permits: str, ttl: str) -> None:
+    """Take one permit with a short ttl, report, then wait to be killed."""
+    with dblock.connect(url, table=table) as client:
+        semaphore = client.semaphore(key, int(permits), ttl=float(ttl))
+        assert semaphore.acquire(timeout=30)
+        print(semaphore.token, flush=True)
+        time.sleep(600)
+
+
 if __name__ == "__main__":
     commands = {
         "count": count,
@@ -87,5 +134,9 @@ if __name__ == "__main__":
         "once": once,
         "once_crash": once_crash,
         "scheduled": scheduled,
+        "fair": fair,
+        "rw": rw,
+        "sem": sem,
+        "sem_hold": sem_hold,
     }
     commands[sys.argv[1]](*sys.argv[2:])

@@ -376,7 +376,7 @@ class Lock:
         self.release()
 
     def __repr__(self) -> str:
-        return f"<dblock.Lock key={self._key!r} ttl={self._ttl:g} held={self.held}>"
+        return f"<dblock.{type(self).__name__} key={self._key!r} ttl={self._ttl:g} held={self.held}>"
 
 
 Lock.__module__ = "dblock"
