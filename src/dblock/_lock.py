@@ -376,7 +376,8 @@ class Lock:
         self.release()
 
     def __repr__(self) -> str:
-        return f"<dblock.{type(self).__name__} key={self._key!r} ttl={self._ttl:g} held={self.held}>"
+        name = type(self).__name__
+        return f"<dblock.{name} key={self._key!r} ttl={self._ttl:g} held={self.held}>"
 
 
 Lock.__module__ = "dblock"

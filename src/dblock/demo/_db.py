@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 import sqlite3
 from pathlib import Path
@@ -14,6 +15,8 @@ WAREHOUSE = "WH1"
 PREFIX = "dblock_demo_"
 CONNECT_TIMEOUT = 5
 SQLITE_BUSY_TIMEOUT = 60.0
+_MYSQL_INT = {"connect_timeout", "read_timeout", "write_timeout"}
+_MYSQL_STR = {"unix_socket", "ssl_ca", "ssl_cert", "ssl_key", "init_command"}
 
 
 class DemoDB:
@@ -53,10 +56,8 @@ class DemoDB:
         self.execute("ROLLBACK")
 
     def close(self) -> None:
-        try:
+        with contextlib.suppress(Exception):  # closing is best effort
             self._conn.close()
-        except Exception:  # noqa: BLE001 - closing is best effort
-            pass
 
     def _sql(self, sql: str) -> str:
         return sql.replace("%s", "?") if self.dialect == "sqlite" else sql
@@ -80,19 +81,28 @@ def _connect(url: DatabaseURL) -> Any:
     if url.dialect == "postgresql":
         import psycopg
 
-        return psycopg.connect(url.raw, autocommit=True, connect_timeout=CONNECT_TIMEOUT)
+        options: dict[str, Any] = {"autocommit": True}
+        if "connect_timeout" not in url.query:
+            options["connect_timeout"] = CONNECT_TIMEOUT
+        if "application_name" not in url.query:
+            options["application_name"] = "dblock-demo"
+        return psycopg.connect(url.raw, **options)
     import pymysql
 
-    return pymysql.connect(
-        host=url.host or "127.0.0.1",
-        port=url.port or 3306,
-        user=url.user or "root",
-        password=url.password or "",
-        database=url.database or None,
-        autocommit=True,
-        connect_timeout=CONNECT_TIMEOUT,
-        charset="utf8mb4",
-    )
+    kwargs: dict[str, Any] = {
+        "host": url.host or "localhost",
+        "port": url.port or 3306,
+        "user": url.user or "root",
+        "password": url.password or "",
+        "database": url.database or None,
+        "autocommit": True,
+        "connect_timeout": CONNECT_TIMEOUT,
+        "charset": "utf8mb4",
+    }
+    # the URL parameters dblock's MySQL backend accepts (it rejects the others)
+    kwargs.update({k: int(v) for k, v in url.query.items() if k in _MYSQL_INT})
+    kwargs.update({k: v for k, v in url.query.items() if k in _MYSQL_STR})
+    return pymysql.connect(**kwargs)
 
 
 def create_inventory(db: DemoDB, table: str, stock: int) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TextIO
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
@@ -34,6 +34,7 @@ class RichProgress:
             console=console,
         )
         self._task: TaskID | None = None
+        self._total = 0
 
     def __enter__(self) -> RichProgress:
         self._progress.start()
@@ -43,20 +44,23 @@ class RichProgress:
         self._progress.stop()
 
     def start(self, label: str, total: int) -> None:
-        self._task = self._progress.add_task(f"{label:<44}", total=total, units=0, orders=0)
+        self._total = total
+        self._task = self._progress.add_task(f"{label:<38}", total=total, units=0, orders=0)
 
     def update(self, confirmed: int, shipped: int) -> None:
         if self._task is not None:
             self._progress.update(
                 self._task,
-                completed=min(shipped, self._progress.tasks[-1].total or 0),
+                completed=min(shipped, self._total),
                 units=shipped,
                 orders=confirmed,
             )
 
     def finish(self, result: Result) -> None:
         if result.status == "skipped":
-            self._progress.console.print(f"{result.title:<44} skipped: {result.note}")
+            self._progress.add_task(
+                f"{result.title:<38}", total=1, units="-", orders="-", start=False
+            )
             return
         if self._task is not None:
             self.update(result.confirmed, result.shipped)
@@ -67,8 +71,8 @@ class RichProgress:
 class PlainProgress:
     """One line per finished strategy (when not on a terminal)."""
 
-    def __init__(self, console: Console) -> None:
-        self._console = console
+    def __init__(self, file: TextIO) -> None:
+        self._file = file
 
     def __enter__(self) -> PlainProgress:
         return self
@@ -90,7 +94,7 @@ class PlainProgress:
                 f"{result.number}. {result.title}: {result.confirmed} orders, "
                 f"{result.shipped} units in {result.elapsed:.2f} s ({verdict(result)})"
             )
-        self._console.print(line, highlight=False, markup=False)
+        print(line, file=self._file, flush=True)
 
 
 class NoProgress(PlainProgress):
@@ -141,31 +145,25 @@ def _names(results: list[Result]) -> str:
     return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
 
 
-def conclusion(results: list[Result], stock: int) -> str:
+def conclusion(results: list[Result], stock: int, workers: int = 2) -> str:
     """One plain-language paragraph about what this run showed."""
     ran = [r for r in results if r.status == "ok"]
     naive = [r for r in ran if not r.correct]
     racy = [r for r in naive if r.oversold or r.unaccounted]
-    correct = [r for r in ran if r.correct]
+    lucky = [r for r in naive if r not in racy]
     failed = [r for r in results if r.failed]
-    parts: list[str] = []
-    for r in racy:
-        what = f"{r.title} ({r.number}) confirmed {r.shipped} units from a stock of {stock}"
-        if r.stock_left < 0:
-            what += f", driving the stock to {r.stock_left}"
-        elif r.unaccounted > 0:
-            what += (
-                f" yet the books show {r.stock_left} left: {r.unaccounted} units were "
-                "shipped but never deducted (lost updates)"
-            )
-        parts.append(what + ".")
+    parts = [_race(r, stock) for r in racy]
     if racy:
         parts.append(
             "Without a lock each worker checked a stock level that another worker was about "
             "to change, so orders were confirmed for goods that do not exist."
         )
-    lucky = [r for r in naive if r not in racy]
-    if lucky:
+    if lucky and workers == 1:
+        parts.append(
+            f"{_names(lucky)} did not oversell because a single worker cannot race with "
+            "itself; run with more --workers to see them fail."
+        )
+    elif lucky:
         parts.append(
             f"{_names(lucky)} got lucky this time: a race needs two orders to overlap in the "
             "few milliseconds between read and write; run again, or with more --workers, "
@@ -176,46 +174,70 @@ def conclusion(results: list[Result], stock: int) -> str:
             f"SOMETHING IS WRONG: {_names(failed)} should be safe but oversold, lost units or "
             "failed; this is a bug worth reporting."
         )
-    elif correct:
-        parts.append(
-            "Every protected strategy shipped exactly what was in stock and oversold nothing."
-        )
-        by = {r.number: r for r in correct}
-        if 3 in by:
-            parts.append(
-                f"The single guarded UPDATE ({by[3].throughput:.0f} orders/s) is the baseline "
-                "to beat: when the whole rule fits in one statement, let the database do it."
-            )
-        others = []
-        if 4 in by:
-            others.append(
-                f"{by[4].title} ({by[4].throughput:.0f} orders/s) keeps a transaction and a "
-                "lock open while the order is processed"
-            )
-        if 5 in by:
-            others.append(
-                f"the optimistic version column ({by[5].throughput:.0f} orders/s) needed "
-                f"{by[5].retries} retries, wasted work that grows with contention"
-            )
-        if 7 in by:
-            others.append(f"the advisory lock runs at {by[7].throughput:.0f} orders/s")
-        if 6 in by:
-            others.append(
-                f"a dblock lock ({by[6].throughput:.0f} orders/s) serializes the "
-                "read-check-write across processes and hosts without holding a database "
-                "transaction open, and it protects work outside this one table too "
-                "(other services, files, payments)"
-            )
-        if others:
-            parts.append(
-                "When the check needs more than one statement, the read-check-write must be "
-                "serialized: " + "; ".join(others) + "."
-            )
+    else:
+        parts.extend(_costs({r.number: r for r in ran if r.correct}))
     return " ".join(parts)
 
 
+def _race(r: Result, stock: int) -> str:
+    what = f"{r.title} ({r.number}) confirmed {r.shipped} units from a stock of {stock}"
+    if r.stock_left < 0:
+        what += f", driving the stock to {r.stock_left}"
+    elif r.unaccounted > 0:
+        what += (
+            f" yet the books show {r.stock_left} left: {r.unaccounted} units were shipped but "
+            "never deducted (lost updates)"
+        )
+    return what + "."
+
+
+def _costs(by: dict[int, Result]) -> list[str]:
+    if not by:
+        return []
+    parts = ["Every protected strategy shipped exactly what was in stock and oversold nothing."]
+    if 3 in by:
+        parts.append(
+            f"The single guarded UPDATE ({by[3].throughput:.0f} orders/s) is the baseline to "
+            "beat: when the whole rule fits in one statement, let the database do it."
+        )
+    others = []
+    if 4 in by:
+        others.append(
+            f"{by[4].title} ({by[4].throughput:.0f} orders/s) keeps a transaction and a lock "
+            "open while the order is processed"
+        )
+    if 5 in by:
+        others.append(
+            f"the optimistic version column ({by[5].throughput:.0f} orders/s) needed "
+            f"{by[5].retries} retries, wasted work that grows with contention"
+        )
+    if 7 in by:
+        others.append(f"the advisory lock runs at {by[7].throughput:.0f} orders/s")
+    if 6 in by:
+        others.append(
+            f"a dblock lock ({by[6].throughput:.0f} orders/s) pays two extra round trips per "
+            "order (take and release the lease) and a hand-off between waiters, but it "
+            "serializes the read-check-write across processes and hosts without holding a "
+            "database transaction open, and protects work outside this one table too (other "
+            "services, files, payments)"
+        )
+    if others:
+        parts.append(
+            "When the check needs more than one statement, the read-check-write must be "
+            "serialized: " + "; ".join(others) + "."
+        )
+    return parts
+
+
 def to_json(
-    results: list[Result], *, url: str, dialect: str, workers: int, stock: int, seed: int
+    results: list[Result],
+    *,
+    url: str,
+    dialect: str,
+    workers: int,
+    stock: int,
+    seed: int,
+    tables: list[str],
 ) -> dict[str, Any]:
     """The machine-readable form of a run."""
     return {
@@ -224,6 +246,7 @@ def to_json(
         "workers": workers,
         "stock": stock,
         "seed": seed,
+        "tables": tables,
         "ok": not any(r.failed for r in results),
         "strategies": [
             {

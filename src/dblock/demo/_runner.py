@@ -12,13 +12,13 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import dblock
-from dblock.backends import ddl_for
+from dblock.backends import ddl_for, open_backend
 
 from .._url import DatabaseURL
 from ._db import PREFIX, DemoDB, create_inventory, drop_objects, lock_table_objects, reset_inventory
 from ._db import stock_left as read_stock
 from ._strategies import Strategy
-from ._worker import Shared, Stats, worker_main
+from ._worker import Config, Shared, Stats, worker_main
 
 MAX_QTY = 5
 STRATEGY_DEADLINE = 300.0  # seconds; a strategy that takes longer is reported as failed
@@ -26,7 +26,11 @@ POLL = 0.05
 
 
 class Unreachable(Exception):
-    """The database could not be reached or set up (exit status 69)."""
+    """The database could not be reached (exit status 69)."""
+
+
+class SetupFailed(Exception):
+    """The database was reached but the demo's tables could not be created (exit status 1)."""
 
 
 @dataclass
@@ -61,6 +65,10 @@ class Result:
 
 class ProgressSink(Protocol):
     """Where the runner reports progress (a rich display, plain lines, or nothing)."""
+
+    def __enter__(self) -> object: ...
+
+    def __exit__(self, *exc: object) -> None: ...
 
     def start(self, label: str, total: int) -> None: ...
 
@@ -118,6 +126,7 @@ class Demo:
     # -- set-up and clean-up ------------------------------------------------------------------
     def setup(self, strategies: list[Strategy]) -> None:
         """Connect, create the demo's tables, start the workers. Raises Unreachable."""
+        open_backend(self.url, None, self.lock_table).close()  # URL parameters, driver present
         try:
             self.db = DemoDB(self.url)
         except Exception as exc:  # noqa: BLE001 - any driver error means "cannot reach"
@@ -131,8 +140,8 @@ class Demo:
                     pass  # creates the demo's own lock table
         except dblock.DBLockError:
             raise
-        except Exception as exc:  # noqa: BLE001
-            raise Unreachable(self._detail(exc)) from None
+        except Exception as exc:  # noqa: BLE001 - any driver error, reported in one line
+            raise SetupFailed(self._detail(exc)) from None
         ctx = _context()
         self.shared = Shared(
             next_order=ctx.Value("q", 0),
@@ -143,10 +152,11 @@ class Demo:
             tasks=ctx.Queue(),
             results=ctx.Queue(),
         )
+        config = Config(self.url.raw, self.table, self.lock_table, self.orders)
         for wid in range(self.workers):
             proc = ctx.Process(
                 target=worker_main,
-                args=(wid, self.url.raw, self.table, self.lock_table, self.orders, self.shared),
+                args=(wid, config, self.shared),
                 name=f"dblock-demo-worker-{wid}",
                 daemon=True,
             )
@@ -159,6 +169,7 @@ class Demo:
         if self.shared is not None:
             for _ in self.procs:
                 self.shared.tasks.put(None)
+            self.shared.sold_out.set()  # a worker still running a strategy stops at once
             self.shared.go.set()
         deadline = time.monotonic() + 10
         for proc in self.procs:
@@ -178,6 +189,10 @@ class Demo:
                 warnings.append(f"could not drop the demo tables: {self._detail(exc)}")
             self.db.close()
         return warnings
+
+    def object_names(self) -> list[str]:
+        """The demo's own tables and sequences in this run (dropped at the end)."""
+        return [name.strip('"`') for _kind, name in self.objects]
 
     def _detail(self, exc: BaseException) -> str:
         text = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
@@ -200,8 +215,8 @@ class Demo:
             result.stock_left = self.stock
             self.progress.finish(result)
             return result
-        assert self.db is not None
-        assert self.shared is not None
+        if self.db is None or self.shared is None:
+            raise RuntimeError("Demo.setup() has not run")
         shared = self.shared
         reset_inventory(self.db, self.table, self.stock)
         for value in (shared.next_order, shared.confirmed, shared.shipped):
@@ -239,7 +254,8 @@ class Demo:
 
     def _collect(self, kind: str, deadline: float) -> list[tuple[int, Any]]:
         """Wait for one ``kind`` message from every worker, updating the progress display."""
-        assert self.shared is not None
+        if self.shared is None:
+            raise RuntimeError("Demo.setup() has not run")
         got: list[tuple[int, Any]] = []
         while len(got) < len(self.procs):
             try:

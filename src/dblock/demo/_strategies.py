@@ -21,8 +21,8 @@ class Strategy:
             return "BEGIN IMMEDIATE transaction"
         if self.number == 7:
             return {
-                "postgresql": "advisory lock (pg_advisory_xact_lock)",
-                "mysql": "advisory lock (GET_LOCK)",
+                "postgresql": "pg_advisory_xact_lock",
+                "mysql": "GET_LOCK advisory lock",
             }.get(dialect, self.title)
         return self.title
 
@@ -34,19 +34,19 @@ class Strategy:
 
 
 STRATEGIES: tuple[Strategy, ...] = (
-    Strategy(1, "read-write", "read, check, write computed value", correct=False),
-    Strategy(2, "read-decrement", "read, check, SET available = available - q", correct=False),
-    Strategy(3, "guarded-update", "one UPDATE ... WHERE available >= q", correct=True),
-    Strategy(4, "for-update", "SELECT ... FOR UPDATE transaction", correct=True),
-    Strategy(5, "optimistic", "optimistic version column + retries", correct=True),
-    Strategy(6, "dblock", "dblock lock around read-check-write", correct=True),
+    Strategy(1, "read-write", "read-check-write, no lock", correct=False),
+    Strategy(2, "read-decrement", "read-check, then decrement, no lock", correct=False),
+    Strategy(3, "guarded-update", "UPDATE ... WHERE available >= q", correct=True),
+    Strategy(4, "for-update", "SELECT ... FOR UPDATE", correct=True),
+    Strategy(5, "optimistic", "optimistic version column", correct=True),
+    Strategy(6, "dblock", "dblock lock", correct=True),
     Strategy(7, "advisory", "advisory lock", correct=True),
 )
 BY_NUMBER = {s.number: s for s in STRATEGIES}
 
 
 def parse_strategies(text: str) -> list[Strategy]:
-    """``"1,3,dblock"`` -> strategies in the order given (numbers or slugs); ValueError if unknown."""
+    """``"1,3,dblock"`` -> strategies in the order given (numbers or slugs), else ValueError."""
     chosen: list[Strategy] = []
     for item in (part.strip().lower() for part in text.split(",")):
         if not item:

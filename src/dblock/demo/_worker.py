@@ -25,6 +25,16 @@ CONFIRMED, REJECTED, SOLD_OUT = "confirmed", "rejected", "sold_out"
 LOCK_WAIT = 60.0  # seconds a worker waits for a lock before giving up on an order
 
 
+@dataclass(frozen=True)
+class Config:
+    """What every worker needs to know (pickled to each process)."""
+
+    url: str
+    table: str
+    lock_table: str
+    orders: list[tuple[int, float]]  # (quantity, processing seconds)
+
+
 @dataclass
 class Shared:
     """Synchronized objects inherited by every worker (multiprocessing primitives)."""
@@ -94,13 +104,18 @@ class Worker:
     # -- helpers ----------------------------------------------------------------------------
     @property
     def conn(self) -> DemoDB:
-        assert self.db is not None
+        if self.db is None:
+            raise RuntimeError("the worker is not connected")
         return self.db
 
+    def select(self, columns: str, suffix: str = "") -> tuple[int, ...]:
+        row = self.conn.one(f"SELECT {columns} FROM {self.table} {self.where}{suffix}", self.row)
+        if row is None:
+            raise RuntimeError(f"the inventory row vanished from {self.table}")
+        return tuple(int(v) for v in row)
+
     def read(self, suffix: str = "") -> int:
-        row = self.conn.one(f"SELECT available FROM {self.table} {self.where}{suffix}", self.row)
-        assert row is not None
-        return int(row[0])
+        return self.select("available", suffix)[0]
 
     def write_computed(self, value: int) -> None:
         self.conn.execute(
@@ -156,11 +171,7 @@ class Worker:
         """5: write only if the version is still the one read; otherwise read again."""
         retries = 0
         while True:
-            row = self.conn.one(
-                f"SELECT available, version FROM {self.table} {self.where}", self.row
-            )
-            assert row is not None
-            available, version = int(row[0]), int(row[1])
+            available, version = self.select("available, version")
             if available <= 0:
                 return SOLD_OUT, retries
             if qty > available:
@@ -177,7 +188,8 @@ class Worker:
 
     def dblock_lock(self, qty: int, delay: float) -> tuple[str, int]:
         """6: a dblock lease on the SKU around the unprotected read-check-write of strategy 1."""
-        assert self.client is not None
+        if self.client is None:
+            raise RuntimeError("the worker has no dblock client")
         with self.client.lock(self.lock_key, ttl=30, timeout=LOCK_WAIT):
             return self.check_then_write(qty, delay)
 
@@ -245,17 +257,11 @@ def run_strategy(
     return stats
 
 
-def worker_main(
-    wid: int,
-    url: str,
-    table: str,
-    lock_table: str,
-    orders: list[tuple[int, float]],
-    shared: Shared,
-) -> None:
+def worker_main(wid: int, config: Config, shared: Shared) -> None:
     """Process entry point: run each strategy the parent sends, until it sends None."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and stops us
-    worker = Worker(url, table, lock_table)
+    worker = Worker(config.url, config.table, config.lock_table)
+    orders = config.orders
     try:
         while True:
             number = shared.tasks.get()
