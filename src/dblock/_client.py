@@ -15,7 +15,7 @@ from typing import ParamSpec, TypeVar
 from ._lock import Hold, Lock
 from ._patterns import OnceLock, locked, scheduled
 from ._renewer import Scheduler
-from ._rwlock import FairLock, RWLock, Semaphore
+from ._rwlock import RWLock, Semaphore
 from ._types import LockInfo, State
 from ._url import parse_url
 from ._validate import check_key, check_table
@@ -89,8 +89,9 @@ class Client:
         on_lost: Callable[[Lock], object] | None = None,
     ) -> Lock:
         """A lease lock on ``key`` (not yet acquired). See :class:`Lock`."""
-        cls = FairLock if fair else Lock
-        return cls(
+        # Every lock hands over in the order waiters arrived (see Lock._queue_kind), so
+        # fair=True asks for what the default already gives.
+        return Lock(
             self,
             key,
             ttl=ttl,

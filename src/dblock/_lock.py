@@ -37,7 +37,10 @@ log = logging.getLogger("dblock")
 PUSHED_POLL_CAP = 2.0
 FIRST_BACKOFF = 0.002
 #: lease of a waiter's queue entry: a waiter that died or froze leaves the queue after it
-QUEUE_TTL = 5.0
+QUEUE_TTL = 6.0
+#: how often the head of a queue that is not told of releases asks whether it is free; the
+#: n-th waiter behind it asks 2**n times less often (up to the backend's poll cap)
+HEAD_POLL = 0.002
 
 
 class Hold:
@@ -171,20 +174,23 @@ class Lock:
         backoff = Backoff(FIRST_BACKOFF, client._poll_cap)
         queued_at: float | None = None  # when our queue entry was last made or refreshed
         acquired = False
+        should_try = True
+        ahead = -1  # waiters ahead of us, as last probed (-1: not known)
         try:
             while True:
-                sent = time.monotonic()
-                token = self._try_acquire(owner, queued_at is not None)
-                if token is not None:
-                    acquired = True
-                    return Hold(self, owner, token, self._ttl, sent)
+                if should_try:
+                    sent = time.monotonic()
+                    token = self._try_acquire(owner, queued_at is not None)
+                    if token is not None:
+                        acquired = True
+                        return Hold(self, owner, token, self._ttl, sent)
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if not blocking or (remaining is not None and remaining <= 0):
                     return None
                 if subscription is None:
                     # Listen before the next try, so a release between the try and the wait
                     # is not missed (PITFALLS 8).
-                    subscription = backend.subscribe(self._key)
+                    subscription = backend.subscribe(self._key, owner)
                     cap = PUSHED_POLL_CAP if subscription.live else client._poll_cap
                     backoff = Backoff(FIRST_BACKOFF, cap)
                 if self._queue_kind is not None and (
@@ -192,23 +198,35 @@ class Lock:
                 ):
                     queued_at = time.monotonic()
                     backend.enqueue(self._key, owner, self._queue_kind, QUEUE_TTL)
+                    should_try = True
                     continue
                 pause = backoff.next()
+                if ahead >= 0 and not subscription.targeted:
+                    pause = min(pause, HEAD_POLL * 2 ** min(ahead, 10))
                 subscription.wait(pause if remaining is None else min(pause, remaining))
+                if subscription.targeted or queued_at is None or self._queue_kind != "lock":
+                    should_try = True
+                else:
+                    # not told whose turn it is: a cheap read says whether trying is worth it
+                    free, ahead = backend.probe(self._key, owner)
+                    should_try = free and ahead == 0
         finally:
             if subscription is not None:
                 subscription.close()
             if queued_at is not None and not (acquired and self._dequeues_itself):
                 self._leave_queue(owner)
 
-    #: waiters of this kind keep an entry in the key's wait queue (None: they do not queue)
-    _queue_kind: str | None = None
-    #: a successful acquisition removes the waiter's queue entry in the same transaction
-    _dequeues_itself = False
+    #: waiters of this kind keep an entry in the key's wait queue (None: they do not queue).
+    #: Plain locks queue: waiters are served first come, first served, and a newcomer does
+    #: not take a free lock while others wait for it, so a busy key is handed over in order
+    #: instead of going to whoever polls first.
+    _queue_kind: str | None = "lock"
+    #: a successful acquisition removes the waiter's queue entry itself
+    _dequeues_itself = True
 
     def _try_acquire(self, owner: str, queued: bool) -> int | None:
         """One attempt in the database; the new fencing token, or None if busy."""
-        return self._client._backend.acquire(self._key, owner, self._ttl, self._kind)
+        return self._client._backend.acquire_fair(self._key, owner, self._ttl, queued)
 
     def _renew_hold(self, hold: Hold, ttl: float) -> bool:
         """Extend the hold's lease in the database; False if it was already gone."""

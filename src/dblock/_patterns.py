@@ -46,6 +46,8 @@ class OnceLock(Lock):
         self._note = note
         self._outcome = "failed"
 
+    _queue_kind = None  # once() never waits
+
     def _try_acquire(self, owner: str, queued: bool) -> int | None:
         return self._client._backend.claim_once(self.key, owner, self.ttl, self._note)
 
@@ -93,6 +95,11 @@ class ScheduledLock(Lock):
     def __init__(self, client: Client, name: str, *, at_most: float, at_least: float) -> None:
         super().__init__(client, name, ttl=at_most, reentrant=False, kind="scheduled")
         self._at_least = at_least
+
+    _queue_kind = None  # a scheduled run never waits
+
+    def _try_acquire(self, owner: str, queued: bool) -> int | None:
+        return self._client._backend.acquire(self.key, owner, self.ttl, self._kind)
 
     def _end_hold(self, hold: Hold) -> bool:
         return self._client._backend.finish_scheduled(

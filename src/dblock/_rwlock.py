@@ -1,4 +1,4 @@
-"""Fair locks, read-write locks and semaphores: Lock variants over the holders table.
+"""Read-write locks and semaphores: Lock variants over the holders table.
 
 Each hold has its own lease and fencing token (taken from the key's counter, so tokens of one
 key increase across reads, writes and permits alike). Waiters that must keep their place — a
@@ -18,22 +18,11 @@ if TYPE_CHECKING:
     from ._client import Client
 
 
-class FairLock(Lock):
-    """A Lock whose waiters acquire in the order in which they started waiting (FIFO).
-
-    A newcomer does not take a free lock while older waiters queue for it.
-    """
-
-    _queue_kind = "lock"
-
-    def _try_acquire(self, owner: str, queued: bool) -> int | None:
-        return self._client._backend.acquire_fair(self.key, owner, self.ttl, queued)
-
-
 class _SharedHold(Lock):
     """A hold stored in the holders table (a read hold or a semaphore permit)."""
 
     _permits: int | None = None
+    _queue_kind = None
 
     def _try_acquire(self, owner: str, queued: bool) -> int | None:
         return self._client._backend.acquire_shared(

@@ -108,14 +108,17 @@ def test_a_killed_waiter_does_not_stall_the_queue(db_url: str, table: str, key: 
     assert [o.split()[0] for o in sorted(outs, key=lambda o: int(o.split()[1]))] == ["1", "2"]
 
 
-def test_a_newcomer_does_not_barge_past_fair_waiters(client: dblock.Client, key: str) -> None:
-    backend = client._backend
-    holder = client.lock(key, fair=True)
+@pytest.mark.parametrize("fair", [True, False])
+def test_a_newcomer_does_not_barge_past_waiters(
+    client: dblock.Client, key: str, fair: bool
+) -> None:
+    holder = client.lock(key, fair=fair)
     holder.acquire()
-    backend.enqueue(key, "someone-waiting", "lock", 30)
+    client._backend.enqueue(key, "someone-waiting", "lock", 30)
     holder.release()
-    assert not client.lock(key, fair=True).acquire(blocking=False)
-    assert client.lock(key).acquire(blocking=False)  # a plain lock does not queue
+    assert not client.lock(key, fair=fair).acquire(blocking=False)
+    client._backend.dequeue(key, "someone-waiting")
+    assert client.lock(key, fair=fair).acquire(blocking=False)
 
 
 # -- read-write ---------------------------------------------------------------------------

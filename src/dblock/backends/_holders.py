@@ -94,7 +94,8 @@ class HoldersMixin(SqlBackend[C], Generic[C]):
                         return None  # a waiting writer goes first: readers do not starve it
                 else:
                     taken = self._count(
-                        conn, f"{live} AND kind = %(kind)s AND waiting = 0 AND holder <> %(owner)s",
+                        conn,
+                        f"{live} AND kind = %(kind)s AND waiting = 0 AND holder <> %(owner)s",
                         params,
                     )
                     if taken >= permits:
@@ -174,22 +175,55 @@ class HoldersMixin(SqlBackend[C], Generic[C]):
 
     def dequeue(self, key: str, owner: str) -> None:
         params = {"key": key, "owner": owner}
-        self.run("leaving the queue", lambda conn: self._exec(conn, self._dequeue_sql, params),
-                 key=key)
+        self.run(
+            "leaving the queue", lambda conn: self._exec(conn, self._dequeue_sql, params), key=key
+        )
+
+    def _head(self, key_sql: str, *, besides: str = "") -> str:
+        """SQL: the holder at the head of ``key_sql``'s lock queue (NULL if none)."""
+        return (
+            f"(SELECT holder FROM {self._holders} WHERE lock_key = {key_sql} AND waiting = 1 "
+            f"AND kind = 'lock' AND expires_at > {self._now}{besides} "
+            "ORDER BY acquired_at, holder LIMIT 1)"
+        )
+
+    def probe(self, key: str, owner: str) -> tuple[bool, int]:
+        """(the lock of ``key`` is free, how many live waiters are ahead of ``owner``).
+
+        A read-only statement: waiters that are not told whose turn it is ask this before
+        they try, and poll more often the closer they are to the head of the queue.
+        """
+        sql = (
+            f"SELECT NOT EXISTS (SELECT 1 FROM {self._main} WHERE lock_key = %(key)s AND "
+            f"owner IS NOT NULL AND expires_at > {self._now}), "
+            f"(SELECT count(*) FROM {self._holders} w WHERE {self._ahead})"
+        )
+        row = self.run(
+            "probe", lambda conn: self._exec(conn, sql, {"key": key, "owner": owner}), key=key
+        )[1][0]
+        return bool(row[0]), int(row[1])
+
+    @property
+    def _ahead(self) -> str:
+        """SQL on alias ``w``: a live waiter of %(key)s ahead of %(owner)s in the lock queue.
+
+        Queue order is when an entry was made (database clock), then the holder. A waiter
+        without an entry (a newcomer) has everyone ahead of it.
+        """
+        mine = (
+            f"FROM {self._holders} q WHERE q.lock_key = %(key)s AND q.holder = %(owner)s "
+            "AND q.waiting = 1"
+        )
+        return (
+            f"w.lock_key = %(key)s AND w.waiting = 1 AND w.kind = 'lock' "
+            f"AND w.expires_at > {self._now} AND w.holder <> %(owner)s "
+            f"AND (NOT EXISTS (SELECT 1 {mine}) OR "
+            f"(w.acquired_at, w.holder) < (SELECT q.acquired_at, q.holder {mine}))"
+        )
 
     def _queue_clause(self, queued: bool) -> str:
         """SQL that is true when no live waiter of the key is ahead of ``%(owner)s``."""
-        ahead = (
-            f"SELECT 1 FROM {self._holders} w WHERE w.lock_key = %(key)s AND w.waiting = 1 "
-            f"AND w.kind = 'lock' AND w.expires_at > {self._now}"
-        )
-        if queued:
-            ahead += (
-                " AND w.holder <> %(owner)s AND (w.acquired_at, w.holder) < (SELECT "
-                f"q.acquired_at, q.holder FROM {self._holders} q WHERE q.lock_key = %(key)s "
-                "AND q.holder = %(owner)s AND q.waiting = 1)"
-            )
-        return f"NOT EXISTS ({ahead})"
+        return f"NOT EXISTS (SELECT 1 FROM {self._holders} w WHERE {self._ahead})"
 
     def _sqlite_style(self, sql: str) -> str:
         return _NAMED.sub(r":\1", sql)

@@ -23,6 +23,8 @@ class Subscription(Protocol):
 
     #: True if releases will be pushed to this subscription (else wait() only sleeps)
     live: bool
+    #: True if a release wakes only the waiter whose turn it is (no need to probe first)
+    targeted: bool
 
     def wait(self, timeout: float) -> bool:
         """Sleep up to ``timeout`` s; return True early if the key was released."""
@@ -67,7 +69,10 @@ class Backend(Protocol):
 
     def acquire_fair(self, key: str, owner: str, ttl: float, queued: bool) -> int | None:
         """Like acquire, but only if no live waiter of the key is ahead of ``owner`` (any
-        waiter, when ``owner`` is not ``queued``)."""
+        waiter, when ``owner`` is not ``queued``); success also removes its queue entry."""
+
+    def probe(self, key: str, owner: str) -> tuple[bool, int]:
+        """Read-only: (the key's lock is free, live waiters ahead of ``owner`` in its queue)."""
 
     def acquire_shared(
         self, key: str, owner: str, ttl: float, kind: str, permits: int | None
@@ -117,8 +122,8 @@ class Backend(Protocol):
         Fencing tokens stay monotonic: a key whose row is deleted later gets a larger token.
         """
 
-    def subscribe(self, key: str) -> Subscription:
-        """Register for release wake-ups of ``key`` (a plain sleeper if not pushed)."""
+    def subscribe(self, key: str, owner: str) -> Subscription:
+        """Register ``owner`` for release wake-ups of ``key`` (a plain sleeper if not pushed)."""
 
     def close(self) -> None:
         """Close every connection and background thread."""

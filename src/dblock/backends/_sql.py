@@ -40,6 +40,7 @@ class Sleeper:
     """A Subscription that only sleeps: for backends that cannot push releases."""
 
     live = False
+    targeted = False
 
     def __init__(self) -> None:
         self._event = threading.Event()
@@ -162,5 +163,5 @@ class SqlBackend(ABC, Generic[C]):
         where = f" (table {self.table})" if key is None else f" (key {key!r}, table {self.table})"
         return BackendError(f"{doing}{where}: {detail}", key=key)
 
-    def subscribe(self, key: str) -> Subscription:
+    def subscribe(self, key: str, owner: str) -> Subscription:
         return Sleeper()

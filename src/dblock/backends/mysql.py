@@ -172,8 +172,6 @@ class MysqlBackend(HoldersMixin[Any]):
             )
 
         self._acquire = acquire_sql()
-        # the same, for a fair lock: only when no live waiter is ahead of %(owner)s
-        self._acquire_fair = {q: acquire_sql(self._queue_clause(q)) for q in (False, True)}
         # key owner ttl_us note -> affected rows 1 / 2 with the token as insert id if the
         # once-record was claimed (absent, failed, or processing with an expired lease), else 0.
         # The claim condition tests four columns, so `owner` is assigned first and every later
@@ -297,15 +295,34 @@ class MysqlBackend(HoldersMixin[Any]):
         return self._take(self._acquire, key, owner, ttl, kind)
 
     def acquire_fair(self, key: str, owner: str, ttl: float, queued: bool) -> int | None:
-        return self._take(self._acquire_fair[queued], key, owner, ttl, "lock")
+        # InnoDB: a queue check inside INSERT ... SELECT would be a locking read under
+        # REPEATABLE READ and take next-key locks on the queue rows, which stall the other
+        # waiters' queue writes. So the check is a plain (non-locking) read first, and the
+        # take is the ordinary acquire; a newcomer slipping in between is rare and harmless.
+        free, ahead = self.probe(key, owner)
+        if not free or ahead:
+            return None
+        return self._take(self._acquire, key, owner, ttl, "lock", dequeue=queued)
 
-    def _take(self, sql: str, key: str, owner: str, ttl: float, kind: str) -> int | None:
+    def _take(
+        self, sql: str, key: str, owner: str, ttl: float, kind: str, *, dequeue: bool = False
+    ) -> int | None:
         params = {"key": key, "kind": kind, "owner": owner, "ttl_us": round(ttl * 1_000_000)}
 
-        def op(conn: Any) -> int | None:
+        def take(conn: Any) -> int | None:
             with conn.cursor() as cur:
-                affected = cur.execute(sql, params)
-                return int(cur.lastrowid) if affected in (1, 2) else None
+                if cur.execute(sql, params) not in (1, 2):
+                    return None
+                return int(cur.lastrowid)
+
+        def op(conn: Any) -> int | None:
+            if not dequeue:
+                return take(conn)
+            with self._transaction(conn):  # take and leave the queue: one commit
+                token = take(conn)
+                if token is not None:
+                    self._exec(conn, self._dequeue_sql, params)
+            return token
 
         return self.run("acquire", op, key=key)
 

@@ -135,7 +135,13 @@ class PostgresBackend(HoldersMixin[psycopg.Connection[Any]]):
 
         self._acquire = acquire_sql()
         # the same, for a fair lock: only when no live waiter is ahead of %(owner)s
-        self._acquire_fair = {q: acquire_sql(self._queue_clause(q)) for q in (False, True)}
+        # a queued waiter's success also deletes its queue entry, in the same statement
+        self._acquire_fair = {
+            False: acquire_sql(self._queue_clause(False)),
+            True: f"WITH a AS ({acquire_sql(self._queue_clause(True))}),\n"
+            f"d AS (DELETE FROM {self._holders} WHERE lock_key = %(key)s AND holder = %(owner)s "
+            "AND waiting = 1 AND EXISTS (SELECT 1 FROM a))\nSELECT token FROM a",
+        }
         # key owner ttl note -> one row (the token) if the once-record was claimed: absent,
         # failed, or processing with an expired lease (its holder crashed)
         self._claim_once = (
@@ -170,10 +176,14 @@ class PostgresBackend(HoldersMixin[psycopg.Connection[Any]]):
             f"lock_key = %(key)s AND owner = %(owner)s AND token = %(token)s AND expires_at > {NOW}"
         )
         # key owner token -> one row if the live hold was ended; waiters are notified at commit
+        # The notification names the head of the key's wait queue ("<owner> <key>"), so only
+        # that waiter wakes: a hand-off, not a herd. No queue: "" for the owner wakes all.
+        head = self._head("r.lock_key")
+        ring = f"pg_notify('{self.channel}', coalesce({head}, '') || ' ' || r.lock_key)"
         self._release = (
             f"WITH r AS (UPDATE {t} SET owner = NULL, expires_at = {NOW} WHERE {live} "
             "RETURNING lock_key)\n"
-            f"SELECT pg_notify('{self.channel}', lock_key) FROM r"
+            f"SELECT {ring} FROM r"
         )
         # key owner token ttl -> one row changed if the live hold was extended
         self._renew = (
@@ -192,7 +202,17 @@ class PostgresBackend(HoldersMixin[psycopg.Connection[Any]]):
         self._force = (
             f"WITH r AS (UPDATE {t} SET owner = NULL, expires_at = {NOW} "
             f"WHERE lock_key = %(key)s AND {held} RETURNING lock_key)\n"
-            f"SELECT pg_notify('{self.channel}', lock_key) FROM r"
+            f"SELECT {ring} FROM r"
+        )
+        # key owner -> a waiter that gives up leaves the queue and, if the lock is free, rings
+        # the next head so a notification meant for it is not lost
+        self._dequeue_ring = (
+            f"WITH d AS (DELETE FROM {self._holders} WHERE lock_key = %(key)s AND "
+            "holder = %(owner)s AND waiting = 1 RETURNING lock_key)\n"
+            f"SELECT pg_notify('{self.channel}', coalesce("
+            f"{self._head('d.lock_key', besides=' AND holder <> %(owner)s')}, '') || ' ' || "
+            f"d.lock_key) FROM d WHERE EXISTS (SELECT 1 FROM {t} WHERE lock_key = %(key)s "
+            f"AND (owner IS NULL OR expires_at <= {NOW}))"
         )
         # older inc -> deleted rows; tokens come from the sequence, so nothing to remember
         self._purge = (
@@ -398,15 +418,21 @@ class PostgresBackend(HoldersMixin[psycopg.Connection[Any]]):
         return int(conn.execute(f"SELECT nextval('{self._seq}')").fetchall()[0][0])
 
     def _notify(self, conn: psycopg.Connection[Any], key: str) -> None:
-        conn.execute(f"SELECT pg_notify('{self.channel}', %(key)s)", {"key": key})
+        conn.execute(f"SELECT pg_notify('{self.channel}', ' ' || %(key)s)", {"key": key})
+
+    def dequeue(self, key: str, owner: str) -> None:
+        params = {"key": key, "owner": owner}
+        self.run(
+            "leaving the queue", lambda conn: conn.execute(self._dequeue_ring, params), key=key
+        )
 
     # -- pushed wake-ups ------------------------------------------------------------------
-    def subscribe(self, key: str) -> _Subscription:
+    def subscribe(self, key: str, owner: str) -> _Subscription:
         with self._listener_lock:
             if self._listener is None:
                 self._listener = _Listener(self)
             listener = self._listener
-        return listener.subscribe(key)
+        return listener.subscribe(key, owner)
 
     def close(self) -> None:
         with self._listener_lock:
@@ -417,9 +443,12 @@ class PostgresBackend(HoldersMixin[psycopg.Connection[Any]]):
 
 
 class _Subscription:
-    def __init__(self, listener: _Listener, key: str, live: bool) -> None:
+    targeted = True
+
+    def __init__(self, listener: _Listener, key: str, owner: str, live: bool) -> None:
         self._listener = listener
         self.key = key
+        self.owner = owner
         self.live = live
         self.event = threading.Event()
 
@@ -445,10 +474,10 @@ class _Listener:
         self._thread = threading.Thread(target=self._run, name="dblock-listener", daemon=True)
         self._thread.start()
 
-    def subscribe(self, key: str) -> _Subscription:
+    def subscribe(self, key: str, owner: str) -> _Subscription:
         # Wait (briefly) until LISTEN is active, so no release after our next try is missed.
         live = self._ready.wait(2.0)
-        sub = _Subscription(self, key, live)
+        sub = _Subscription(self, key, owner, live)
         with self._lock:
             self._subs.setdefault(key, set()).add(sub)
         return sub
@@ -461,9 +490,16 @@ class _Listener:
                 if not subs:
                     del self._subs[sub.key]
 
-    def _wake(self, key: str | None) -> None:
+    def _wake(self, key: str | None, owner: str = "") -> None:
+        """Wake ``owner``'s subscription to ``key`` (everyone's if no owner; all if no key)."""
         with self._lock:
-            targets = [s for k, subs in self._subs.items() if key in (None, k) for s in subs]
+            targets = [
+                s
+                for k, subs in self._subs.items()
+                if key in (None, k)
+                for s in subs
+                if not owner or s.owner == owner
+            ]
         for sub in targets:
             sub.event.set()
 
@@ -479,7 +515,8 @@ class _Listener:
                 pause = 0.1
                 while not self._stopped.is_set():
                     for note in conn.notifies(timeout=0.5, stop_after=64):
-                        self._wake(note.payload)
+                        owner, _, key = note.payload.partition(" ")
+                        self._wake(key, owner)
             except psycopg.Error as exc:
                 self._ready.clear()
                 if not self._stopped.is_set():

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import sqlite3
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
@@ -25,11 +26,53 @@ from .._types import Kind, LockInfo
 from .._url import DatabaseURL
 from ._holders import HoldersMixin, Rows
 from ._names import aux_name, qualify
-from ._sql import Failure
+from ._protocol import Subscription
+from ._sql import Failure, Sleeper
 
 MIN_VERSION = (3, 35, 0)
 NOW = "((julianday('now') - 2440587.5) * 86400.0)"
 _BUSY_CODES = {"SQLITE_BUSY", "SQLITE_LOCKED"}
+
+
+class _ChangeWatch:
+    """Wakes a waiter when another connection commits to the database file.
+
+    ``PRAGMA data_version`` changes whenever another connection commits; reading it costs no
+    I/O (it is in the WAL index in shared memory), so a waiter can check it every
+    millisecond or two and try again only when something changed: hand-off in milliseconds
+    without a query storm.
+    """
+
+    live = True
+    targeted = False
+    interval = 0.002
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self._conn = conn
+        self._version = self._read()
+
+    def _read(self) -> int:
+        return int(self._conn.execute("PRAGMA data_version").fetchone()[0])
+
+    def wait(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                version = self._read()
+            except sqlite3.Error:
+                time.sleep(max(0.0, min(0.05, deadline - time.monotonic())))
+                return False
+            if version != self._version:
+                self._version = version
+                return True
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            time.sleep(min(self.interval, left))
+
+    def close(self) -> None:
+        with contextlib.suppress(sqlite3.Error):
+            self._conn.close()
 
 
 def _ts(value: float) -> datetime:
@@ -344,7 +387,13 @@ class SqliteBackend(HoldersMixin[sqlite3.Connection]):
         params = {"key": key, "kind": "lock", "owner": owner, "ttl": ttl}
 
         def op(conn: sqlite3.Connection) -> int | None:
-            row = conn.execute(self._acquire_fair[queued], params).fetchone()
+            if not queued:
+                row = conn.execute(self._acquire_fair[queued], params).fetchone()
+                return None if row is None else int(row[0])
+            with self._transaction(conn):  # take and leave the queue: one commit
+                row = conn.execute(self._acquire_fair[queued], params).fetchone()
+                if row is not None:
+                    self._exec(conn, self._dequeue_sql, params)
             return None if row is None else int(row[0])
 
         return self.run("acquire", op, key=key)
@@ -377,6 +426,12 @@ class SqliteBackend(HoldersMixin[sqlite3.Connection]):
 
         return self.run("force_release", op, key=key)
 
+    def subscribe(self, key: str, owner: str) -> Subscription:
+        try:
+            return _ChangeWatch(self._connect())
+        except sqlite3.Error:
+            return Sleeper()
+
     # -- dialect hooks for the multi-holder operations ------------------------------------
     def _later(self, name: str) -> str:
         return f"{NOW} + %({name})s"
@@ -384,9 +439,7 @@ class SqliteBackend(HoldersMixin[sqlite3.Connection]):
     def _earlier(self, name: str) -> str:
         return f"{NOW} - %({name})s"
 
-    def _exec(
-        self, conn: sqlite3.Connection, sql: str, params: dict[str, Any]
-    ) -> tuple[int, Rows]:
+    def _exec(self, conn: sqlite3.Connection, sql: str, params: dict[str, Any]) -> tuple[int, Rows]:
         cur = conn.execute(self._sqlite_style(sql), params)
         rows = cur.fetchall()
         return cur.rowcount, rows
