@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the ``dblock`` command with ``argv`` (default: ``sys.argv[1:]``); return the exit status."""
+    """Run ``dblock`` with ``argv`` (default: ``sys.argv[1:]``); return the exit status."""
     from .app import run_main
 
     return run_main(argv)

@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+import math
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
 import dblock
 from dblock._url import default_url, parse_url, redact
-from dblock._validate import check_key, check_table
+from dblock._validate import MAX_TTL, check_key, check_seconds, check_table
 
 from . import exit_codes
 
@@ -105,6 +106,40 @@ def common_options(fn: F) -> F:
     for option in reversed(options):
         fn = option(fn)
     return fn
+
+
+if TYPE_CHECKING:
+    _FloatParam = click.ParamType[float]
+else:  # generic only since click 8.2
+    _FloatParam = click.ParamType
+
+
+class Seconds(_FloatParam):
+    """A finite number of seconds: > 0 (a lease) or >= 0 (a wait), as dblock validates them."""
+
+    name = "seconds"
+
+    def __init__(self, *, allow_zero: bool, maximum: float = math.inf) -> None:
+        self.allow_zero = allow_zero
+        self.maximum = maximum
+
+    def convert(
+        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+    ) -> float:
+        if isinstance(value, float):
+            return value
+        try:
+            number = float(value)
+        except ValueError:
+            self.fail(f"{value!r} is not a number of seconds", param, ctx)
+        try:
+            return check_seconds(number, "value", allow_zero=self.allow_zero, maximum=self.maximum)
+        except ValueError as exc:
+            self.fail(str(exc).replace("value ", "", 1), param, ctx)
+
+
+LEASE = Seconds(allow_zero=False, maximum=MAX_TTL)
+WAIT = Seconds(allow_zero=True)
 
 
 def validate_key(ctx: click.Context, param: click.Parameter, value: str) -> str:

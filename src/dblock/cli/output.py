@@ -92,7 +92,8 @@ def print_table(infos: list[LockInfo], file: TextIO | None = None) -> None:
         console.print("no locks held")
         return
     now = now_utc()
-    table = Table(box=box.SIMPLE_HEAD if terminal else box.SIMPLE, pad_edge=False)
+    # plain columns when piped (grep, awk), a header rule on a terminal
+    table = Table(box=box.SIMPLE_HEAD if terminal else None, pad_edge=False, show_edge=False)
     table.add_column("key", overflow="fold")
     table.add_column("owner", overflow="fold")
     table.add_column("token", justify="right")

@@ -43,15 +43,17 @@ class HolderStatus:
     def _poll(self) -> None:
         from rich.text import Text
 
-        holder = "looking up the holder"
+        info: dblock.LockInfo | None = None
+        error: str | None = None
         next_read = 0.0
         while True:
             if time.monotonic() >= next_read:
                 try:
-                    holder = describe_holder(self._client.info(self._key))
+                    info, error = self._client.info(self._key), None
                 except dblock.DBLockError as exc:
-                    holder = f"cannot read the holder: {exc}"
+                    error = f"cannot read the holder: {exc}"
                 next_read = time.monotonic() + POLL_INTERVAL
+            holder = error or describe_holder(info)  # times recomputed on every refresh
             if self._status is not None:
                 self._status.update(Text(self._text(holder)))
             if self._stop.wait(REFRESH_INTERVAL):

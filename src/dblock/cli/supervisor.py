@@ -26,7 +26,10 @@ KILL_GRACE: Final = 5.0
 
 
 class Interrupted(BaseException):
-    """Raised in the main thread when a forwarded signal arrives before CMD has started."""
+    """Raised in the main thread when a forwarded signal arrives before CMD has started.
+
+    A BaseException, like KeyboardInterrupt, so that no ``except Exception`` swallows it.
+    """
 
     def __init__(self, signum: int) -> None:
         super().__init__(signum)
@@ -113,30 +116,36 @@ class Child:
 class SignalRelay:
     """Handlers for SIGINT/SIGTERM/SIGHUP while dblock runs.
 
-    Until a child is attached a signal raises :class:`Interrupted` in the main thread (so a
-    wait for the lock ends at once); afterwards it is forwarded to the child. Handlers are
-    installed only in the main thread and restored on exit.
+    While waiting for the lock a signal raises :class:`Interrupted` in the main thread, so the
+    wait ends at once. After :meth:`defer` signals are queued, and :meth:`attach` forwards them
+    and every later one to the child. Handlers are installed only in the main thread and
+    restored on exit.
     """
 
     def __init__(self) -> None:
         self._child: Child | None = None
+        self._raise = True
         self._previous: dict[int, object] = {}
-        self.received: list[int] = []
+        self._queued: list[int] = []
+
+    def defer(self) -> None:
+        """From now on queue signals until a child is attached (no more Interrupted)."""
+        self._raise = False
 
     def attach(self, child: Child) -> None:
         self._child = child
-        for signum in self.received:
+        queued, self._queued = self._queued, []
+        for signum in queued:
             child.forward(signum)
-
-    def detach(self) -> None:
-        self._child = None
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         child = self._child
-        if child is None:
+        if child is not None:
+            child.forward(signum)
+        elif self._raise:
             raise Interrupted(signum)
-        self.received.append(signum)
-        child.forward(signum)
+        else:
+            self._queued.append(signum)
 
     def __enter__(self) -> SignalRelay:
         if threading.current_thread() is threading.main_thread():

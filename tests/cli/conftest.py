@@ -1,0 +1,130 @@
+"""Run the real ``dblock`` command in subprocesses against the ``db_url`` backends."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+CHILD = str(Path(__file__).with_name("_child.py"))
+#: generous bound on anything the tests wait for (never a timing assertion)
+WAIT = 30.0
+
+
+def wait_for(predicate: Callable[[], object], timeout: float = WAIT, what: str = "") -> None:
+    """Poll ``predicate`` until it is true; fail the test after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout:g} s waiting for {what or predicate}")
+        time.sleep(0.02)
+
+
+class Dblock:
+    """The ``dblock`` command on one database URL and lock table; a work dir for CMD."""
+
+    def __init__(self, url: str, table: str, work: Path) -> None:
+        self.url = url
+        self.table = table
+        self.work = work
+        self.env = {k: v for k, v in os.environ.items() if k != "DBLOCK_URL"}
+        self.env["PYTHONUNBUFFERED"] = "1"
+        self._started: list[subprocess.Popen[bytes]] = []
+        self.stderr_of: dict[int, Path] = {}
+
+    def argv(self, *args: str) -> list[str]:
+        return [sys.executable, "-m", "dblock", "--url", self.url, "--table", self.table, *args]
+
+    def run(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            self.argv(*args),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=self.env,
+            stdin=subprocess.DEVNULL,
+            check=False,
+        )
+
+    def start(self, *args: str) -> subprocess.Popen[bytes]:
+        """Start dblock; its stderr goes to a file, readable while it runs (:meth:`stderr`)."""
+        path = self.work / f"stderr.{len(self._started)}"
+        out_path = path.with_name(path.name.replace("err", "out"))
+        with path.open("w") as err, out_path.open("w") as out:
+            proc = subprocess.Popen(
+                self.argv(*args),
+                stdout=out,
+                stderr=err,
+                stdin=subprocess.DEVNULL,
+                env=self.env,
+            )
+        self._started.append(proc)
+        self.stderr_of[proc.pid] = path
+        return proc
+
+    def stderr(self, proc: subprocess.Popen[bytes]) -> str:
+        return self.stderr_of[proc.pid].read_text()
+
+    def stdout(self, proc: subprocess.Popen[bytes]) -> str:
+        path = self.stderr_of[proc.pid]
+        return path.with_name(path.name.replace("err", "out")).read_text()
+
+    def child(self, mode: str) -> list[str]:
+        """``-- CMD`` running tests/cli/_child.py in ``mode``."""
+        return ["--", sys.executable, CHILD, str(self.work), mode]
+
+    def runs(self) -> list[str]:
+        path = self.work / "runs"
+        return path.read_text().splitlines() if path.exists() else []
+
+    def ready_pids(self) -> list[int]:
+        return [int(p.name.split(".")[1]) for p in self.work.glob("ready.*")]
+
+    def stop_children(self) -> None:
+        (self.work / "stop").touch()
+
+    def cleanup(self) -> None:
+        self.stop_children()
+        for pid in self.ready_pids():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, 9)
+        for proc in self._started:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait(timeout=WAIT)
+
+
+@pytest.fixture
+def cli(db_url: str, table: str, tmp_path: Path) -> Iterator[Dblock]:
+    work = tmp_path / "work"
+    work.mkdir()
+    runner = Dblock(db_url, table, work)
+    yield runner
+    runner.cleanup()
+
+
+def finish(
+    cli: Dblock, proc: subprocess.Popen[bytes], timeout: float = WAIT
+) -> tuple[int, str, str]:
+    """Wait (bounded) for a started dblock; its status, stdout and stderr."""
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        pytest.fail(f"dblock did not exit within {timeout:g} s; stderr: {cli.stderr(proc)}")
+    return proc.returncode, cli.stdout(proc), cli.stderr(proc)
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True

@@ -1,0 +1,134 @@
+"""``list``, ``info``, ``release``, ``purge`` and ``schema`` in real subprocesses."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sqlite3
+import subprocess
+from datetime import datetime, timedelta
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+
+import dblock
+
+from .conftest import Dblock, finish, wait_for
+
+
+def test_list_and_info_show_the_hold(cli: Dblock, key: str) -> None:
+    holder = cli.start("run", "--ttl", "30", key, *cli.child("wait"))
+    wait_for(cli.ready_pids, what="CMD to start")
+    (run_line,) = cli.runs()
+    token = int(run_line.split()[1])
+
+    listed = cli.run("list", "--json", "--prefix", key[:10])
+    assert listed.returncode == 0, listed.stderr
+    (line,) = listed.stdout.splitlines()
+    record = json.loads(line)
+    assert record["key"] == key
+    assert record["token"] == token
+    assert record["kind"] == "lock"
+    assert record["owner"]
+    acquired = datetime.fromisoformat(record["acquired_at"])
+    expires = datetime.fromisoformat(record["expires_at"])
+    assert acquired.utcoffset() == expires.utcoffset() == timedelta(0)
+    assert expires > acquired
+
+    table = cli.run("list")
+    assert table.returncode == 0
+    assert key in table.stdout
+    assert record["owner"] in table.stdout
+    for heading in ("key", "owner", "token", "held for", "expires in"):
+        assert heading in table.stdout
+    assert cli.run("list", "--json", "--prefix", "no-such-prefix").stdout == ""
+
+    info = cli.run("info", key, "--json")
+    assert info.returncode == 0
+    assert json.loads(info.stdout) == record
+    plain = cli.run("info", key)
+    assert plain.returncode == 0
+    assert f"token:       {token}" in plain.stdout
+
+    cli.stop_children()
+    assert finish(cli, holder)[0] == 0
+    gone = cli.run("info", key)
+    assert (gone.returncode, gone.stdout) == (1, "")
+    assert "not held" in gone.stderr
+    assert cli.run("list").stdout.strip() == "no locks held"
+
+
+def test_purge_removes_released_rows(cli: Dblock, key: str) -> None:
+    assert cli.run("run", key, "--", "true").returncode == 0
+    kept = cli.run("purge", "--older-than", "3600")
+    assert (kept.returncode, kept.stdout) == (0, "purged 0 rows\n")
+    purged = cli.run("purge")
+    assert (purged.returncode, purged.stdout) == (0, "purged 1 row\n")
+    assert cli.run("purge").stdout == "purged 0 rows\n"
+    # tokens stay monotonic across the purge: the next run gets a larger one
+    assert cli.run("run", key, *cli.child("exit:0")).returncode == 0
+    assert cli.runs()[0].split()[1] == "2"
+
+
+def _apply(url: str, dialect: str, script: str, tmp_path: Path) -> None:
+    """Apply a DDL script with the backend's own client, as a DBA would."""
+    if dialect == "sqlite":
+        conn = sqlite3.connect(urlsplit(url).path[1:])
+        try:
+            conn.executescript(script)
+        finally:
+            conn.close()
+        return
+    client = "psql" if dialect == "postgresql" else "mariadb"
+    if shutil.which(client) is None:
+        pytest.skip(f"{client} is not installed")
+    parts = urlsplit(url)
+    if dialect == "postgresql":
+        argv = ["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", url]
+    else:
+        argv = [
+            "mariadb",
+            f"--host={parts.hostname or '127.0.0.1'}",
+            f"--port={parts.port or 3306}",
+            f"--user={parts.username or 'root'}",
+            *([f"--password={parts.password}"] if parts.password else []),
+            parts.path.lstrip("/"),
+        ]
+    done = subprocess.run(
+        argv, input=script, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+
+
+def test_schema_applied_by_hand_is_accepted(
+    cli: Dblock, dialect: str, key: str, tmp_path: Path
+) -> None:
+    with pytest.raises(dblock.ConfigurationError):
+        dblock.connect(cli.url, table=cli.table, create_schema=False)
+    printed = cli.run("schema")  # the dialect of --url
+    assert printed.returncode == 0, printed.stderr
+    assert printed.stdout == cli.run("schema", "--dialect", dialect).stdout
+    _apply(cli.url, dialect, printed.stdout, tmp_path)
+    with dblock.connect(cli.url, table=cli.table, create_schema=False) as client:
+        with client.lock(key, ttl=5, timeout=5) as lock:
+            assert lock.token is not None
+        assert client.info(key) is None
+
+
+def test_schema_without_connecting() -> None:
+    for dialect in ("postgresql", "mysql", "sqlite"):
+        done = subprocess.run(
+            [
+                *Dblock("postgresql://nobody:pw@127.0.0.1:1/none", "locks", Path()).argv(
+                    "schema", "--dialect", dialect
+                )
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        assert '"locks"' in done.stdout or "`locks`" in done.stdout
+        assert done.stdout.rstrip().endswith(";")
