@@ -172,6 +172,8 @@ class MysqlBackend(HoldersMixin[Any]):
             )
 
         self._acquire = acquire_sql()
+        # a newcomer's acquire: the same, only when nobody waits in the key's queue
+        self._acquire_newcomer = acquire_sql(self._queue_clause(False))
         # key owner ttl_us note -> affected rows 1 / 2 with the token as insert id if the
         # once-record was claimed (absent, failed, or processing with an expired lease), else 0.
         # The claim condition tests four columns, so `owner` is assigned first and every later
@@ -295,10 +297,12 @@ class MysqlBackend(HoldersMixin[Any]):
         return self._take(self._acquire, key, owner, ttl, kind)
 
     def acquire_fair(self, key: str, owner: str, ttl: float, queued: bool) -> int | None:
-        # InnoDB: a queue check inside INSERT ... SELECT would be a locking read under
-        # REPEATABLE READ and take next-key locks on the queue rows, which stall the other
-        # waiters' queue writes. So the check is a plain (non-locking) read first, and the
-        # take is the ordinary acquire; a newcomer slipping in between is rare and harmless.
+        if not queued:  # one statement, as on the other backends
+            return self._take(self._acquire_newcomer, key, owner, ttl, "lock")
+        # InnoDB: for a queued waiter the queue check inside INSERT ... SELECT is a locking
+        # read under REPEATABLE READ, whose next-key locks on the queue rows stall the other
+        # waiters' queue writes at every hand-off. So it is a plain (non-locking) read first,
+        # then the ordinary acquire; a newcomer slipping in between is rare and harmless.
         free, ahead = self.probe(key, owner)
         if not free or ahead:
             return None
