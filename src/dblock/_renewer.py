@@ -43,7 +43,8 @@ class Scheduler:
             if self._stopped:
                 return job
             heapq.heappush(self._heap, (when, next(self._seq), job))
-            if self._thread is None:
+            if self._thread is None or not self._thread.is_alive():
+                # first use, or a forked child: the parent's thread does not exist here
                 self._thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
                 self._thread.start()
             self._cond.notify()

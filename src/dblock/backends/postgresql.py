@@ -429,7 +429,8 @@ class PostgresBackend(HoldersMixin[psycopg.Connection[Any]]):
     # -- pushed wake-ups ------------------------------------------------------------------
     def subscribe(self, key: str, owner: str) -> _Subscription:
         with self._listener_lock:
-            if self._listener is None:
+            if self._listener is None or not self._listener.alive():
+                # first use, or a forked child: the parent's listener thread is not ours
                 self._listener = _Listener(self)
             listener = self._listener
         return listener.subscribe(key, owner)
@@ -529,9 +530,13 @@ class _Listener:
                 if conn_ is not None:
                     self._backend._close_connection(conn_)
 
+    def alive(self) -> bool:
+        return self._thread.is_alive() and not self._stopped.is_set()
+
     def stop(self) -> None:
         self._stopped.set()
-        self._thread.join(timeout=2)
+        if self._thread.is_alive():
+            self._thread.join(timeout=2)
 
 
 def _info(row: Any) -> LockInfo:
