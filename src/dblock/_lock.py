@@ -30,6 +30,7 @@ from ._validate import check_key, check_timeout, check_ttl
 
 if TYPE_CHECKING:
     from ._client import Client
+    from .backends import Subscription
 
 log = logging.getLogger("dblock")
 
@@ -198,18 +199,14 @@ class Lock:
                 ):
                     queued_at = time.monotonic()
                     backend.enqueue(self._key, owner, self._queue_kind, QUEUE_TTL)
-                    should_try = True
-                    continue
+                    should_try = not backend.probe_first
+                    if should_try:
+                        continue
                 pause = backoff.next()
                 if ahead >= 0 and not subscription.targeted:
                     pause = min(pause, HEAD_POLL * 2 ** min(ahead, 10))
                 subscription.wait(pause if remaining is None else min(pause, remaining))
-                if subscription.targeted or queued_at is None or self._queue_kind != "lock":
-                    should_try = True
-                else:
-                    # not told whose turn it is: a cheap read says whether trying is worth it
-                    free, ahead = backend.probe(self._key, owner)
-                    should_try = free and ahead == 0
+                should_try, ahead = self._worth_trying(owner, subscription, queued_at is not None)
         finally:
             if subscription is not None:
                 subscription.close()
@@ -241,6 +238,22 @@ class Lock:
     def _end_hold(self, hold: Hold) -> bool:
         """End the hold in the database; False if its lease was already gone."""
         return self._client._backend.release(self._key, hold.owner, hold.token)
+
+    def _worth_trying(
+        self, owner: str, subscription: Subscription, queued: bool
+    ) -> tuple[bool, int]:
+        """After a wait: try now? And how many waiters are ahead (-1: not asked).
+
+        A waiter that is woken only when it is its turn just tries. One that is not (polling
+        backends, or where writes are dear) asks a cheap read first, and tries only when the
+        lock is free and nobody queues ahead of it.
+        """
+        backend = self._client._backend
+        probe = queued and self._queue_kind == "lock"
+        if not probe or (subscription.targeted and not backend.probe_first):
+            return True, -1
+        free, ahead = backend.probe(self._key, owner)
+        return free and ahead == 0, ahead
 
     def _push(self, tid: int, hold: Hold) -> None:
         with self._mutex:

@@ -41,6 +41,9 @@ class Backend(Protocol):
     dialect: str
     #: True if releases are pushed to waiters (e.g. LISTEN/NOTIFY); waiters then poll rarely
     pushes_releases: bool
+    #: True if a waiter should probe (read-only) before each write attempt: where reads are
+    #: nearly free and every write contends for one lock (SQLite's single writer)
+    probe_first: bool
     #: longest sleep between two tries of a waiter when releases are not pushed, seconds
     max_poll: float
     #: the URL with its password replaced by ``***``, for messages

@@ -58,6 +58,7 @@ class SqlBackend(ABC, Generic[C]):
 
     dialect: str
     pushes_releases = False
+    probe_first = False
     max_poll = 0.25
 
     def __init__(self, safe_url: str, table: str, password: str | None) -> None:
@@ -119,6 +120,7 @@ class SqlBackend(ABC, Generic[C]):
         """Run ``fn(conn)`` with the retry policy; wrap driver errors in BackendError."""
         reconnected = False
         attempt = 0
+        give_up = time.monotonic() + self._transient_for
         while True:
             attempt += 1
             try:
@@ -141,12 +143,21 @@ class SqlBackend(ABC, Generic[C]):
                         continue
                 else:
                     self._reset_or_discard(conn)
-                    if failure is Failure.TRANSIENT and attempt < _TRANSIENT_ATTEMPTS:
-                        time.sleep(random.uniform(0.001, 0.01 * attempt))
+                    if failure is Failure.TRANSIENT and (
+                        attempt < _TRANSIENT_ATTEMPTS or time.monotonic() < give_up
+                    ):
+                        time.sleep(self._transient_pause(attempt))
                         continue
                 raise self._wrap(exc, f"{what} failed on {self.safe_url}", key) from exc
             self._checkin(conn)
             return result
+
+    #: keep retrying transient failures for this long (beyond the first few attempts)
+    _transient_for = 0.0
+
+    def _transient_pause(self, attempt: int) -> float:
+        """Sleep before retrying a deadlock or serialization failure."""
+        return random.uniform(0.001, 0.01 * attempt)
 
     def _reset_or_discard(self, conn: C) -> None:
         try:

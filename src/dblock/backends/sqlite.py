@@ -13,6 +13,7 @@ it, so deleting rows never lets a token repeat.
 from __future__ import annotations
 
 import contextlib
+import random
 import sqlite3
 import time
 from collections.abc import Iterator
@@ -83,6 +84,7 @@ class SqliteBackend(HoldersMixin[sqlite3.Connection]):
     """Lock table in a SQLite file."""
 
     dialect = "sqlite"
+    probe_first = True  # local reads cost microseconds; writers queue for one file lock
     max_poll = 0.1  # a local file: polling is cheap, and hand-off latency is bounded by this
 
     def __init__(self, url: DatabaseURL, schema: str | None, table: str) -> None:
@@ -251,15 +253,17 @@ class SqliteBackend(HoldersMixin[sqlite3.Connection]):
             Path(self.path).expanduser().parent.mkdir(parents=True, exist_ok=True)
         conn = sqlite3.connect(
             str(Path(self.path).expanduser()),
-            timeout=self.busy_timeout,
+            timeout=self._INNER_BUSY_MS / 1000,
             isolation_level=None,
             check_same_thread=False,
         )
         try:
+            # set-up waits the whole busy timeout (many processes may open the file at once)
             conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout * 1000)}")
             # WAL: readers never block the writer. Kept at synchronous=FULL (the default) so a
             # power cut cannot roll back an acquisition whose token a client already saw.
             conn.execute("PRAGMA journal_mode = WAL")
+            conn.execute(f"PRAGMA busy_timeout = {self._INNER_BUSY_MS}")
         except BaseException:
             conn.close()
             raise
@@ -274,7 +278,22 @@ class SqliteBackend(HoldersMixin[sqlite3.Connection]):
             return None
         if isinstance(exc, sqlite3.ProgrammingError) and "closed" in str(exc):
             return Failure.DISCONNECT
+        if isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc):
+            return Failure.TRANSIENT  # SQLITE_BUSY: another writer; retried for busy_timeout
         return Failure.FATAL
+
+    # SQLite's own busy handler sleeps up to 100 ms between attempts, so a writer that has to
+    # wait loses every race against one that writes in a loop. SQLite is told to wait only a
+    # moment; dblock retries "database is locked" itself, in short jittered steps, until the
+    # URL's busy timeout has passed.
+    _INNER_BUSY_MS = 2
+
+    @property
+    def _transient_for(self) -> float:  # type: ignore[override]
+        return self.busy_timeout
+
+    def _transient_pause(self, attempt: int) -> float:
+        return random.uniform(0.0002, 0.0015)
 
     def _reset(self, conn: sqlite3.Connection) -> None:
         if conn.in_transaction:
