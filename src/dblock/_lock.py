@@ -34,8 +34,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("dblock")
 
-#: with pushed wake-ups, waiters poll only as a fallback for a missed notification
-PUSHED_POLL_CAP = 2.0
+#: with pushed wake-ups, waiters poll only as a fallback for a missed notification (a
+#: holder that died without releasing, a woken waiter that died before it took its turn)
+PUSHED_POLL_CAP = 5.0
 FIRST_BACKOFF = 0.002
 #: lease of a waiter's queue entry: a waiter that died or froze leaves the queue after it
 QUEUE_TTL = 6.0
@@ -197,10 +198,13 @@ class Lock:
                 if self._queue_kind is not None and (
                     queued_at is None or time.monotonic() - queued_at > QUEUE_TTL / 3
                 ):
+                    first = queued_at is None
                     queued_at = time.monotonic()
                     backend.enqueue(self._key, owner, self._queue_kind, QUEUE_TTL)
-                    should_try = not backend.probe_first
-                    if should_try:
+                    if first and not backend.probe_first:
+                        # a release between our first try and our subscription was not
+                        # announced to us: look once more. A refresh needs no look.
+                        should_try = True
                         continue
                 pause = backoff.next()
                 if ahead >= 0 and not subscription.targeted:
