@@ -45,6 +45,16 @@ QUEUE_TTL = 6.0
 HEAD_POLL = 0.002
 
 
+def _joiner(backend: object) -> Callable[[str, str, float, float], int | None] | None:
+    """The backend's one-statement "take it or join its queue", if wake-ups already flow to
+    this client (an optional capability: PostgreSQL's)."""
+    listening = getattr(backend, "listening", None)
+    join: Callable[[str, str, float, float], int | None] | None = getattr(
+        backend, "acquire_or_enqueue", None
+    )
+    return join if listening is not None and listening() else None
+
+
 class Hold:
     """One acquisition in the database, shared by re-entrant acquisitions of its thread."""
 
@@ -167,7 +177,9 @@ class Lock:
         self._schedule(hold)
         return True
 
-    def _acquire_new(self, blocking: bool, timeout: float | None) -> Hold | None:
+    def _acquire_new(  # noqa: PLR0912 - the waiting state machine, kept in one place
+        self, blocking: bool, timeout: float | None
+    ) -> Hold | None:
         client = self._client
         backend = client._backend
         owner = client._new_owner()
@@ -179,6 +191,14 @@ class Lock:
         should_try = True
         ahead = -1  # waiters ahead of us, as last probed (-1: not known)
         try:
+            if blocking and self._queue_kind == "lock":
+                hold, subscription = self._take_or_join(owner)
+                if hold is not None:
+                    acquired = True
+                    return hold
+                if subscription is not None:
+                    backoff = Backoff(FIRST_BACKOFF, PUSHED_POLL_CAP)
+                    queued_at, should_try = time.monotonic(), False
             while True:
                 if should_try:
                     sent = time.monotonic()
@@ -242,6 +262,26 @@ class Lock:
     def _end_hold(self, hold: Hold) -> bool:
         """End the hold in the database; False if its lease was already gone."""
         return self._client._backend.release(self._key, hold.owner, hold.token)
+
+    def _take_or_join(self, owner: str) -> tuple[Hold | None, Subscription | None]:
+        """Where wake-ups already flow to this client: subscribe first, then one statement
+        takes the lock or joins its queue (no separate enqueue and second try). Returns
+        (hold, None), (None, subscription) once queued, or (None, None) if not available."""
+        backend = self._client._backend
+        join = _joiner(backend)
+        if join is None:
+            return None, None
+        subscription = backend.subscribe(self._key, owner)
+        sent = time.monotonic()
+        try:
+            token = join(self._key, owner, self._ttl, QUEUE_TTL)
+        except BaseException:
+            subscription.close()
+            raise
+        if token is None:
+            return None, subscription
+        subscription.close()
+        return Hold(self, owner, token, self._ttl, sent), None
 
     def _worth_trying(
         self, owner: str, subscription: Subscription, queued: bool

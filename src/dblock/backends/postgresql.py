@@ -50,7 +50,9 @@ class PostgresBackend(HoldersMixin[psycopg.Connection[Any]]):
     dialect = "postgresql"
     pushes_releases = True
 
-    def __init__(self, url: DatabaseURL, schema: str | None, table: str) -> None:
+    def __init__(  # noqa: PLR0915 - one named SQL constant per operation, built once here
+        self, url: DatabaseURL, schema: str | None, table: str
+    ) -> None:
         super().__init__(url.safe, f"{schema}.{table}" if schema else table, url.password)
         self._conninfo = url.raw
         self._options: dict[str, Any] = {}
@@ -134,6 +136,7 @@ class PostgresBackend(HoldersMixin[psycopg.Connection[Any]]):
             )
 
         self._acquire = acquire_sql()
+        self._acquire_or_enqueue = self._join_sql(acquire_sql(self._queue_clause(False)))
         # the same, for a fair lock: only when no live waiter is ahead of %(owner)s
         # a queued waiter's success also deletes its queue entry, in the same statement
         self._acquire_fair = {
@@ -226,6 +229,19 @@ class PostgresBackend(HoldersMixin[psycopg.Connection[Any]]):
         self._ddl_lock_id = int.from_bytes(digest[:8], "big", signed=True)
         self._listener: _Listener | None = None
         self._listener_lock = threading.Lock()
+
+    def _join_sql(self, newcomer: str) -> str:
+        """key kind owner ttl qttl -> one row (the token) if taken; otherwise the caller joins
+        the queue in the same statement (for a waiter already subscribed to wake-ups)."""
+        return (
+            f"WITH a AS ({newcomer}),\n"
+            f"q AS (INSERT INTO {self._holders} (lock_key, holder, kind, waiting, token,\n"
+            "    acquired_at, expires_at)\n"
+            f"    SELECT %(key)s, %(owner)s, 'lock', 1, 0, {NOW},\n"
+            f"        {NOW} + make_interval(secs => %(qttl)s) WHERE NOT EXISTS (SELECT 1 FROM a)\n"
+            "    ON CONFLICT (lock_key, holder) DO UPDATE SET expires_at = EXCLUDED.expires_at)\n"
+            "SELECT token FROM a"
+        )
 
     # -- connections ----------------------------------------------------------------------
     def _connect(self) -> psycopg.Connection[Any]:
@@ -354,6 +370,21 @@ class PostgresBackend(HoldersMixin[psycopg.Connection[Any]]):
 
         def op(conn: psycopg.Connection[Any]) -> int | None:
             row = conn.execute(self._acquire_fair[queued], params).fetchone()
+            return None if row is None else int(row[0])
+
+        return self.run("acquire", op, key=key)
+
+    def listening(self) -> bool:
+        """True if this client's LISTEN connection is up (subscribing costs nothing then)."""
+        listener = self._listener
+        return listener is not None and listener.alive() and listener.ready()
+
+    def acquire_or_enqueue(self, key: str, owner: str, ttl: float, queue_ttl: float) -> int | None:
+        """Take the lock like a newcomer, or else join its queue: one statement."""
+        params = {"key": key, "kind": "lock", "owner": owner, "ttl": ttl, "qttl": queue_ttl}
+
+        def op(conn: psycopg.Connection[Any]) -> int | None:
+            row = conn.execute(self._acquire_or_enqueue, params).fetchone()
             return None if row is None else int(row[0])
 
         return self.run("acquire", op, key=key)
@@ -532,6 +563,9 @@ class _Listener:
 
     def alive(self) -> bool:
         return self._thread.is_alive() and not self._stopped.is_set()
+
+    def ready(self) -> bool:
+        return self._ready.is_set()
 
     def stop(self) -> None:
         self._stopped.set()
