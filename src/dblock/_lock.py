@@ -40,9 +40,39 @@ PUSHED_POLL_CAP = 5.0
 FIRST_BACKOFF = 0.002
 #: lease of a waiter's queue entry: a waiter that died or froze leaves the queue after it
 QUEUE_TTL = 6.0
-#: how often the head of a queue that is not told of releases asks whether it is free; the
-#: n-th waiter behind it asks 2**n times less often (up to the backend's poll cap)
+#: how soon the head of a queue that is not told of releases first asks whether it is free;
+#: the n-th waiter behind it starts 2**n times slower, and each slows down while nothing moves
 HEAD_POLL = 0.002
+HEAD_PLATEAU = 25  # polls at that pace before slowing down
+
+
+class _TurnPacer:
+    """When to look again, for a queued waiter that is not told of releases.
+
+    It learns how fast the queue moves (seconds per position, from its own probes) and sleeps
+    about half the expected time to its turn; at the head it polls fast for a while, then
+    less and less often while the holder keeps the lock.
+    """
+
+    def __init__(self, cap: float) -> None:
+        self._cap = cap
+        self._per_position = 0.01  # a first guess, replaced by what is observed
+        self._last: tuple[float, int] | None = None
+        self._head: Backoff | None = None
+
+    def pause(self, ahead: int) -> float:
+        now = time.monotonic()
+        if self._last is not None and ahead < self._last[1]:
+            observed = (now - self._last[0]) / (self._last[1] - ahead)
+            self._per_position = 0.5 * self._per_position + 0.5 * observed
+        if self._last is None or ahead != self._last[1]:
+            self._last = (now, ahead)
+            self._head = None
+        if ahead > 0:
+            return min(self._cap, max(HEAD_POLL, 0.5 * ahead * self._per_position))
+        if self._head is None:
+            self._head = Backoff(HEAD_POLL, self._cap, plateau=HEAD_PLATEAU)
+        return self._head.next()
 
 
 def _joiner(backend: object) -> Callable[[str, str, float, float], int | None] | None:
@@ -190,8 +220,9 @@ class Lock:
         acquired = False
         should_try = True
         ahead = -1  # waiters ahead of us, as last probed (-1: not known)
+        pacer = _TurnPacer(client._poll_cap)  # polls by queue position where nothing is pushed
         try:
-            if blocking and self._queue_kind == "lock":
+            if blocking and self._queue_kind == "lock" and (timeout is None or timeout > 0):
                 hold, subscription = self._take_or_join(owner)
                 if hold is not None:
                     acquired = True
@@ -227,8 +258,8 @@ class Lock:
                         should_try = True
                         continue
                 pause = backoff.next()
-                if ahead >= 0 and not subscription.targeted:
-                    pause = min(pause, HEAD_POLL * 2 ** min(ahead, 10))
+                if ahead >= 0 and not subscription.live:
+                    pause = pacer.pause(ahead)
                 subscription.wait(pause if remaining is None else min(pause, remaining))
                 should_try, ahead = self._worth_trying(owner, subscription, queued_at is not None)
         finally:

@@ -1,26 +1,42 @@
-"""Waiting schedules (pure): capped exponential backoff with decorrelated jitter."""
+"""Waiting schedules (pure): capped exponential backoff with jitter."""
 
 from __future__ import annotations
 
 import random
 
+_SHARED = random.Random()
+
 
 class Backoff:
-    """Sleep lengths for a waiter: each drawn from ``[base, 3 * previous]``, capped at ``cap``.
+    """Sleep lengths for a waiter: growing 1.5-2.5x per step up to ``cap``, then jittered in
+    ``[0.75 * cap, cap]``.
 
-    Jitter spreads waiters apart so a release is not followed by a herd of queries, and the
-    cap bounds how stale a waiter's view can get (the worst-case extra hand-off latency).
+    Jitter spreads waiters apart so a release is not followed by a herd of queries; steady
+    growth keeps a long wait cheap (a waiter settles near the cap instead of falling back to
+    short sleeps), and the cap bounds how stale a waiter's view can get.
     """
 
-    def __init__(self, base: float, cap: float, rng: random.Random | None = None) -> None:
+    def __init__(
+        self, base: float, cap: float, rng: random.Random | None = None, *, plateau: int = 0
+    ) -> None:
         if not 0 < base <= cap:
             raise ValueError("need 0 < base <= cap")
         self.base = base
         self.cap = cap
         self._previous = base
-        self._rng = rng or random.Random()
+        self._rng = rng or _SHARED
+        self._plateau = plateau  # this many sleeps of about ``base`` before growing
 
     def next(self) -> float:
         """The next sleep, in seconds."""
-        self._previous = min(self.cap, self._rng.uniform(self.base, self._previous * 3))
+        if self._plateau > 0:
+            self._plateau -= 1
+            return self.base * self._rng.uniform(0.75, 1.25)
+        self._previous = min(self.cap, self._previous * self._rng.uniform(1.5, 2.5))
+        if self._previous >= self.cap:
+            return self.cap * self._rng.uniform(0.75, 1.0)
         return self._previous
+
+    def reset(self) -> None:
+        """Start again from ``base`` (something changed: look again soon)."""
+        self._previous = self.base

@@ -123,10 +123,17 @@ class PostgresBackend(HoldersMixin[psycopg.Connection[Any]]):
                 "%(key)s::text, %(kind)s::varchar, %(owner)s::varchar, "
                 f"nextval('{seq}'), {NOW},\n    {NOW} + make_interval(secs => %(ttl)s)"
             )
+            # A row visibly held by someone else is skipped before the insert: ON CONFLICT DO
+            # UPDATE ... WHERE false would still lock that row and write WAL (a durable commit
+            # per failed try, competing with the holder's release).
+            busy = (
+                f"NOT EXISTS (SELECT 1 FROM {t} b WHERE b.lock_key = %(key)s AND "
+                f"b.owner <> %(owner)s AND b.expires_at > {NOW})"
+            )
             return (
                 f"INSERT INTO {t} AS l (lock_key, kind, owner, token, acquired_at, expires_at)\n"
-                + (f"SELECT {values} WHERE {fair}\n" if fair else f"VALUES ({values})\n")
-                + "ON CONFLICT (lock_key) DO UPDATE SET kind = EXCLUDED.kind,\n"
+                f"SELECT {values} WHERE {busy}{fair and ' AND ' + fair}\n"
+                "ON CONFLICT (lock_key) DO UPDATE SET kind = EXCLUDED.kind,\n"
                 "    owner = EXCLUDED.owner, token = EXCLUDED.token,\n"
                 "    acquired_at = EXCLUDED.acquired_at, expires_at = EXCLUDED.expires_at,\n"
                 "    state = NULL, note = NULL\n"
