@@ -1,0 +1,318 @@
+"""chaos.py's raw database access: the protected tables, tagging, server-side faults.
+
+No dblock code here except dblock.fencing (the helper under test) and dblock's URL parser.
+Everything talks to 127.0.0.1 only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sqlite3
+import subprocess
+import time
+from typing import Any
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
+
+import dblock.fencing
+from dblock._url import parse_url
+
+LOOPBACK = {"127.0.0.1", "localhost", "::1"}
+
+
+def dialect_of(url: str) -> str:
+    return parse_url(url).dialect
+
+
+def check_loopback(url: str) -> None:
+    parsed = parse_url(url)
+    if parsed.dialect != "sqlite" and (parsed.host or "localhost") not in LOOPBACK:
+        raise SystemExit(f"chaos: refusing {parsed.safe}: the soak only talks to loopback")
+
+
+def with_query(url: str, **params: str) -> str:
+    parts = urlsplit(url)
+    query = dict(parse_qsl(parts.query, keep_blank_values=True))
+    query.update(params)
+    return urlunsplit(parts._replace(query=urlencode(query)))
+
+
+def with_user(url: str, user: str, password: str) -> str:
+    parts = urlsplit(url)
+    host = parts.hostname or "127.0.0.1"
+    netloc = f"{quote(user, safe='')}:{quote(password, safe='')}@{host}"
+    if parts.port:
+        netloc += f":{parts.port}"
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def connect(url: str, *, autocommit: bool) -> Any:
+    """A plain driver connection with short timeouts (not dblock's)."""
+    parsed = parse_url(url)
+    if parsed.dialect == "sqlite":
+        return sqlite3.connect(parsed.database, timeout=10, isolation_level=None)
+    if parsed.dialect == "postgresql":
+        import psycopg
+
+        return psycopg.connect(
+            url,
+            autocommit=autocommit,
+            connect_timeout=5,
+            options="-c statement_timeout=10000 -c lock_timeout=10000",
+        )
+    import pymysql
+
+    return pymysql.connect(
+        host=parsed.host or "127.0.0.1",
+        port=parsed.port or 3306,
+        user=parsed.user or "root",
+        password=parsed.password or "",
+        database=parsed.database or None,
+        autocommit=autocommit,
+        connect_timeout=5,
+        read_timeout=15,
+        write_timeout=15,
+        charset="utf8mb4",
+    )
+
+
+def q(dialect: str, name: str) -> str:
+    return f"`{name}`" if dialect == "mysql" else f'"{name}"'
+
+
+def mark(dialect: str) -> str:
+    return "?" if dialect == "sqlite" else "%s"
+
+
+def create_tables(url: str, resource: str, audit: str, keys: int) -> None:
+    """The protected resource (one row per key) and the audit of accepted writes.
+
+    The audit row is inserted in the transaction of the accepted write, after the UPDATE
+    took the row lock, so its ``seq`` orders the accepted writes of one resource by commit.
+    """
+    d = dialect_of(url)
+    seq = {
+        "sqlite": "seq INTEGER PRIMARY KEY AUTOINCREMENT",
+        "postgresql": "seq BIGSERIAL PRIMARY KEY",
+        "mysql": "seq BIGINT AUTO_INCREMENT PRIMARY KEY",
+    }[d]
+    conn = connect(url, autocommit=True)
+    try:
+        cur = conn.cursor()
+        cur.execute(
+            f"CREATE TABLE {q(d, resource)} (rid INTEGER PRIMARY KEY, writer VARCHAR(255), "
+            "writes INTEGER NOT NULL DEFAULT 0, fence_token BIGINT)"
+        )
+        cur.execute(
+            f"CREATE TABLE {q(d, audit)} ({seq}, rid INTEGER NOT NULL, token BIGINT NOT NULL, "
+            "owner VARCHAR(255) NOT NULL)"
+        )
+        for rid in range(keys):
+            cur.execute(
+                f"INSERT INTO {q(d, resource)} (rid, writes, fence_token) "
+                f"VALUES ({mark(d)}, 0, NULL)",
+                (rid,),
+            )
+    finally:
+        conn.close()
+
+
+def drop_tables(url: str, names: list[str]) -> None:
+    """Drop tables, and for a dblock lock table what lives beside it."""
+    from dblock.backends._names import aux_name
+
+    d = dialect_of(url)
+    conn = connect(url, autocommit=True)
+    try:
+        cur = conn.cursor()
+        for name in names:
+            for table in (name, aux_name(name, "_meta"), aux_name(name, "_holders")):
+                cur.execute(f"DROP TABLE IF EXISTS {q(d, table)}")
+            if d == "postgresql":
+                cur.execute(f"DROP SEQUENCE IF EXISTS {q(d, aux_name(name, '_token_seq'))}")
+    finally:
+        conn.close()
+
+
+class FencedWriter:
+    """A worker's own connection to the protected table: one fenced write per hold."""
+
+    def __init__(self, url: str, resource: str, audit: str) -> None:
+        self.url = url
+        self.dialect = dialect_of(url)
+        self.stmt = dblock.fencing.fenced_update(
+            self.dialect,
+            resource,
+            ["writer"],
+            ["rid"],
+            token_column="fence_token",  # noqa: S106
+        )
+        self.audit_sql = (
+            f"INSERT INTO {q(self.dialect, audit)} (rid, token, owner) "
+            f"VALUES ({mark(self.dialect)}, {mark(self.dialect)}, {mark(self.dialect)})"
+        )
+        self.conn: Any = None
+
+    def write(self, rid: int, token: int, owner: str) -> bool:
+        """True if accepted, False if fenced off; raises the driver's error on failure."""
+        if self.conn is None:
+            self.conn = connect(self.url, autocommit=self.dialect == "sqlite")
+        conn = self.conn
+        try:
+            cur = conn.cursor()
+            if self.dialect == "sqlite":
+                cur.execute("BEGIN IMMEDIATE")
+            accepted = self.stmt.execute(cur, [owner], [rid], token)
+            if accepted:
+                cur.execute(self.audit_sql, (rid, token, owner))
+            if self.dialect == "sqlite":
+                cur.execute("COMMIT")
+            else:
+                conn.commit()
+        except BaseException:
+            self.close()
+            raise
+        return accepted
+
+    def close(self) -> None:
+        conn, self.conn = self.conn, None
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                conn.close()
+
+
+def read_audit(url: str, audit: str, resource: str) -> tuple[list[tuple[int, int, int, str]], Any]:
+    """(seq, rid, token, owner) in commit order per resource, and the final resource rows."""
+    d = dialect_of(url)
+    last: Exception | None = None
+    for _ in range(30):
+        try:
+            conn = connect(url, autocommit=True)
+        except Exception as exc:
+            last = exc
+            time.sleep(1)
+            continue
+        try:
+            cur = conn.cursor()
+            cur.execute(f"SELECT seq, rid, token, owner FROM {q(d, audit)} ORDER BY seq")
+            rows = [(int(a), int(b), int(c), str(e)) for a, b, c, e in cur.fetchall()]
+            cur.execute(f"SELECT rid, writer, fence_token FROM {q(d, resource)} ORDER BY rid")
+            final = cur.fetchall()
+            return rows, final
+        finally:
+            conn.close()
+    raise RuntimeError(f"cannot read the audit table: {last}")
+
+
+# -- tagging the workers' sessions (server-side faults touch only these) -------------------
+def mysql_create_user(admin_url: str, user: str, password: str) -> None:
+    conn = connect(admin_url, autocommit=True)
+    try:
+        cur = conn.cursor()
+        db = parse_url(admin_url).database or "test"
+        for host in ("%", "localhost", "127.0.0.1"):
+            cur.execute("CREATE USER IF NOT EXISTS %s@%s IDENTIFIED BY %s", (user, host, password))
+            cur.execute(f"GRANT ALL PRIVILEGES ON `{db}`.* TO %s@%s", (user, host))
+    finally:
+        conn.close()
+
+
+def mysql_drop_user(admin_url: str, user: str) -> None:
+    conn = connect(admin_url, autocommit=True)
+    try:
+        cur = conn.cursor()
+        for host in ("%", "localhost", "127.0.0.1"):
+            cur.execute(f"DROP USER IF EXISTS '{user}'@'{host}'")
+    finally:
+        conn.close()
+
+
+def kill_sessions(admin_url: str, tag: str) -> int:
+    """Terminate the tagged sessions from the server side; return how many."""
+    d = dialect_of(admin_url)
+    conn = connect(admin_url, autocommit=True)
+    try:
+        cur = conn.cursor()
+        if d == "postgresql":
+            cur.execute(
+                "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity "
+                "WHERE application_name = %s AND pid <> pg_backend_pid()",
+                (tag,),
+            )
+            return int(cur.fetchone()[0])
+        cur.execute("SELECT id FROM information_schema.processlist WHERE user = %s", (tag,))
+        killed = 0
+        for (sid,) in cur.fetchall():
+            try:
+                cur.execute(f"KILL {int(sid)}")
+                killed += 1
+            except Exception as exc:  # 1094: gone already
+                if not exc.args or exc.args[0] != 1094:
+                    raise
+        return killed
+    finally:
+        conn.close()
+
+
+# -- server restarts (PostgreSQL and MariaDB on this host) --------------------------------
+def _run(cmd: list[str], timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def pg_cluster() -> str:
+    return sorted(os.listdir("/etc/postgresql"))[0]
+
+
+def server_up(dialect: str) -> bool:
+    if dialect == "postgresql":
+        return _run(["pg_isready", "-q", "-h", "127.0.0.1"], 10).returncode == 0
+    return _run(["mariadb-admin", "-uroot", "-h127.0.0.1", "ping"], 10).returncode == 0
+
+
+def stop_server(dialect: str) -> None:
+    if dialect == "postgresql":
+        _run(
+            [
+                "pg_ctlcluster",
+                "--skip-systemctl-redirect",
+                "-m",
+                "fast",
+                pg_cluster(),
+                "main",
+                "stop",
+            ],
+            60,
+        )
+        return
+    _run(["mariadb-admin", "-uroot", "-h127.0.0.1", "shutdown"], 60)
+    for _ in range(300):  # wait until the process is gone before starting a new one
+        if _run(["pidof", "mariadbd"], 5).returncode != 0:
+            return
+        time.sleep(0.1)
+
+
+def start_server(dialect: str, wait: float = 60) -> bool:
+    """Start the server (idempotent) and wait until it answers; True if it does."""
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline:
+        if dialect == "postgresql":
+            ctl = ["pg_ctlcluster", "--skip-systemctl-redirect", pg_cluster(), "main", "start"]
+            if _run(["pg_isready", "-q", "-h", "127.0.0.1"], 10).returncode != 0:
+                _run(ctl, 60)
+        elif _run(["pidof", "mariadbd"], 5).returncode != 0:
+            _run(
+                [
+                    "start-stop-daemon",
+                    "--start",
+                    "--oknodo",
+                    "--background",
+                    "--exec",
+                    "/usr/sbin/mariadbd",
+                ],
+                30,
+            )
+        for _ in range(20):
+            if server_up(dialect):
+                return True
+            time.sleep(0.25)
+    return server_up(dialect)

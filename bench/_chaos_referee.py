@@ -1,0 +1,264 @@
+"""The referee: reads the workers' logs, the orchestrator's fault log and the audit table
+(the database's own record of accepted writes, in commit order), and judges.
+
+Violations (each must be 0):
+
+* ``order``: an accepted write's token is not greater than the previous accepted write's on
+  the same resource (commit order from the audit table).
+* ``overlap``: two holds of one resource overlapped in time, both writes were accepted, and
+  the one that committed later carries the smaller token.
+* ``final``: the resource row does not end with the token and writer of its last accepted
+  write.
+* ``audit``: a worker saw its write accepted but the audit table has no such write.
+* ``mutex``: two holds of one key were live at once by the lock's own account: the later one
+  was acquired before the earlier one's release was sent, and that release still succeeded.
+* ``token``: a hold acquired after another hold of the same key had been acquired carries a
+  token that is not greater.
+* ``escape``: an exception outside dblock's hierarchy came out of dblock.
+* ``hang``: a process did not end by the deadline plus grace.
+"""
+
+from __future__ import annotations
+
+import glob
+import itertools
+import json
+import os
+from collections import Counter, defaultdict
+from typing import Any
+
+
+def load_logs(run_dir: str) -> list[dict[str, Any]]:
+    events: list[dict[str, Any]] = []
+    for path in sorted(glob.glob(os.path.join(run_dir, "w*.jsonl"))):
+        with open(path, encoding="utf-8") as fh:
+            for line in fh:
+                try:
+                    events.append(json.loads(line))
+                except json.JSONDecodeError:
+                    continue  # a line cut by SIGKILL
+    return events
+
+
+def judge(
+    *,
+    events: list[dict[str, Any]],
+    faults: list[dict[str, Any]],
+    deaths: dict[int, float],
+    hung: list[int],
+    audit: list[tuple[int, int, int, str]],
+    final: list[Any],
+    run_end: float,
+    ttl: float,
+) -> dict[str, Any]:
+    holds: dict[str, dict[str, Any]] = {}
+    violations: list[str] = []
+    counts: Counter[str] = Counter()
+    for ev in events:
+        kind = ev["ev"]
+        counts["ev_" + kind] += 1
+        if kind in ("hold", "write", "end"):
+            h = holds.setdefault(ev["owner"], {"owner": ev["owner"]})
+            h.update({k: v for k, v in ev.items() if k not in ("ev", "t")})
+            if kind == "end":
+                h["ended"] = ev["rel_ret"]
+        elif kind == "escape":
+            violations.append(f"escape: {ev.get('op')}: {ev.get('cls')}: {ev.get('msg')}")
+        elif kind == "error":
+            counts[f"error_{ev.get('op')}"] += 1
+        elif kind == "slow":
+            counts["slow_acquire"] += 1
+            counts["slow_max_ms"] = max(counts["slow_max_ms"], int(1000 * ev["took"]))
+    for h in holds.values():
+        if "ended" not in h:  # killed, or still stopped at the end: the hold ends with it
+            h["ended"] = deaths.get(h["pid"], run_end)
+            h.setdefault("outcome", "died")
+        counts["release_" + h.get("outcome", "none")] += 1
+        if "accepted" in h:
+            acc = h["accepted"]
+            counts["write_" + {True: "accepted", False: "rejected", None: "error"}[acc]] += 1
+        if h.get("on_lost"):
+            counts["on_lost"] += 1
+
+    by_key: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for h in holds.values():
+        if "got" in h:
+            by_key[h["key"]].append(h)
+    overlaps = 0
+    for hs in by_key.values():
+        hs.sort(key=lambda h: h["got"])
+        for i, a in enumerate(hs):
+            for b in hs[i + 1 :]:
+                if b["got"] >= a["ended"]:
+                    break
+                if b["got"] < a.get("rel_sent", a["ended"]):
+                    overlaps += 1  # b acquired before a's release was even sent
+    violations += exclusion_violations(by_key)
+
+    # the database's record of accepted writes
+    by_rid: dict[int, list[tuple[int, int, str]]] = defaultdict(list)
+    for seq, rid, token, owner in audit:
+        by_rid[rid].append((seq, token, owner))
+    audited = {(owner, token) for _, _, token, owner in audit}
+    for h in holds.values():
+        if h.get("accepted") is True and (h["owner"], h["token"]) not in audited:
+            violations.append(f"audit: write of token {h['token']} by {h['owner']} not audited")
+    for rid, writes in by_rid.items():
+        for (_, t1, _), (_, t2, _) in itertools.pairwise(writes):
+            if t2 <= t1:
+                violations.append(f"order: resource {rid}: token {t2} accepted after {t1}")
+        # overlapping holds whose accepted writes committed against token order
+        spans = []
+        for seq, token, owner in writes:
+            h = holds.get(owner)
+            if h is not None and "got" in h:
+                spans.append((h["got"], h["ended"], seq, token))
+        spans.sort()
+        for i, (_s1, e1, q1, t1) in enumerate(spans):
+            for s2, _e2, q2, t2 in spans[i + 1 :]:
+                if s2 >= e1:
+                    break
+                later, earlier = (t2, t1) if q2 > q1 else (t1, t2)
+                if later <= earlier:
+                    violations.append(
+                        f"overlap: resource {rid}: overlapping holds' writes committed with "
+                        f"token {later} after {earlier}"
+                    )
+    for rid, writer, token in final:
+        writes = by_rid.get(int(rid), [])
+        if writes:
+            _, last_token, last_owner = writes[-1]
+            if token is None or int(token) != last_token or writer != last_owner:
+                violations.append(
+                    f"final: resource {rid} ends with token {token}, last accepted {last_token}"
+                )
+        elif token is not None:
+            violations.append(f"final: resource {rid} has token {token} but no audited write")
+
+    for pid in hung:
+        violations.append(f"hang: process {pid} had not ended by the deadline plus grace")
+
+    # availability after each fault
+    recovery: dict[str, list[float]] = defaultdict(list)
+    unrecovered: Counter[str] = Counter()
+    for f in faults:
+        keys = [f["key"]] if f.get("key") else list(by_key) or []
+        worst = 0.0
+        for key in keys:
+            after = [
+                h["got"]
+                for h in by_key.get(key, [])
+                if h["got"] > f["start"] and h["owner"] != f.get("owner")
+            ]
+            if after:
+                worst = max(worst, min(after) - f["start"])
+            elif f["start"] < run_end - 3 * ttl - 10:
+                unrecovered[f["kind"]] += 1
+                worst = float("inf")
+        f["recovery"] = worst
+        if worst != float("inf"):
+            recovery[f["kind"]].append(worst)
+
+    return {
+        "holds": len([h for h in holds.values() if "got" in h]),
+        "faults": dict(Counter(f["kind"] for f in faults)),
+        "fault_durations": {
+            k: max((f["end"] - f["start"]) for f in faults if f["kind"] == k)
+            for k in {f["kind"] for f in faults}
+        },
+        "recovery_worst": {k: max(v) for k, v in recovery.items()},
+        "recovery_median": {k: sorted(v)[len(v) // 2] for k, v in recovery.items()},
+        "unrecovered": dict(unrecovered),
+        "accepted": counts["write_accepted"],
+        "rejected_stale": counts["write_rejected"],
+        "write_errors": counts["write_error"],
+        "released_ok": counts["release_ok"],
+        "released_lost": counts["release_lost"],
+        "release_errors": counts["release_error"],
+        "died_holding": counts["release_died"],
+        "on_lost_calls": counts["on_lost"],
+        "acquire_errors": counts["error_acquire"],
+        "overlapping_holds": overlaps,
+        "audited_writes": len(audit),
+        "hung": len(hung),
+        "slow_acquires": counts["slow_acquire"],
+        "slow_acquire_max": counts["slow_max_ms"] / 1000,
+        "violations": violations,
+    }
+
+
+def exclusion_violations(by_key: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """The lock's own account of mutual exclusion, from the holders' logs.
+
+    Database order of two acquisitions of one key is their token order. If ``hi`` (the later
+    token) had been granted — its acquire call returned — before ``lo``'s release was even
+    sent, and that release still succeeded, both leases were live at once: a violation.
+    Timestamps of when a call *returned* are never used as the database's order (a holder
+    paused inside acquire returns late with an old, already expired token).
+    Also: a hold whose acquire was sent after another's had returned has the greater token.
+    """
+    found = []
+    for key, hs in by_key.items():
+        by_token = sorted(hs, key=lambda h: h["token"])
+        for i, lo in enumerate(by_token):
+            rel = lo.get("rel_sent") if lo.get("outcome") == "ok" else None
+            for hi in by_token[i + 1 :]:
+                if rel is not None and hi["got"] < rel:
+                    found.append(
+                        f"mutex: {key}: token {hi['token']} was granted (by {hi['got']:.3f}) "
+                        f"before the release of token {lo['token']} was sent "
+                        f"({rel:.3f}), and that release succeeded"
+                    )
+                if hi["token"] == lo["token"] or lo["sent"] > hi["got"]:
+                    found.append(
+                        f"token: {key}: token {hi['token']} was granted before an "
+                        f"acquisition sent later got token {lo['token']}"
+                    )
+    return found
+
+
+def render(summary: dict[str, Any], header: str) -> str:
+    rows = [
+        ("holds", summary["holds"]),
+        ("fenced writes accepted", summary["accepted"]),
+        ("stale writes rejected by fencing", summary["rejected_stale"]),
+        ("fenced writes failed (db error)", summary["write_errors"]),
+        ("overlapping holds (lease ran out under a holder)", summary["overlapping_holds"]),
+        (
+            "releases ok / LockLost / error / died holding",
+            f"{summary['released_ok']} / {summary['released_lost']} / "
+            f"{summary['release_errors']} / {summary['died_holding']}",
+        ),
+        ("on_lost callbacks", summary["on_lost_calls"]),
+        ("acquire errors (BackendError)", summary["acquire_errors"]),
+        (
+            "acquire(timeout=T) overran T by > 5 s (longest)",
+            f"{summary['slow_acquires']} ({summary['slow_acquire_max']:.1f} s)",
+        ),
+        ("hung processes", summary["hung"]),
+        ("violations", len(summary["violations"])),
+    ]
+    width = max(len(r[0]) for r in rows) + 2
+    out = [header, "-" * len(header)]
+    out += [f"{name:<{width}}{value}" for name, value in rows]
+    out.append("")
+    out.append(
+        f"{'fault':<14}{'count':>6}{'longest s':>11}{'recovery median s':>19}"
+        f"{'worst s':>9}{'unrecovered':>13}"
+    )
+    for kind in sorted(summary["faults"]):
+        med = summary["recovery_median"].get(kind)
+        worst = summary["recovery_worst"].get(kind)
+        out.append(
+            f"{kind:<14}{summary['faults'][kind]:>6}{summary['fault_durations'][kind]:>11.2f}"
+            f"{'-' if med is None else f'{med:.2f}':>19}"
+            f"{'-' if worst is None else f'{worst:.2f}':>9}"
+            f"{summary['unrecovered'].get(kind, 0):>13}"
+        )
+    if summary["faults"].get("pause", 0) >= 5 and summary["rejected_stale"] == 0:
+        out.append("NOTE no stale write was rejected although holders were paused")
+    for v in summary["violations"][:20]:
+        out.append("VIOLATION " + v)
+    if len(summary["violations"]) > 20:
+        out.append(f"... and {len(summary['violations']) - 20} more")
+    return "\n".join(out)

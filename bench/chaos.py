@@ -1,0 +1,482 @@
+"""Fault-injection soak for dblock (issue 7): crash, pause and cut off lock holders, restart
+the database, and let an independent referee check that the fenced resource never accepted a
+stale write and that no process hung.
+
+    python bench/chaos.py --url postgresql://postgres@127.0.0.1:5432/test --duration 60 \\
+        [--workers 8] [--keys 3] [--ttl 2] [--restart-server] [--json summary.json]
+
+Workers (``_chaos_worker.py``) take ``--keys`` keys with ``--ttl`` leases and, in each hold,
+make one fenced write (``dblock.fencing``) to a protected table; half of them use
+``auto_renew``. Beside them the injector picks, every ``--fault-interval`` seconds:
+
+* ``kill``: SIGKILL the process that holds a key (from ``client.info``), start a new worker;
+* ``pause``: SIGSTOP a holder for 1.5-3 leases, then SIGCONT (its write is then stale);
+* ``connkill``: terminate the workers' sessions from the server side (PostgreSQL
+  ``pg_terminate_backend`` by ``application_name``; MariaDB ``KILL`` by a user made for the
+  run) — PostgreSQL and MySQL/MariaDB;
+* ``restart``: stop and start the database server (``--restart-server``, at most one per
+  ``--restart-gap`` seconds; it disturbs every other client of the server) — PostgreSQL and
+  MariaDB on this host;
+* ``filelock``: hold ``BEGIN EXCLUSIVE`` on the SQLite file for 1.5-2.5 leases — SQLite.
+
+The referee (``_chaos_referee.py``) is described there. Exit status: 0 clean, 1 violations
+or hangs, 2 bad arguments, 3 the database was unreachable at the start, 130 interrupted.
+Only loopback URLs are accepted; every process started here is ended on exit (Ctrl-C too),
+and the server is started again if a restart fault had stopped it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import random
+import secrets
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import _chaos_db as db  # noqa: E402
+import _chaos_referee as referee  # noqa: E402
+import dblock  # noqa: E402
+
+FAULTS = ("kill", "pause", "connkill", "restart", "filelock")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    p.add_argument("--url", required=True, help="database URL (loopback only)")
+    p.add_argument("--duration", type=float, default=60.0, help="seconds of load (default 60)")
+    p.add_argument("--workers", type=int, default=8)
+    p.add_argument("--keys", type=int, default=3)
+    p.add_argument("--ttl", type=float, default=2.0, help="lease in seconds (default 2)")
+    p.add_argument(
+        "--restart-server",
+        action="store_true",
+        help="include server restarts (PostgreSQL/MariaDB on this host)",
+    )
+    p.add_argument(
+        "--restart-gap",
+        type=float,
+        default=15.0,
+        help="at least this many seconds between two server restarts (default 15)",
+    )
+    p.add_argument(
+        "--faults",
+        default=",".join(FAULTS),
+        help="comma-separated fault kinds to use where they apply",
+    )
+    p.add_argument(
+        "--fault-interval",
+        default="1.0,4.0",
+        metavar="MIN,MAX",
+        help="seconds between faults, uniformly drawn (default 1.0,4.0)",
+    )
+    p.add_argument(
+        "--grace",
+        type=float,
+        default=30.0,
+        help="seconds after the deadline before a live process counts as hung",
+    )
+    p.add_argument("--no-auto-renew", action="store_true", help="no auto_renew workers")
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--json", help="write the summary as JSON to this file")
+    p.add_argument(
+        "--keep", action="store_true", help="keep the worker logs (the tables are always dropped)"
+    )
+    args = p.parse_args(argv)
+    try:
+        lo, hi = (float(x) for x in args.fault_interval.split(","))
+    except ValueError:
+        p.error("--fault-interval takes MIN,MAX")
+    if not (0 < lo <= hi) or args.duration <= 0 or args.ttl <= 0:
+        p.error("durations must be positive (and MIN <= MAX)")
+    if not (1 <= args.workers <= 64 and 1 <= args.keys <= 100):
+        p.error("--workers must be 1..64 and --keys 1..100")
+    args.interval = (lo, hi)
+    unknown = set(args.faults.split(",")) - set(FAULTS)
+    if unknown:
+        p.error(f"unknown fault kinds {sorted(unknown)}; choose from {', '.join(FAULTS)}")
+    return args
+
+
+class Soak:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.rng = random.Random(args.seed)
+        self.admin_url: str = args.url
+        self.dialect = db.dialect_of(args.url)
+        run = secrets.token_hex(4)
+        self.run = run
+        self.table = f"chaos_locks_{run}"
+        self.resource = f"chaos_res_{run}"
+        self.audit = f"chaos_audit_{run}"
+        self.dir = tempfile.mkdtemp(prefix=f"dblock-chaos-{run}-")
+        self.tag = f"dblock_chaos_{run}"
+        self.password = ""
+        self.worker_url = args.url
+        self.procs: dict[int, subprocess.Popen[bytes]] = {}
+        self.killed: set[int] = set()
+        self.deaths: dict[int, float] = {}
+        self.crashes: list[str] = []
+        self.faults: list[dict[str, Any]] = []
+        self.server_down = False
+        self.sqlite_lock: sqlite3.Connection | None = None
+        self.stopped: set[int] = set()
+        self.next_index = 0
+        self.kinds = self._kinds()
+        self.observer: dblock.Client | None = None
+        self.last_restart = -math.inf
+
+    def _kinds(self) -> list[str]:
+        wanted = set(self.args.faults.split(","))
+        ok = {"kill", "pause"}
+        if self.dialect == "sqlite":
+            ok.add("filelock")
+        else:
+            ok.add("connkill")
+            if self.args.restart_server:
+                ok.add("restart")
+        return sorted(wanted & ok)
+
+    # -- setup ------------------------------------------------------------------------------
+    def setup(self) -> None:
+        if self.dialect == "postgresql":
+            self.worker_url = db.with_query(self.args.url, application_name=self.tag)
+        elif self.dialect == "mysql":
+            # a user of its own tags the workers' sessions; its password has URL-special
+            # characters, and the referee checks it never shows up in a message
+            self.password = "p@ss:/%" + secrets.token_hex(6)
+            db.mysql_create_user(self.admin_url, self.tag, self.password)
+            self.worker_url = db.with_user(self.args.url, self.tag, self.password)
+        with dblock.connect(self.worker_url, table=self.table):
+            pass  # creates the lock table
+        db.create_tables(self.admin_url, self.resource, self.audit, self.args.keys)
+        self.start = time.monotonic()
+        self.deadline = self.start + self.args.duration
+        config = {
+            "url": self.worker_url,
+            "table": self.table,
+            "resource": self.resource,
+            "audit": self.audit,
+            "keys": self.args.keys,
+            "ttl": self.args.ttl,
+            "deadline": self.deadline,
+            "dir": self.dir,
+            "auto_renew": not self.args.no_auto_renew,
+        }
+        self.config_path = os.path.join(self.dir, "config.json")
+        with open(self.config_path, "w", encoding="utf-8") as fh:
+            json.dump(config, fh)
+        for _ in range(self.args.workers):
+            self.spawn()
+
+    def spawn(self) -> None:
+        index = self.next_index
+        self.next_index += 1
+        err = open(os.path.join(self.dir, f"stderr-{index}.txt"), "wb")  # noqa: SIM115
+        proc = subprocess.Popen(
+            [sys.executable, str(HERE / "_chaos_worker.py"), self.config_path, str(index)],
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            start_new_session=True,
+        )
+        err.close()
+        self.procs[proc.pid] = proc
+
+    # -- faults -----------------------------------------------------------------------------
+    def holder(self, youngest: bool = False) -> tuple[int, str, str] | None:
+        """(pid, key, owner) of a worker that holds a key now, by the lock table.
+
+        ``youngest``: the most recent acquisition, which has most likely not written yet (a
+        pause then turns its write stale); otherwise any holder.
+        """
+        keys = [f"chaos:{i}" for i in range(self.args.keys)]
+        self.rng.shuffle(keys)
+        found = []
+        try:
+            if self.observer is None:
+                self.observer = dblock.connect(self.admin_url, table=self.table)
+            for key in keys:
+                info = self.observer.info(key)
+                if info is None:
+                    continue
+                pid = int(info.owner.rsplit(":", 3)[1])
+                proc = self.procs.get(pid)
+                if proc is not None and proc.poll() is None and pid not in self.killed:
+                    found.append((info.acquired_at, pid, key, info.owner))
+        except dblock.BackendError:
+            pass
+        if not found:
+            return None
+        _, pid, key, owner = max(found) if youngest else found[0]
+        return pid, key, owner
+
+    def sleep_until(self, t: float) -> None:
+        while True:
+            left = min(t, self.deadline) - time.monotonic()
+            if left <= 0:
+                return
+            time.sleep(min(left, 0.2))
+            self.reap()
+
+    def inject(self, kind: str) -> None:
+        record: dict[str, Any] = {"kind": kind, "start": time.monotonic()}
+        ttl = self.args.ttl
+        if kind in ("kill", "pause"):
+            found = None
+            for _ in range(20):  # bounded: about 2 s of looking for a holder
+                found = self.holder(youngest=kind == "pause")
+                if found is not None:
+                    break
+                time.sleep(0.1)
+            if found is None:
+                print(f"  {time.monotonic() - self.start:6.1f}s  {kind:<9} skipped: no holder")
+                return
+            pid, key, owner = found
+            record.update(pid=pid, key=key, owner=owner, start=time.monotonic())
+            if kind == "kill":
+                os.kill(pid, signal.SIGKILL)
+                self.killed.add(pid)
+                self.deaths[pid] = time.monotonic()
+                self.procs[pid].wait(timeout=10)
+                self.spawn()
+            else:
+                os.kill(pid, signal.SIGSTOP)
+                self.stopped.add(pid)
+                try:
+                    self.sleep_until(time.monotonic() + self.rng.uniform(1.5, 3.0) * ttl)
+                finally:
+                    os.kill(pid, signal.SIGCONT)
+                    self.stopped.discard(pid)
+        elif kind == "connkill":
+            record["detail"] = db.kill_sessions(self.admin_url, self.tag)
+        elif kind == "restart":
+            self.server_down = True
+            try:
+                db.stop_server(self.dialect)
+                record["down_at"] = time.monotonic()
+                time.sleep(self.rng.uniform(0.5, 2.0))
+            finally:
+                record["up"] = db.start_server(self.dialect)
+                self.server_down = not record["up"]
+            if self.observer is not None:
+                with contextlib.suppress(dblock.DBLockError):
+                    self.observer.close()
+                self.observer = None
+        elif kind == "filelock":
+            conn = sqlite3.connect(
+                db.parse_url(self.worker_url).database, timeout=10, isolation_level=None
+            )
+            self.sqlite_lock = conn
+            try:
+                conn.execute("BEGIN EXCLUSIVE")
+                record["start"] = time.monotonic()
+                self.sleep_until(time.monotonic() + self.rng.uniform(1.5, 2.5) * ttl)
+                conn.execute("ROLLBACK")
+            finally:
+                conn.close()
+                self.sqlite_lock = None
+        record["end"] = time.monotonic()
+        self.faults.append(record)
+        print(
+            f"  {record['start'] - self.start:6.1f}s  {kind:<9} "
+            f"{record['end'] - record['start']:5.2f}s  "
+            f"{record.get('key') or record.get('detail') or ''}",
+            flush=True,
+        )
+
+    def reap(self) -> None:
+        """Notice workers that ended on their own before the deadline; start new ones."""
+        for pid, proc in list(self.procs.items()):
+            code = proc.poll()
+            if code is None or pid in self.killed or pid in self.deaths:
+                continue
+            self.deaths[pid] = time.monotonic()
+            if time.monotonic() < self.deadline - 1:
+                self.crashes.append(f"worker {pid} exited early with status {code}")
+                self.spawn()
+
+    def inject_loop(self) -> None:
+        lo, hi = self.args.interval
+        count = 0
+        while time.monotonic() < self.deadline - 1 and count < 100_000:
+            count += 1
+            self.sleep_until(time.monotonic() + self.rng.uniform(lo, hi))
+            if time.monotonic() >= self.deadline - 1 or not self.kinds:
+                continue
+            kinds = self.kinds
+            if time.monotonic() - self.last_restart < self.args.restart_gap:
+                kinds = [k for k in kinds if k != "restart"] or kinds
+            kind = self.rng.choice(kinds)
+            if kind == "restart":
+                if time.monotonic() - self.last_restart < self.args.restart_gap:
+                    continue
+                self.last_restart = time.monotonic()
+            try:
+                self.inject(kind)
+            except (OSError, subprocess.SubprocessError, dblock.DBLockError) as exc:
+                print(f"  fault failed: {type(exc).__name__}: {exc}", flush=True)
+            except Exception as exc:  # driver errors of the admin connection
+                print(f"  fault failed: {type(exc).__name__}: {exc}", flush=True)
+
+    # -- the end ----------------------------------------------------------------------------
+    def wait_workers(self) -> list[int]:
+        """Wait until deadline + grace; return the pids that had not ended (then kill them)."""
+        limit = self.deadline + self.args.grace
+        hung = []
+        for pid, proc in self.procs.items():
+            if pid in self.killed:
+                continue
+            try:
+                proc.wait(timeout=max(0.1, limit - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                hung.append(pid)
+                self.dump_stack(pid)
+            self.deaths.setdefault(pid, time.monotonic())
+        self.late = max(
+            (self.deaths[p] - self.deadline for p in self.procs if p not in self.killed),
+            default=0.0,
+        )
+        return hung
+
+    def dump_stack(self, pid: int) -> None:
+        """Best effort: py-spy, if installed, shows where a hung worker is."""
+        spy = shutil.which("py-spy")
+        if spy:
+            out = subprocess.run(
+                [spy, "dump", "--pid", str(pid)],
+                capture_output=True,
+                text=True,
+                timeout=30,
+                check=False,
+            )
+            with open(os.path.join(self.dir, f"hung-{pid}.txt"), "w", encoding="utf-8") as fh:
+                fh.write(out.stdout + out.stderr)
+
+    def cleanup(self) -> None:
+        for pid, proc in self.procs.items():
+            if proc.poll() is None:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGCONT)
+                    os.kill(pid, signal.SIGKILL)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(timeout=10)
+        if self.sqlite_lock is not None:
+            with contextlib.suppress(sqlite3.Error):
+                self.sqlite_lock.close()
+        if self.server_down or ("restart" in self.kinds and not db.server_up(self.dialect)):
+            print("chaos: starting the database server again", flush=True)
+            db.start_server(self.dialect, wait=120)
+        if self.observer is not None:
+            with contextlib.suppress(dblock.DBLockError):
+                self.observer.close()
+        try:
+            db.drop_tables(self.admin_url, [self.table, self.resource, self.audit])
+            if self.dialect == "mysql":
+                db.mysql_drop_user(self.admin_url, self.tag)
+        except Exception as exc:
+            print(f"chaos: cleanup of tables failed: {exc}", flush=True)
+        if self.args.keep:
+            print(f"chaos: logs kept in {self.dir}", flush=True)
+        else:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+    def referee(self, hung: list[int]) -> dict[str, Any]:
+        events = referee.load_logs(self.dir)
+        audit, final = db.read_audit(self.admin_url, self.audit, self.resource)
+        summary = referee.judge(
+            events=events,
+            faults=self.faults,
+            deaths=self.deaths,
+            hung=hung,
+            audit=audit,
+            final=final,
+            run_end=max(self.deaths.values(), default=self.deadline),
+            ttl=self.args.ttl,
+        )
+        summary["violations"] += [f"crash: {c}" for c in self.crashes]
+        if self.password:
+            blob = "\n".join(
+                Path(p).read_text(encoding="utf-8", errors="replace")
+                for p in Path(self.dir).glob("*")
+                if p.name != "config.json"
+            )
+            for secret in (self.password, quote(self.password, safe="")):
+                if secret in blob:
+                    summary["violations"].append("leak: the password appears in a log")
+        summary["exit_lag_max"] = self.late
+        summary["dialect"] = self.dialect
+        summary["duration"] = self.args.duration
+        summary["workers"] = self.args.workers
+        summary["keys"] = self.args.keys
+        summary["ttl"] = self.args.ttl
+        summary["workers_started"] = self.next_index
+        return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    db.check_loopback(args.url)
+    try:
+        dialect = db.dialect_of(args.url)
+    except dblock.ConfigurationError as exc:
+        print(f"chaos: {exc}", file=sys.stderr)
+        return 2
+    if dialect != "sqlite" and args.restart_server and not db.server_up(dialect):
+        print("chaos: the server is not up; not starting a soak with restarts", file=sys.stderr)
+        return 3
+
+    def on_term(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_term)
+    soak = Soak(args)
+    try:
+        try:
+            soak.setup()
+        except Exception as exc:  # the driver's errors too: unreachable, no privileges
+            print(f"chaos: cannot set up on {db.parse_url(args.url).safe}: {exc}", file=sys.stderr)
+            return 3
+        print(
+            f"chaos: {dialect}, {args.workers} workers, {args.keys} keys, ttl {args.ttl:g} s, "
+            f"{args.duration:g} s, faults: {', '.join(soak.kinds) or 'none'}",
+            flush=True,
+        )
+        soak.inject_loop()
+        soak.sleep_until(soak.deadline)
+        hung = soak.wait_workers()
+        summary = soak.referee(hung)
+    except KeyboardInterrupt:
+        print("chaos: interrupted; cleaning up", file=sys.stderr)
+        return 130
+    finally:
+        soak.cleanup()
+    header = (
+        f"dblock chaos soak: {dialect}, {args.duration:g} s, {args.workers} workers, "
+        f"{args.keys} keys, ttl {args.ttl:g} s"
+    )
+    print(referee.render(summary, header))
+    print(f"{'slowest exit after the deadline':<50}{summary['exit_lag_max']:.2f} s")
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as fh:
+            json.dump(summary, fh, indent=2, default=str)
+    bad = bool(summary["violations"]) or summary["hung"] > 0
+    print("RESULT: " + ("FAIL" if bad else "PASS"))
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

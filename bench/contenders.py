@@ -1,0 +1,555 @@
+"""One adapter per contender: dblock per backend, the raw floors of each driver, and the peers.
+
+An adapter is made inside the worker process that uses it (never shared across a fork) and has
+three methods: ``acquire()`` (blocking until the lock is had), ``release()`` and ``close()``.
+Drivers and peers are imported only when their adapter is made, so a missing peer makes only
+its own contender unavailable.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import sqlite3
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+
+class LockAdapter(Protocol):
+    def acquire(self) -> None: ...
+
+    def release(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class Targets:
+    """Where the servers are, and the table names used by this run."""
+
+    postgresql: str = "postgresql://postgres@127.0.0.1:5432/test"
+    mysql: str = "mysql://root@127.0.0.1:3306/test"
+    redis: str = "redis://127.0.0.1:6379/0"
+    sqlite_dir: str = "."
+    table: str = "dblock_bench_locks"
+    floor_table: str = "dblock_bench_floor"
+
+    @property
+    def sqlite_path(self) -> str:
+        return str(Path(self.sqlite_dir) / "bench.sqlite3")
+
+    @property
+    def sqlite(self) -> str:
+        return "sqlite:///" + self.sqlite_path
+
+    def url(self, backend: str) -> str:
+        return str(getattr(self, backend))
+
+
+Factory = Callable[[Targets, str], LockAdapter]
+
+
+@dataclass(frozen=True)
+class Contender:
+    """One line of the tables: a lock implementation on one backend."""
+
+    backend: str  # postgresql | mysql | sqlite | redis | local
+    name: str
+    kind: str  # dblock | floor | peer | broken
+    factory: Factory
+    #: False for the SELECT 1 floors: not a lock, measured in scenario (a) only
+    is_lock: bool = True
+    note: str = ""
+    #: dblock options, for the JSON
+    options: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def id(self) -> str:
+        return f"{self.backend}/{self.name}"
+
+
+def _backoff_sleeps(base: float = 0.001, cap: float = 0.1) -> Callable[[], float]:
+    """Decorrelated jitter, as a hand-written poller would do it."""
+    previous = base
+
+    def nxt() -> float:
+        nonlocal previous
+        previous = min(cap, random.uniform(base, previous * 3))
+        return previous
+
+    return nxt
+
+
+# -- dblock ---------------------------------------------------------------------------------
+class DblockAdapter:
+    def __init__(self, url: str, table: str, key: str, **options: Any) -> None:
+        import dblock
+
+        self.client = dblock.connect(url, table=table)
+        self.lock = self.client.lock(key, ttl=60, **options)
+
+    def acquire(self) -> None:
+        if not self.lock.acquire():
+            raise RuntimeError("dblock acquire returned False without a timeout")
+
+    def release(self) -> None:
+        self.lock.release()
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def _dblock_for(backend: str, **options: Any) -> Factory:
+    def make(t: Targets, key: str) -> LockAdapter:
+        return DblockAdapter(t.url(backend), t.table, key, **options)
+
+    return make
+
+
+# -- floors: SELECT 1 round trips -------------------------------------------------------------
+class RoundTrips:
+    """Not a lock: ``acquire`` and ``release`` are each zero or one ``SELECT 1`` round trip."""
+
+    def __init__(self, run: Callable[[], object], close: Callable[[], object], trips: int) -> None:
+        self._run = run
+        self._close = close
+        self._trips = trips
+
+    def acquire(self) -> None:
+        self._run()
+
+    def release(self) -> None:
+        if self._trips == 2:
+            self._run()
+
+    def close(self) -> None:
+        self._close()
+
+
+def _pg_connect(url: str) -> Any:
+    import psycopg
+
+    return psycopg.connect(url, autocommit=True)
+
+
+def _my_connect(url: str) -> Any:
+    from urllib.parse import urlsplit
+
+    import pymysql
+
+    p = urlsplit(url)
+    return pymysql.connect(
+        host=p.hostname or "127.0.0.1",
+        port=p.port or 3306,
+        user=p.username or "root",
+        password=p.password or "",
+        database=p.path.lstrip("/") or None,
+        autocommit=True,
+        charset="utf8mb4",
+    )
+
+
+def _sqlite_connect(path: str) -> sqlite3.Connection:
+    conn = sqlite3.connect(path, isolation_level=None, timeout=30, check_same_thread=False)
+    conn.execute("PRAGMA busy_timeout = 30000")
+    conn.execute("PRAGMA journal_mode = WAL")
+    return conn
+
+
+def _redis_client(url: str) -> Any:
+    import redis
+
+    return redis.Redis.from_url(url)
+
+
+def _select1(backend: str, trips: int) -> Factory:
+    def make(t: Targets, key: str) -> LockAdapter:
+        if backend == "postgresql":
+            conn = _pg_connect(t.postgresql)
+            return RoundTrips(lambda: conn.execute("SELECT 1").fetchone(), conn.close, trips)
+        if backend == "mysql":
+            conn = _my_connect(t.mysql)
+            cur = conn.cursor()
+
+            def run() -> object:
+                cur.execute("SELECT 1")
+                return cur.fetchone()
+
+            return RoundTrips(run, conn.close, trips)
+        if backend == "sqlite":
+            lite = _sqlite_connect(t.sqlite_path)
+            return RoundTrips(lambda: lite.execute("SELECT 1").fetchone(), lite.close, trips)
+        r = _redis_client(t.redis)
+        return RoundTrips(r.ping, r.close, trips)
+
+    return make
+
+
+# -- floor: the hand-written durable lock table ----------------------------------------------
+def floor_ddl(backend: str, table: str) -> list[str]:
+    """The hand-written lock table: key, owner, fencing token, lease end on the server clock."""
+    if backend == "postgresql":
+        return [
+            f'CREATE TABLE IF NOT EXISTS {table} (k text COLLATE "C" PRIMARY KEY, '
+            "owner text, token bigint NOT NULL, expires_at timestamptz NOT NULL)"
+        ]
+    if backend == "mysql":
+        return [
+            f"CREATE TABLE IF NOT EXISTS {table} (k VARCHAR(255) NOT NULL PRIMARY KEY, "
+            "owner VARCHAR(64), token BIGINT NOT NULL, expires_at DATETIME(6) NOT NULL) "
+            "ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin"
+        ]
+    return [
+        f"CREATE TABLE IF NOT EXISTS {table} (k TEXT PRIMARY KEY, owner TEXT, "
+        "token INTEGER NOT NULL, expires_at REAL NOT NULL) WITHOUT ROWID"
+    ]
+
+
+class FloorTable:
+    """One upsert to acquire (insert, or take over an expired row, returning the new token),
+    one conditional update to release; each its own autocommitted, durable statement."""
+
+    def __init__(self, backend: str, t: Targets, key: str) -> None:
+        self.key = key
+        self.owner = ""
+        self.sleeps = _backoff_sleeps()
+        tb = t.floor_table
+        if backend == "postgresql":
+            self.conn = _pg_connect(t.postgresql)
+            acquire_sql = (
+                f"INSERT INTO {tb} AS l (k, owner, token, expires_at) "
+                "VALUES (%s, %s, 1, now() + interval '60 seconds') "
+                "ON CONFLICT (k) DO UPDATE SET owner = EXCLUDED.owner, token = l.token + 1, "
+                "expires_at = EXCLUDED.expires_at WHERE l.expires_at <= now() RETURNING token"
+            )
+            release_sql = (
+                f"UPDATE {tb} SET owner = NULL, expires_at = now() WHERE k = %s AND owner = %s"
+            )
+            conn = self.conn
+
+            def try_once(owner: str) -> bool:
+                return conn.execute(acquire_sql, (key, owner)).fetchone() is not None
+
+            def free(owner: str) -> None:
+                conn.execute(release_sql, (key, owner))
+
+        elif backend == "mysql":
+            self.conn = _my_connect(t.mysql)
+            now = "UTC_TIMESTAMP(6)"
+            take = f"expires_at <= {now}"
+            # the column the condition tests is assigned last (left-to-right evaluation)
+            acquire_sql = (
+                f"INSERT INTO {tb} (k, owner, token, expires_at) "
+                f"VALUES (%s, %s, 1, {now} + INTERVAL 60 SECOND) ON DUPLICATE KEY UPDATE "
+                f"token = IF({take}, token + 1, token), "
+                f"owner = IF({take}, VALUES(owner), owner), "
+                f"expires_at = IF({take}, VALUES(expires_at), expires_at)"
+            )
+            release_sql = (
+                f"UPDATE {tb} SET owner = NULL, expires_at = {now} WHERE k = %s AND owner = %s"
+            )
+            cur = self.conn.cursor()
+
+            def try_once(owner: str) -> bool:
+                return bool(cur.execute(acquire_sql, (key, owner)) in (1, 2))
+
+            def free(owner: str) -> None:
+                cur.execute(release_sql, (key, owner))
+
+        else:
+            self.conn = _sqlite_connect(t.sqlite_path)
+            now = "((julianday('now') - 2440587.5) * 86400.0)"
+            acquire_sql = (
+                f"INSERT INTO {tb} AS l (k, owner, token, expires_at) "
+                f"VALUES (?, ?, 1, {now} + 60) ON CONFLICT (k) DO UPDATE SET "
+                "owner = excluded.owner, token = l.token + 1, expires_at = excluded.expires_at "
+                f"WHERE l.expires_at <= {now} RETURNING token"
+            )
+            release_sql = (
+                f"UPDATE {tb} SET owner = NULL, expires_at = {now} WHERE k = ? AND owner = ?"
+            )
+            lite = self.conn
+
+            def try_once(owner: str) -> bool:
+                return lite.execute(acquire_sql, (key, owner)).fetchone() is not None
+
+            def free(owner: str) -> None:
+                lite.execute(release_sql, (key, owner))
+
+        self._try = try_once
+        self._free = free
+
+    def acquire(self) -> None:
+        owner = uuid.uuid4().hex
+        sleeps = _backoff_sleeps()
+        while not self._try(owner):
+            time.sleep(sleeps())
+        self.owner = owner
+
+    def release(self) -> None:
+        self._free(self.owner)
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+def _floor_table(backend: str) -> Factory:
+    return lambda t, key: FloorTable(backend, t, key)
+
+
+# -- raw server lock queues -------------------------------------------------------------------
+def advisory_key(key: str) -> int:
+    return int.from_bytes(
+        hashlib.sha1(key.encode(), usedforsecurity=False).digest()[:8], "big", signed=True
+    )
+
+
+class PgAdvisory:
+    def __init__(self, t: Targets, key: str) -> None:
+        self.conn = _pg_connect(t.postgresql)
+        self.k = advisory_key(key)
+
+    def acquire(self) -> None:
+        self.conn.execute("SELECT pg_advisory_lock(%s)", (self.k,)).fetchone()
+
+    def release(self) -> None:
+        self.conn.execute("SELECT pg_advisory_unlock(%s)", (self.k,)).fetchone()
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+class MyGetLock:
+    def __init__(self, t: Targets, key: str) -> None:
+        self.conn = _my_connect(t.mysql)
+        self.cur = self.conn.cursor()
+        self.name = key[:64]
+
+    def acquire(self) -> None:
+        while True:
+            self.cur.execute("SELECT GET_LOCK(%s, 3600)", (self.name,))
+            if self.cur.fetchone()[0] == 1:
+                return
+
+    def release(self) -> None:
+        self.cur.execute("SELECT RELEASE_LOCK(%s)", (self.name,))
+        self.cur.fetchone()
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+# -- peers ------------------------------------------------------------------------------------
+class ToozAdapter:
+    def __init__(self, url: str, key: str, wait: float | None = None) -> None:
+        from tooz import coordination
+
+        self.coord = coordination.get_coordinator(url, uuid.uuid4().hex.encode())
+        self.coord.start(start_heart=False)
+        self.lock = self.coord.get_lock(key.encode())
+        self.wait = wait
+
+    def acquire(self) -> None:
+        if self.wait is None:
+            ok = self.lock.acquire(blocking=True)
+        else:
+            ok = self.lock.acquire(blocking=True, timeout=self.wait)
+        if not ok:
+            raise RuntimeError("tooz acquire returned False")
+
+    def release(self) -> None:
+        self.lock.release()
+
+    def close(self) -> None:
+        self.coord.stop()
+
+
+def _tooz(backend: str, wait: float | None = None) -> Factory:
+    def make(t: Targets, key: str) -> LockAdapter:
+        url = t.url(backend)
+        if backend == "redis":
+            url = url.rsplit("/", 1)[0] if url.count("/") > 2 else url
+        return ToozAdapter(url, key, wait)
+
+    return make
+
+
+class PalsAdapter:
+    def __init__(self, t: Targets, key: str) -> None:
+        import pals
+
+        self.locker = pals.Locker("dblock-bench", db_url=t.postgresql)
+        self.key = key
+        self.lock: Any = None
+
+    def acquire(self) -> None:
+        # a pals Lock closes its connection on release: one Lock object per acquisition
+        self.lock = self.locker.lock(self.key, acquire_timeout=600_000)
+        if not self.lock.acquire():
+            raise RuntimeError("pals acquire returned False")
+
+    def release(self) -> None:
+        self.lock.release()
+
+    def close(self) -> None:
+        self.locker.engine.dispose()
+
+
+class RedisPyAdapter:
+    def __init__(self, t: Targets, key: str) -> None:
+        self.r = _redis_client(t.redis)
+        self.lock = self.r.lock("bench:" + key, timeout=60, sleep=0.1)
+
+    def acquire(self) -> None:
+        if not self.lock.acquire(blocking=True):
+            raise RuntimeError("redis-py Lock.acquire returned False")
+
+    def release(self) -> None:
+        self.lock.release()
+
+    def close(self) -> None:
+        self.r.close()
+
+
+class RedisLockAdapter:
+    """python-redis-lock: waiters block on BLPOP of a signal list (pushed wake-ups)."""
+
+    def __init__(self, t: Targets, key: str) -> None:
+        import redis_lock
+
+        self.r = _redis_client(t.redis)
+        self.lock = redis_lock.Lock(self.r, "bench:" + key, expire=60)
+
+    def acquire(self) -> None:
+        if not self.lock.acquire(blocking=True):
+            raise RuntimeError("python-redis-lock acquire returned False")
+
+    def release(self) -> None:
+        self.lock.release()
+
+    def close(self) -> None:
+        self.r.close()
+
+
+class SherlockAdapter:
+    def __init__(self, t: Targets, key: str) -> None:
+        import sherlock
+
+        self.r = _redis_client(t.redis)
+        self.lock = sherlock.RedisLock(
+            "bench:" + key, client=self.r, expire=60, timeout=600, retry_interval=0.1
+        )
+
+    def acquire(self) -> None:
+        if not self.lock.acquire(blocking=True):
+            raise RuntimeError("sherlock acquire returned False")
+
+    def release(self) -> None:
+        self.lock.release()
+
+    def close(self) -> None:
+        self.r.close()
+
+
+class NoLock:
+    """Deliberately broken: a "lock" that does not lock (to prove the exclusion check works)."""
+
+    def __init__(self, t: Targets, key: str) -> None:
+        pass
+
+    def acquire(self) -> None:
+        pass
+
+    def release(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+# -- the registry -----------------------------------------------------------------------------
+BACKENDS = ("postgresql", "mysql", "sqlite", "redis")
+
+
+def all_contenders() -> list[Contender]:
+    c: list[Contender] = []
+    for b in ("postgresql", "mysql", "sqlite"):
+        c.append(Contender(b, "dblock", "dblock", _dblock_for(b)))
+        c.append(
+            Contender(
+                b, "dblock fair=True", "dblock", _dblock_for(b, fair=True), options={"fair": True}
+            )
+        )
+    for b in BACKENDS:
+        trip = "PING" if b == "redis" else "SELECT 1"
+        c.append(Contender(b, f"floor: {trip} x1", "floor", _select1(b, 1), is_lock=False))
+        c.append(Contender(b, f"floor: {trip} x2", "floor", _select1(b, 2), is_lock=False))
+    for b in ("postgresql", "mysql", "sqlite"):
+        c.append(
+            Contender(
+                b,
+                "floor: lock table",
+                "floor",
+                _floor_table(b),
+                note="hand-written upsert + conditional update, polling 1-100 ms with jitter",
+            )
+        )
+    c.append(
+        Contender("postgresql", "pg_advisory_lock", "floor", PgAdvisory, note="raw, psycopg 3")
+    )
+    c.append(Contender("mysql", "GET_LOCK", "floor", MyGetLock, note="raw, PyMySQL"))
+    c.append(Contender("postgresql", "tooz", "peer", _tooz("postgresql"), note="psycopg2"))
+    c.append(
+        Contender(
+            "postgresql",
+            "pals",
+            "peer",
+            PalsAdapter,
+            note="SQLAlchemy 2.1 (its default driver: psycopg 3)",
+        )
+    )
+    c.append(
+        Contender("mysql", "tooz", "peer", _tooz("mysql"), note="default: GET_LOCK(n, 0) + retry")
+    )
+    c.append(
+        Contender(
+            "mysql", "tooz timeout=600", "peer", _tooz("mysql", 600.0), note="server-side wait"
+        )
+    )
+    c.append(Contender("redis", "tooz", "peer", _tooz("redis"), note="redis-py Lock inside"))
+    c.append(Contender("redis", "sherlock", "peer", SherlockAdapter, note="polls every 0.1 s"))
+    c.append(Contender("redis", "python-redis-lock", "peer", RedisLockAdapter, note="BLPOP"))
+    c.append(Contender("redis", "redis-py Lock", "peer", RedisPyAdapter, note="polls every 0.1 s"))
+    c.append(Contender("local", "broken (no lock)", "broken", NoLock))
+    return c
+
+
+def select(
+    backends: list[str] | None, names: list[str] | None, *, include_broken: bool = False
+) -> list[Contender]:
+    """Contenders on ``backends`` whose name contains one of ``names`` (case-insensitive)."""
+    chosen = []
+    for c in all_contenders():
+        if c.kind == "broken":
+            if include_broken or (names and any(n.lower() in c.name for n in names)):
+                chosen.append(c)
+            continue
+        if backends and c.backend not in backends:
+            continue
+        if names and not any(_matches(n, c) for n in names):
+            continue
+        chosen.append(c)
+    return chosen
+
+
+def _matches(pattern: str, c: Contender) -> bool:
+    p = pattern.lower()
+    if p in ("floor", "floors"):
+        return c.kind == "floor"
+    if p == "peers":
+        return c.kind == "peer"
+    return p == c.name.lower() or p == c.id.lower() or (p in c.name.lower() and p != "lock")

@@ -1,0 +1,909 @@
+"""Run every contender side by side, alternating them round by round; print markdown, write JSON.
+
+    python -m bench                       # everything reachable, full budget (~15-20 min)
+    python -m bench --quick               # a smoke run (~2-3 min)
+    python -m bench --backends postgresql --scenarios a,b --contenders dblock,floor,pals
+
+Scenarios (issue 6):
+  a  uncontended acquire+release pairs/s on one key, one process
+  b  8 processes on one key, each section a read-modify-write of a shared counter file; lost
+     updates or overlapping holds make a contender FAILING; throughput, p99 wait, fairness
+     (fewest/most sections per worker), ideal FIFO wait (workers-1)/throughput and p99/ideal
+  c  hand-off: release -> acquisition by the (already blocked) waiter, median and p99
+  d  dblock with 10 / 1,000 / 100,000 other keys held: acquire+release rate; list() and
+     purge() over 100,000 rows
+  e  queries/s issued by 8 blocked waiters while a holder sits on the lock for 5 s
+
+Each measurement runs in fresh forked processes, contenders alternate in every round (the order
+rotates each round), figures are medians of the repeats (the minimum for (e), whose counters
+only pick up extra noise). A nice-19 spinner keeps the other core awake throughout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import math
+import os
+import platform
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from bench import procs, servers, workload
+from bench.contenders import BACKENDS, Contender, Targets, select
+
+SCENARIOS = ("a", "b", "c", "d", "e")
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+
+
+@dataclass
+class Budget:
+    duration: float = 2.0  # (a) window per measurement
+    contended: float = 3.0  # (b) window
+    handoff: float = 3.0  # (c) window
+    repeats: int = 5  # (a) and (d)
+    contended_repeats: int = 3  # (b) and (c): each costs process start-up
+    max_ops: int = 200_000  # per process and measurement
+    workers: int = 8
+    hold: float = 5.0  # (e) how long the holder sits on the lock
+    e_repeats: int = 2
+    many_keys: tuple[int, ...] = (10, 1_000, 100_000)
+    handoff_hold: float = 0.01
+    pause: float = 0.0  # sleep inside the critical section, between read and write
+
+    @classmethod
+    def quick(cls) -> Budget:
+        return cls(
+            duration=0.5,
+            contended=1.0,
+            handoff=1.0,
+            repeats=2,
+            contended_repeats=1,
+            max_ops=2_000,
+            hold=2.0,
+            e_repeats=1,
+            many_keys=(10, 1_000, 10_000),
+        )
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def _rounds(items: list[Contender], r: int) -> list[Contender]:
+    """Round r's order: rotated by r, reversed every other round."""
+    if not items:
+        return []
+    k = r % len(items)
+    order = items[k:] + items[:k]
+    return order[::-1] if r % 2 else order
+
+
+def _key(tag: str) -> str:
+    return f"bench-{tag}-{uuid.uuid4().hex[:12]}"
+
+
+# -- scenarios ------------------------------------------------------------------------------
+def scenario_a(cs: list[Contender], t: Targets, b: Budget) -> dict[str, Any]:
+    out: dict[str, Any] = {c.id: {"repeats": []} for c in cs}
+    for r in range(b.repeats):
+        for c in _rounds(cs, r):
+            try:
+                res = procs.run_one(
+                    workload.uncontended,
+                    (c, t, _key("a"), b.duration, b.max_ops),
+                    timeout=b.duration + 60,
+                )
+            except procs.WorkerError as exc:
+                out[c.id]["error"] = str(exc).splitlines()[0]
+                log(f"[a] {c.id}: {out[c.id]['error']}")
+                continue
+            out[c.id]["repeats"].append(res)
+            log(f"[a] round {r + 1}/{b.repeats} {c.id}: {res['pairs_per_s']:,.0f} pairs/s")
+    for v in out.values():
+        rates = [x["pairs_per_s"] for x in v["repeats"]]
+        v["pairs_per_s"] = workload.median(rates)
+        v["min"] = min(rates) if rates else math.nan
+        v["max"] = max(rates) if rates else math.nan
+    return out
+
+
+def run_contended(
+    c: Contender, t: Targets, b: Budget, workers: int, duration: float, tmp: str
+) -> dict[str, Any]:
+    counter = os.path.join(tmp, f"counter-{uuid.uuid4().hex[:8]}")
+    workload.new_counter(counter)
+    key = _key("b")
+    barrier = procs._CTX.Barrier(workers)
+    args = [(c, t, key, w, counter, barrier, duration, b.max_ops, b.pause) for w in range(workers)]
+    try:
+        results = procs.run_parallel(workload.contended_worker, args, timeout=duration + 90)
+        records = [rec for rs in results for rec in rs]
+        stats = workload.contended_stats(records, workers)
+        stats.update(workload.check_exclusion(records, workload.read_counter(counter)))
+        return stats
+    finally:
+        os.unlink(counter)
+
+
+def scenario_b(cs: list[Contender], t: Targets, b: Budget, tmp: str) -> dict[str, Any]:
+    locks = [c for c in cs if c.is_lock]
+    out: dict[str, Any] = {c.id: {"repeats": []} for c in locks}
+    for r in range(b.contended_repeats):
+        for c in _rounds(locks, r):
+            try:
+                res = run_contended(c, t, b, b.workers, b.contended, tmp)
+            except procs.WorkerError as exc:
+                out[c.id]["error"] = str(exc).splitlines()[0]
+                log(f"[b] {c.id}: {out[c.id]['error']}")
+                continue
+            out[c.id]["repeats"].append(res)
+            flag = (
+                ""
+                if res["exclusive"]
+                else (f"  FAILING: {res['lost_updates']} lost, {res['overlaps']} overlaps")
+            )
+            log(
+                f"[b] round {r + 1}/{b.contended_repeats} {c.id}: {res['throughput']:,.0f}/s "
+                f"p99 {res['wait_p99_ms']:.1f} ms fairness {res['fairness']:.2f}{flag}"
+            )
+    for v in out.values():
+        reps = v["repeats"]
+        for field in (
+            "throughput",
+            "wait_p50_ms",
+            "wait_p99_ms",
+            "ideal_wait_ms",
+            "p99_over_ideal",
+            "fairness",
+            "handoff_p50_ms",
+            "handoff_p99_ms",
+        ):
+            v[field] = workload.median([x[field] for x in reps if field in x])
+        v["lost_updates"] = sum(x.get("lost_updates", 0) for x in reps)
+        v["overlaps"] = sum(x.get("overlaps", 0) for x in reps)
+        v["exclusive"] = bool(reps) and all(x.get("exclusive") for x in reps)
+    return out
+
+
+def scenario_c(cs: list[Contender], t: Targets, b: Budget, tmp: str) -> dict[str, Any]:
+    locks = [c for c in cs if c.is_lock]
+    out: dict[str, Any] = {c.id: {"repeats": [], "samples": []} for c in locks}
+    reps = b.contended_repeats
+    for r in range(reps):
+        for c in _rounds(locks, r):
+            counter = os.path.join(tmp, f"counter-{uuid.uuid4().hex[:8]}")
+            workload.new_counter(counter)
+            key = _key("c")
+            barrier = procs._CTX.Barrier(2)
+            seq = procs._CTX.Value("q", 0, lock=False)
+            args = [
+                (c, t, key, w, counter, barrier, seq, b.handoff, b.max_ops, b.handoff_hold)
+                for w in range(2)
+            ]
+            try:
+                results = procs.run_parallel(workload.handoff_worker, args, timeout=b.handoff + 90)
+            except procs.WorkerError as exc:
+                out[c.id]["error"] = str(exc).splitlines()[0]
+                log(f"[c] {c.id}: {out[c.id]['error']}")
+                continue
+            finally:
+                value = workload.read_counter(counter)
+                os.unlink(counter)
+            records = [rec for rs in results for rec in rs]
+            samples = workload.handoffs(records)[1:]  # the first one sets up LISTEN etc.
+            excl = workload.check_exclusion(records, value)
+            out[c.id]["samples"].extend(samples)
+            out[c.id]["repeats"].append(
+                {
+                    "p50_ms": workload.percentile(samples, 50) * 1000,
+                    "p99_ms": workload.percentile(samples, 99) * 1000,
+                    "n": len(samples),
+                    **excl,
+                }
+            )
+            log(
+                f"[c] round {r + 1}/{reps} {c.id}: hand-off p50 "
+                f"{workload.percentile(samples, 50) * 1000:.2f} ms, n={len(samples)}"
+            )
+    for v in out.values():
+        samples = v.pop("samples")
+        v["p50_ms"] = workload.median([x["p50_ms"] for x in v["repeats"]])
+        v["p99_ms"] = workload.percentile(samples, 99) * 1000
+        v["n"] = len(samples)
+        v["exclusive"] = bool(v["repeats"]) and all(x["exclusive"] for x in v["repeats"])
+    return out
+
+
+def scenario_e(cs: list[Contender], t: Targets, b: Budget) -> dict[str, Any]:
+    locks = [c for c in cs if c.is_lock and c.backend in ("postgresql", "mysql", "redis")]
+    out: dict[str, Any] = {c.id: {"repeats": []} for c in locks}
+    baselines: dict[str, list[float]] = {}
+    settle = min(1.0, b.hold / 5)
+    window = b.hold - settle
+    for r in range(b.e_repeats):
+        for backend in sorted({c.backend for c in locks}):
+            # baseline: the same window with a holder and no waiters (other clients, us)
+            anchor = next(c for c in locks if c.backend == backend)
+            rate = _waiting_rate(anchor, t, 0, settle, window, b)
+            if rate is not None:
+                baselines.setdefault(backend, []).append(rate)
+                log(f"[e] round {r + 1} {backend} baseline: {rate:.1f} queries/s")
+        for c in _rounds(locks, r):
+            try:
+                rate = _waiting_rate(c, t, b.workers, settle, window, b)
+            except procs.WorkerError as exc:
+                out[c.id]["error"] = str(exc).splitlines()[0]
+                continue
+            if rate is None:
+                out[c.id]["error"] = "a waiter or the holder failed"
+                continue
+            out[c.id]["repeats"].append(rate)
+            log(f"[e] round {r + 1}/{b.e_repeats} {c.id}: {rate:.1f} queries/s")
+    for cid, v in out.items():
+        backend = cid.split("/", 1)[0]
+        base = min(baselines.get(backend, [0.0]))
+        raw_rate = min(v["repeats"]) if v["repeats"] else math.nan
+        v["raw_qps"] = raw_rate
+        v["baseline_qps"] = base
+        v["qps"] = max(0.0, raw_rate - base) if not math.isnan(raw_rate) else math.nan
+        v["counter"] = servers.QueryCounter.what.get(backend, "")
+    return out
+
+
+def _waiting_rate(
+    c: Contender, t: Targets, waiters: int, settle: float, window: float, b: Budget
+) -> float | None:
+    key = _key("e")
+    acquired = procs._CTX.Event()
+    release = procs._CTX.Event()
+    ready = procs._CTX.Semaphore(0)
+    counter = servers.QueryCounter(t, c.backend)
+    started = []
+    try:
+        hold = procs.start_background(workload.holder, (c, t, key, acquired, release, 120.0))
+        started.append(hold)
+        if not acquired.wait(30):
+            return None
+        for _ in range(waiters):
+            started.append(procs.start_background(workload.waiter, (c, t, key, ready)))
+        for _ in range(waiters):
+            if not ready.acquire(timeout=30):
+                return None
+        time.sleep(settle)
+        q0, t0 = counter.read(), time.monotonic()
+        time.sleep(window)
+        q1, t1 = counter.read(), time.monotonic()
+        release.set()
+        deadline = time.monotonic() + 60
+        for p in started:
+            p.join(max(0.1, deadline - time.monotonic()))
+        if any(p.exitcode != 0 for p in started):
+            return None
+        return (q1 - q0) / (t1 - t0)
+    finally:
+        release.set()
+        for p in started:
+            procs.stop(p, 0.1)
+        counter.close()
+
+
+def scenario_d(backends: list[str], t: Targets, b: Budget) -> dict[str, Any]:
+    import dblock
+
+    out: dict[str, Any] = {}
+    for backend in [x for x in backends if x in ("postgresql", "mysql", "sqlite")]:
+        tables = {n: f"{t.table}_m{n}" for n in b.many_keys}
+        res: dict[str, Any] = {"rates": {}, "ratio": math.nan}
+        out[backend] = res
+        try:
+            for n, table in tables.items():
+                with dblock.connect(t.url(backend), table=table):
+                    pass
+                t0 = time.monotonic()
+                servers.fill_held(t, backend, table, n)
+                log(f"[d] {backend}: {n:,} held keys inserted in {time.monotonic() - t0:.1f} s")
+            reps: dict[int, list[float]] = {n: [] for n in tables}
+            for r in range(b.repeats):
+                order = list(tables.items())
+                order = order[r % len(order) :] + order[: r % len(order)]
+                for n, table in order:
+                    rate = procs.run_one(
+                        _many_keys_rate,
+                        (t, backend, table, b.duration, b.max_ops),
+                        timeout=b.duration + 60,
+                    )
+                    reps[n].append(rate)
+                    log(f"[d] round {r + 1} {backend} {n:,} held: {rate:,.0f} pairs/s")
+            for n in tables:
+                res["rates"][str(n)] = {"pairs_per_s": workload.median(reps[n]), "repeats": reps[n]}
+            lo, hi = min(tables), max(tables)
+            res["ratio"] = (
+                res["rates"][str(hi)]["pairs_per_s"] / res["rates"][str(lo)]["pairs_per_s"]
+            )
+            res["held_max"] = hi
+            big = tables[hi]
+            list_times = []
+            with dblock.connect(t.url(backend), table=big) as client:
+                for _ in range(3):
+                    t0 = time.perf_counter()
+                    rows = client.list()
+                    list_times.append(time.perf_counter() - t0)
+                res["list_rows"] = len(rows)
+                res["list_s"] = workload.median(list_times)
+                purge_times = []
+                for i in range(2 if b.repeats > 2 else 1):
+                    if i:
+                        servers.fill_held(t, backend, big, hi, prefix=f"again{i}-")
+                    servers.expire_all(t, backend, big)
+                    t0 = time.perf_counter()
+                    purged = client.purge()
+                    purge_times.append(time.perf_counter() - t0)
+                    res["purged_rows"] = purged
+                res["purge_s"] = workload.median(purge_times)
+            log(
+                f"[d] {backend}: list() of {res['list_rows']:,} rows {res['list_s']:.2f} s, "
+                f"purge() of {res['purged_rows']:,} rows {res['purge_s']:.2f} s"
+            )
+        except Exception as exc:
+            res["error"] = f"{type(exc).__name__}: {exc}".splitlines()[0]
+            log(f"[d] {backend}: {res['error']}")
+        finally:
+            for table in tables.values():
+                servers.drop_dblock_tables(t, backend, table)
+    return out
+
+
+def _many_keys_rate(t: Targets, backend: str, table: str, duration: float, max_ops: int) -> float:
+    import dblock
+
+    with dblock.connect(t.url(backend), table=table) as client:
+        locks = [client.lock(f"free-{i}", ttl=60) for i in range(100)]
+        for lk in locks[:20]:
+            lk.acquire()
+            lk.release()
+        n = 0
+        start = time.perf_counter()
+        end = start + duration
+        while n < max_ops:
+            lk = locks[n % len(locks)]
+            lk.acquire()
+            lk.release()
+            n += 1
+            if time.perf_counter() >= end:
+                break
+        return n / (time.perf_counter() - start)
+
+
+# -- availability ---------------------------------------------------------------------------
+def _probe(c: Contender, t: Targets, key: str) -> str:
+    adapter = c.factory(t, key)
+    try:
+        adapter.acquire()
+        adapter.release()
+    finally:
+        adapter.close()
+    return "ok"
+
+
+def check_available(cs: list[Contender], t: Targets) -> tuple[list[Contender], dict[str, str]]:
+    ok, unavailable = [], {}
+    for c in cs:
+        try:
+            procs.run_one(_probe, (c, t, _key("probe")), timeout=60)
+            ok.append(c)
+        except procs.WorkerError as exc:
+            msg = str(exc).splitlines()[0].removeprefix("worker 0: ")
+            unavailable[c.id] = msg
+            log(f"unavailable: {c.id}: {msg}")
+    return ok, unavailable
+
+
+# -- report ---------------------------------------------------------------------------------
+def _f(x: Any, fmt: str = ",.0f") -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "–"
+    return format(x, fmt)
+
+
+def _by_name(results: dict[str, Any], backend: str, name: str) -> Any:
+    return results.get(f"{backend}/{name}")
+
+
+_KIND_ORDER = {"dblock": 0, "floor": 1, "peer": 2, "broken": 3}
+
+
+def _ordered(items: dict[str, Any], kinds: dict[str, Any]) -> list[tuple[str, Any]]:
+    """Rows grouped by backend: dblock, then the floors, then the peers."""
+    order = [*BACKENDS, "local"]
+
+    def rank(item: tuple[str, Any]) -> tuple[int, int, str]:
+        cid = item[0]
+        backend = cid.split("/", 1)[0]
+        kind = kinds.get(cid, {}).get("kind", "peer")
+        b = order.index(backend) if backend in order else len(order)
+        return (b, _KIND_ORDER.get(kind, 9), cid)
+
+    return sorted(items.items(), key=rank)
+
+
+def markdown(report: dict[str, Any]) -> str:
+    res = report["results"]
+    kinds = report.get("contenders", {})
+    lines: list[str] = []
+    meta = report["meta"]
+    lines.append(f"## dblock benchmark — {meta['started']}")
+    lines.append("")
+    lines.append(
+        f"Machine: {meta['machine']}; Python {meta['python']}; "
+        f"{'spinner on' if meta['spinner'] else 'spinner off'}; "
+        f"medians of {meta['repeats']} repeats ((b), (c): "
+        f"{report['budget']['contended_repeats']}; (e): smallest of "
+        f"{report['budget']['e_repeats']}). Servers: "
+        + ", ".join(f"{k}: {v}" for k, v in meta["servers"].items())
+    )
+    lines.append(f"Command: `{meta['command']}`")
+    lines.append("")
+    if "a" in res:
+        lines += ["### (a) uncontended acquire+release, one process", ""]
+        lines.append(
+            "| backend | contender | pairs/s | range | vs 2×SELECT 1 | vs 1×SELECT 1 "
+            "| vs lock-table floor |"
+        )
+        lines.append("|---|---|---:|---:|---:|---:|---:|")
+        for cid, v in _ordered(res["a"], kinds):
+            backend, name = cid.split("/", 1)
+            x2 = _by_name(
+                res["a"],
+                backend,
+                "floor: " + ("PING" if backend == "redis" else "SELECT 1") + " x2",
+            )
+            x1 = _by_name(
+                res["a"],
+                backend,
+                "floor: " + ("PING" if backend == "redis" else "SELECT 1") + " x1",
+            )
+            fl = _by_name(res["a"], backend, "floor: lock table")
+            rate = v.get("pairs_per_s", math.nan)
+
+            def ratio(other: Any, rate: float = rate) -> str:
+                if not other or not other.get("pairs_per_s"):
+                    return "–"
+                return _f(rate / other["pairs_per_s"], ".2f") + "×"
+
+            rng = (
+                f"{_f(v.get('min'))}–{_f(v.get('max'))}" if v.get("repeats") else v.get("error", "")
+            )
+            lines.append(
+                f"| {backend} | {name} | {_f(rate)} | {rng} | {ratio(x2)} | {ratio(x1)} "
+                f"| {ratio(fl)} |"
+            )
+        lines.append("")
+    if "b" in res:
+        lines += [
+            f"### (b) {report['budget']['workers']} processes on one key, read-modify-write "
+            "of a shared counter",
+            "",
+            "| backend | contender | sections/s | p50 wait ms | p99 wait ms | ideal ms "
+            "| p99/ideal | fairness | hand-off p50 ms | exclusion |",
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|---|",
+        ]
+        for cid, v in _ordered(res["b"], kinds):
+            backend, name = cid.split("/", 1)
+            if "error" in v and not v["repeats"]:
+                status = "error: " + v["error"][:80]
+            elif v["exclusive"]:
+                status = "ok"
+            else:
+                status = f"**FAILING** ({v['lost_updates']} lost, {v['overlaps']} overlaps)"
+            lines.append(
+                f"| {backend} | {name} | {_f(v.get('throughput'))} "
+                f"| {_f(v.get('wait_p50_ms'), '.1f')} "
+                f"| {_f(v.get('wait_p99_ms'), '.1f')} | {_f(v.get('ideal_wait_ms'), '.1f')} "
+                f"| {_f(v.get('p99_over_ideal'), '.1f')}× | {_f(v.get('fairness'), '.2f')} "
+                f"| {_f(v.get('handoff_p50_ms'), '.2f')} | {status} |"
+            )
+        lines.append("")
+    if "c" in res:
+        lines += [
+            "### (c) hand-off: release → acquisition by the blocked waiter",
+            "",
+            "| backend | contender | median ms | p99 ms | samples |",
+            "|---|---|---:|---:|---:|",
+        ]
+        for cid, v in _ordered(res["c"], kinds):
+            backend, name = cid.split("/", 1)
+            extra = "" if v.get("exclusive", True) else " **FAILING**"
+            if "error" in v and not v["repeats"]:
+                extra = " error: " + v["error"][:80]
+            lines.append(
+                f"| {backend} | {name} | {_f(v.get('p50_ms'), '.2f')} "
+                f"| {_f(v.get('p99_ms'), '.2f')} "
+                f"| {v.get('n', 0)}{extra} |"
+            )
+        lines.append("")
+    if "d" in res:
+        lines += ["### (d) dblock with many keys held", ""]
+        sizes = report["budget"]["many_keys"]
+        lines.append(
+            "| backend | "
+            + " | ".join(f"pairs/s, {n:,} held" for n in sizes)
+            + f" | {sizes[-1]:,}/{sizes[0]:,} | list() s | purge() s |"
+        )
+        lines.append("|---|" + "---:|" * (len(sizes) + 3))
+        for backend, v in res["d"].items():
+            if "error" in v:
+                lines.append(f"| {backend} | error: {v['error'][:100]} |")
+                continue
+            cells = " | ".join(_f(v["rates"][str(n)]["pairs_per_s"]) for n in sizes)
+            lines.append(
+                f"| {backend} | {cells} | {_f(v['ratio'], '.2f')}× | "
+                f"{_f(v.get('list_s'), '.2f')} ({v.get('list_rows', 0):,} rows) | "
+                f"{_f(v.get('purge_s'), '.2f')} ({v.get('purged_rows', 0):,} rows) |"
+            )
+        lines.append("")
+    if "e" in res:
+        lines += [
+            f"### (e) waiting cost: {report['budget']['workers']} blocked waiters, holder sits "
+            f"{report['budget']['hold']:g} s",
+            "",
+            f"PostgreSQL counted in {report.get('e_postgresql_database', '?')}; MariaDB and "
+            "Redis counters are server-wide: the smallest of the repeats, minus a baseline "
+            "window with the holder alone.",
+            "",
+            "| backend | contender | queries/s (net) | measured | baseline | counter |",
+            "|---|---|---:|---:|---:|---|",
+        ]
+        for cid, v in _ordered(res["e"], kinds):
+            backend, name = cid.split("/", 1)
+            err = f" error: {v['error'][:60]}" if "error" in v and not v["repeats"] else ""
+            lines.append(
+                f"| {backend} | {name} | {_f(v.get('qps'), '.1f')}{err} "
+                f"| {_f(v.get('raw_qps'), '.1f')} "
+                f"| {_f(v.get('baseline_qps'), '.1f')} | {v.get('counter', '')} |"
+            )
+        lines.append("")
+    if report.get("unavailable"):
+        lines += ["### Not run", ""]
+        for cid, why in report["unavailable"].items():
+            lines.append(f"- {cid}: {why}")
+        lines.append("")
+    if report.get("targets"):
+        lines += [
+            "### Issue 6 targets (dblock, default lock)",
+            "",
+            "| target | measured | met |",
+            "|---|---|---|",
+        ]
+        for tg in report["targets"]:
+            met = {True: "yes", False: "**no**", None: "n/a"}[tg["met"]]
+            lines.append(f"| {tg['target']} | {tg['measured']} | {met} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def evaluate_targets(res: dict[str, Any], contenders: list[Contender]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+
+    def add(target: str, measured: str, met: bool | None) -> None:
+        out.append({"target": target, "measured": measured, "met": met})
+
+    peers = {c.id for c in contenders if c.kind == "peer"}
+    for backend in ("postgresql", "mysql", "sqlite"):
+        me = f"{backend}/dblock"
+        a = res.get("a", {})
+        if me in a and not math.isnan(a[me].get("pairs_per_s", math.nan)):
+            rate = a[me]["pairs_per_s"]
+            fl = a.get(f"{backend}/floor: lock table", {}).get("pairs_per_s")
+            if fl:
+                add(
+                    f"(a) {backend}: ≥ 0.9× lock-table floor", f"{rate / fl:.2f}×", rate / fl >= 0.9
+                )
+            for pid in sorted(p for p in peers if p.startswith(backend + "/") and p in a):
+                pr = a[pid].get("pairs_per_s")
+                if pr and not math.isnan(pr):
+                    add(
+                        f"(a) {backend}: ≥ 1.3× {pid.split('/', 1)[1]}",
+                        f"{rate / pr:.2f}×",
+                        rate / pr >= 1.3,
+                    )
+        b = res.get("b", {})
+        if me in b and b[me].get("repeats"):
+            v = b[me]
+            add(
+                f"(b) {backend}: zero lost updates",
+                f"{v['lost_updates']} lost, {v['overlaps']} overlaps",
+                v["exclusive"],
+            )
+            add(f"(b) {backend}: fairness ≥ 0.9", f"{v['fairness']:.2f}", v["fairness"] >= 0.9)
+            add(
+                f"(b) {backend}: p99 wait ≤ 2× ideal FIFO wait",
+                f"{v['p99_over_ideal']:.1f}×",
+                v["p99_over_ideal"] <= 2.0,
+            )
+            best = max(
+                (
+                    b[p]["throughput"]
+                    for p in peers
+                    if p.startswith(backend + "/") and p in b and b[p].get("exclusive")
+                ),
+                default=None,
+            )
+            if best:
+                add(
+                    f"(b) {backend}: ≥ 1.0× best database peer throughput",
+                    f"{v['throughput'] / best:.2f}×",
+                    v["throughput"] / best >= 1.0,
+                )
+        c = res.get("c", {})
+        if me in c and c[me].get("repeats"):
+            p50 = c[me]["p50_ms"]
+            if backend == "postgresql":
+                add("(c) postgresql: hand-off median < 2 ms", f"{p50:.2f} ms", p50 < 2.0)
+            else:
+                best_c = min(
+                    (
+                        c[p]["p50_ms"]
+                        for p in peers
+                        if p.startswith(backend + "/") and p in c and c[p].get("repeats")
+                    ),
+                    default=None,
+                )
+                add(
+                    f"(c) {backend}: hand-off median ≤ 2× best peer",
+                    f"{p50:.2f} ms" + (f" vs {best_c:.2f} ms" if best_c else " (no peer)"),
+                    None if best_c is None else p50 <= 2 * best_c,
+                )
+        d = res.get("d", {}).get(backend)
+        if d and "ratio" in d and not math.isnan(d["ratio"]):
+            add(
+                f"(d) {backend}: rate at {d.get('held_max', 0):,} held ≥ 0.7× rate at 10",
+                f"{d['ratio']:.2f}×",
+                d["ratio"] >= 0.7,
+            )
+        e = res.get("e", {})
+        if me in e and e[me].get("repeats"):
+            q = e[me]["qps"]
+            add(
+                f"(e) {backend}: queries/s of 8 blocked waiters"
+                + (" ≤ 10" if backend == "postgresql" else " (bounded, documented)"),
+                f"{q:.1f}/s",
+                q <= 10 if backend == "postgresql" else None,
+            )
+    return out
+
+
+# -- main -----------------------------------------------------------------------------------
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m bench",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--quick", action="store_true", help="a small budget (smoke run)")
+    p.add_argument("--duration", type=float, help="seconds per measurement window (a, b, c, d)")
+    p.add_argument("--repeats", type=int, help="repeats per contender (medians are quoted)")
+    p.add_argument("--max-ops", type=int, help="cap on operations per process and measurement")
+    p.add_argument("--workers", type=int, help="processes in (b) and waiters in (e) (default 8)")
+    p.add_argument("--hold", type=float, help="(e): seconds the holder sits on the lock")
+    p.add_argument("--many-keys", help="(d): held-key counts, e.g. 10,1000,100000")
+    p.add_argument("--backends", help=f"comma list of {', '.join(BACKENDS)} (default: all)")
+    p.add_argument("--scenarios", default="a,b,c,d,e", help="comma list of a,b,c,d,e")
+    p.add_argument(
+        "--contenders",
+        help="comma list of names or parts of names (e.g. dblock,floor,tooz,pals,peers)",
+    )
+    p.add_argument(
+        "--section-pause",
+        type=float,
+        help="(b): seconds to sleep between the read and the write of the counter (default 0)",
+    )
+    p.add_argument("--no-spinner", action="store_true", help="do not keep the other core busy")
+    p.add_argument("--pg-url", default=os.environ.get("DBLOCK_TEST_POSTGRESQL_URL"))
+    p.add_argument("--mysql-url", default=os.environ.get("DBLOCK_TEST_MYSQL_URL"))
+    p.add_argument("--redis-url", default=os.environ.get("DBLOCK_BENCH_REDIS_URL"))
+    p.add_argument("--json", help="where to write the JSON (default bench/results/<time>.json)")
+    p.add_argument("--markdown", help="also write the markdown table to this file")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    budget = Budget.quick() if args.quick else Budget()
+    if args.duration is not None:
+        budget.duration = budget.contended = budget.handoff = args.duration
+    if args.repeats is not None:
+        budget.repeats = max(1, args.repeats)
+        budget.e_repeats = max(1, min(budget.e_repeats, args.repeats))
+        budget.contended_repeats = max(1, args.repeats)
+    if args.max_ops is not None:
+        budget.max_ops = max(1, args.max_ops)
+    if args.workers is not None:
+        budget.workers = max(2, args.workers)
+    if args.hold is not None:
+        budget.hold = max(0.5, args.hold)
+    if args.section_pause is not None:
+        budget.pause = max(0.0, args.section_pause)
+    if args.many_keys:
+        budget.many_keys = tuple(int(x) for x in args.many_keys.split(","))
+    scenarios = [s.strip() for s in args.scenarios.split(",") if s.strip()]
+    bad = [s for s in scenarios if s not in SCENARIOS]
+    if bad:
+        print(f"unknown scenario(s) {bad}; choose from {','.join(SCENARIOS)}", file=sys.stderr)
+        return 2
+    backends = [b.strip() for b in (args.backends or ",".join(BACKENDS)).split(",") if b.strip()]
+    names = [n.strip() for n in args.contenders.split(",")] if args.contenders else None
+    run_id = uuid.uuid4().hex[:8]
+    tmp = tempfile.mkdtemp(prefix="dblock-bench-")
+    defaults = Targets()
+    targets = Targets(
+        postgresql=args.pg_url or defaults.postgresql,
+        mysql=args.mysql_url or defaults.mysql,
+        redis=args.redis_url or defaults.redis,
+        sqlite_dir=tmp,
+        table=f"dblock_bench_{run_id}",
+        floor_table=f"dblock_bench_floor_{run_id}",
+    )
+    return run(targets, budget, backends, scenarios, names, args, tmp)
+
+
+def run(
+    t: Targets,
+    budget: Budget,
+    backends: list[str],
+    scenarios: list[str],
+    names: list[str] | None,
+    args: argparse.Namespace,
+    tmp: str,
+) -> int:
+    procs.install_signal_handlers()
+    started = dt.datetime.now(dt.timezone.utc)
+    unavailable: dict[str, str] = {}
+    live_backends = []
+    for backend in backends:
+        why = servers.reachable(t, backend) if backend != "sqlite" else None
+        if why is None:
+            live_backends.append(backend)
+        else:
+            unavailable[backend] = f"server unreachable ({why})"
+            log(f"skipping {backend}: unreachable ({why})")
+    contenders = select([*live_backends, "local"], names)
+    report: dict[str, Any] = {}
+    private_db = False
+    try:
+        for backend in live_backends:
+            servers.create_floor_table(t, backend)
+        contenders, more = check_available(contenders, t)
+        unavailable.update(more)
+        results: dict[str, Any] = {}
+        with procs.spinner(not args.no_spinner):
+            if "a" in scenarios:
+                results["a"] = scenario_a(contenders, t, budget)
+            if "b" in scenarios:
+                results["b"] = scenario_b(contenders, t, budget, tmp)
+            if "c" in scenarios:
+                results["c"] = scenario_c(contenders, t, budget, tmp)
+            if "e" in scenarios:
+                e_targets = t
+                if "postgresql" in live_backends:
+                    e_targets = servers.private_pg_database(t, t.table) or t
+                    private_db = e_targets is not t
+                results["e"] = scenario_e(contenders, e_targets, budget)
+
+            if "d" in scenarios and (names is None or any("dblock" in n for n in names)):
+                results["d"] = scenario_d(live_backends, t, budget)
+        report = {
+            "meta": _meta(t, live_backends, started, budget, not args.no_spinner),
+            "budget": {**asdict(budget), "many_keys": list(budget.many_keys)},
+            "contenders": {
+                c.id: {"kind": c.kind, "backend": c.backend, "note": c.note, **c.options}
+                for c in contenders
+            },
+            "unavailable": unavailable,
+            "e_postgresql_database": (
+                f"private database {t.table} (pg_stat_database counts only the bench)"
+                if private_db
+                else "the shared database (other clients add noise)"
+            ),
+            "results": results,
+        }
+        report["targets"] = evaluate_targets(results, contenders)
+    except KeyboardInterrupt:
+        log("interrupted: cleaning up")
+        return 130
+    finally:
+        procs.kill_all()
+        if private_db:
+            servers.drop_pg_database(t, t.table)
+        for backend in live_backends:
+            servers.drop_floor_table(t, backend)
+            if backend != "redis":
+                servers.drop_dblock_tables(t, backend, t.table)
+    text = markdown(report)
+    print(text)
+    path = (
+        Path(args.json)
+        if args.json
+        else RESULTS_DIR / ("bench-" + started.strftime("%Y%m%d-%H%M%S") + ".json")
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(_clean(report), indent=2, default=str) + "\n")
+    if args.markdown:
+        Path(args.markdown).write_text(text + "\n")
+    log(f"JSON written to {path}")
+    failing = [
+        cid
+        for cid, v in report["results"].get("b", {}).items()
+        if v.get("repeats") and not v["exclusive"] and not cid.startswith("local/")
+    ]
+    return 1 if failing else 0
+
+
+def _clean(x: Any) -> Any:
+    """NaN (no samples) becomes null: strict JSON."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {str(k): _clean(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_clean(v) for v in x]
+    return x
+
+
+def _meta(
+    t: Targets, backends: list[str], started: dt.datetime, b: Budget, spinner: bool
+) -> dict[str, Any]:
+    import importlib.metadata as md
+
+    versions = {}
+    for dist in (
+        "dblock",
+        "psycopg",
+        "psycopg-binary",
+        "PyMySQL",
+        "psycopg2-binary",
+        "redis",
+        "tooz",
+        "pals",
+        "sherlock",
+        "python-redis-lock",
+        "SQLAlchemy",
+    ):
+        try:
+            versions[dist] = md.version(dist)
+        except md.PackageNotFoundError:
+            versions[dist] = None
+    try:
+        import psycopg
+
+        versions["psycopg.pq.__impl__"] = psycopg.pq.__impl__
+    except ImportError:
+        pass
+    cpu = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {
+        "started": started.isoformat(timespec="seconds"),
+        "machine": f"{platform.system()} {platform.release()}, {os.cpu_count()} cores, {cpu}",
+        "python": platform.python_version(),
+        "command": "python -m bench " + " ".join(sys.argv[1:]),
+        "spinner": spinner,
+        "repeats": b.repeats,
+        "servers": {x: servers.version(t, x) for x in backends},
+        "versions": versions,
+    }
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

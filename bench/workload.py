@@ -1,0 +1,236 @@
+"""What runs inside the worker processes, and the statistics of what they recorded.
+
+Times are ``time.monotonic()``: CLOCK_MONOTONIC is one system-wide clock on Linux, so the
+records of different processes can be merged and compared.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import math
+import os
+import statistics
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from bench.contenders import Contender, LockAdapter, Targets
+
+#: (worker, t_request, t_acquired, t_release_called)
+Record = tuple[int, float, float, float]
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100); NaN for no values."""
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q / 100 * len(ordered)))
+    return ordered[min(rank, len(ordered)) - 1]
+
+
+def median(values: Sequence[float]) -> float:
+    finite = [v for v in values if v is not None and not math.isnan(v)]
+    return statistics.median(finite) if finite else math.nan
+
+
+def _close(adapter: LockAdapter) -> None:
+    with contextlib.suppress(Exception):
+        adapter.close()
+
+
+# -- (a) uncontended pairs per second ---------------------------------------------------------
+def uncontended(
+    c: Contender, t: Targets, key: str, duration: float, max_ops: int
+) -> dict[str, float]:
+    adapter = c.factory(t, key)
+    try:
+        warm_end = time.perf_counter() + min(0.2, duration / 5)
+        for _ in range(max(10, max_ops // 20)):
+            adapter.acquire()
+            adapter.release()
+            if time.perf_counter() >= warm_end:
+                break
+        n = 0
+        start = time.perf_counter()
+        end = start + duration
+        while n < max_ops:
+            adapter.acquire()
+            adapter.release()
+            n += 1
+            if time.perf_counter() >= end:
+                break
+        elapsed = time.perf_counter() - start
+    finally:
+        _close(adapter)
+    return {"pairs_per_s": n / elapsed, "ops": n, "seconds": elapsed}
+
+
+# -- (b) contended critical sections and (c) hand-off -----------------------------------------
+def _read_modify_write(fd: int, pause: float) -> None:
+    raw = os.pread(fd, 32, 0)
+    value = int(raw.strip(b"\x00 \n") or b"0")
+    if pause:
+        time.sleep(pause)
+    os.pwrite(fd, b"%-20d\n" % (value + 1), 0)
+
+
+def new_counter(path: str) -> None:
+    with open(path, "wb") as f:
+        f.write(b"%-20d\n" % 0)
+
+
+def read_counter(path: str) -> int:
+    with open(path, "rb") as f:
+        return int(f.read().strip() or b"0")
+
+
+def contended_worker(
+    c: Contender,
+    t: Targets,
+    key: str,
+    worker: int,
+    counter: str,
+    barrier: Any,
+    duration: float,
+    max_ops: int,
+    pause: float,
+) -> list[Record]:
+    """Loop: acquire, read-modify-write the shared counter file, release. Until time/ops run out."""
+    adapter = c.factory(t, key)
+    fd = os.open(counter, os.O_RDWR)
+    records: list[Record] = []
+    try:
+        barrier.wait(60)
+        end = time.monotonic() + duration
+        while len(records) < max_ops and time.monotonic() < end:
+            t_req = time.monotonic()
+            adapter.acquire()
+            t_acq = time.monotonic()
+            _read_modify_write(fd, pause)
+            t_rel = time.monotonic()
+            adapter.release()
+            records.append((worker, t_req, t_acq, t_rel))
+    finally:
+        os.close(fd)
+        _close(adapter)
+    return records
+
+
+def handoff_worker(
+    c: Contender,
+    t: Targets,
+    key: str,
+    worker: int,
+    counter: str,
+    barrier: Any,
+    seq: Any,
+    duration: float,
+    max_ops: int,
+    hold: float,
+) -> list[Record]:
+    """Two of these ping-pong one key. After releasing, a worker waits until the other one has
+    acquired before it competes again, so every hand-off goes to a waiter that was already
+    blocked (a poller cannot be overtaken by the releaser coming straight back)."""
+    adapter = c.factory(t, key)
+    fd = os.open(counter, os.O_RDWR)
+    records: list[Record] = []
+    try:
+        barrier.wait(60)
+        end = time.monotonic() + duration
+        while len(records) < max_ops:
+            t_req = time.monotonic()
+            adapter.acquire()
+            t_acq = time.monotonic()
+            seq.value += 1
+            mine = seq.value
+            time.sleep(hold)  # the other one is blocked in acquire() by now
+            _read_modify_write(fd, 0.0)
+            t_rel = time.monotonic()
+            adapter.release()
+            records.append((worker, t_req, t_acq, t_rel))
+            if time.monotonic() >= end:
+                break
+            give_up = time.monotonic() + 30
+            while seq.value == mine and time.monotonic() < give_up:
+                time.sleep(0.0002)
+            if seq.value == mine:
+                break
+    finally:
+        os.close(fd)
+        _close(adapter)
+    return records
+
+
+def check_exclusion(records: list[Record], counter_value: int) -> dict[str, Any]:
+    """Lost updates (counter vs sections) and overlapping hold intervals (a proof of overlap:
+    a later acquisition returned before an earlier holder had even started its release)."""
+    ordered = sorted(records, key=lambda r: r[2])
+    overlaps = 0
+    latest_release = -math.inf
+    for _, _, t_acq, t_rel in ordered:
+        if t_acq < latest_release:
+            overlaps += 1
+        latest_release = max(latest_release, t_rel)
+    lost = len(records) - counter_value
+    return {
+        "sections": len(records),
+        "counter": counter_value,
+        "lost_updates": lost,
+        "overlaps": overlaps,
+        "exclusive": lost == 0 and overlaps == 0,
+    }
+
+
+def handoffs(records: list[Record]) -> list[float]:
+    """Release-to-next-acquisition gaps where the lock passed to another worker."""
+    ordered = sorted(records, key=lambda r: r[2])
+    return [b[2] - a[3] for a, b in itertools.pairwise(ordered) if a[0] != b[0] and b[2] >= a[3]]
+
+
+def contended_stats(records: list[Record], workers: int) -> dict[str, Any]:
+    if not records:
+        return {"throughput": 0.0}
+    first = min(r[2] for r in records)
+    last = max(r[3] for r in records)
+    span = max(last - first, 1e-9)
+    throughput = len(records) / span
+    waits = [r[2] - r[1] for r in records]
+    per_worker = [sum(1 for r in records if r[0] == w) for w in range(workers)]
+    ideal = (workers - 1) / throughput if throughput else math.nan
+    p99 = percentile(waits, 99)
+    ho = handoffs(records)
+    return {
+        "throughput": throughput,
+        "wait_p50_ms": percentile(waits, 50) * 1000,
+        "wait_p99_ms": p99 * 1000,
+        "ideal_wait_ms": ideal * 1000,
+        "p99_over_ideal": p99 / ideal if ideal else math.nan,
+        "fairness": min(per_worker) / max(per_worker) if max(per_worker) else 0.0,
+        "per_worker": per_worker,
+        "handoff_p50_ms": percentile(ho, 50) * 1000,
+        "handoff_p99_ms": percentile(ho, 99) * 1000,
+    }
+
+
+# -- (e) waiting cost --------------------------------------------------------------------------
+def holder(c: Contender, t: Targets, key: str, acquired: Any, release: Any, bound: float) -> None:
+    adapter = c.factory(t, key)
+    try:
+        adapter.acquire()
+        acquired.set()
+        release.wait(bound)
+        adapter.release()
+    finally:
+        _close(adapter)
+
+
+def waiter(c: Contender, t: Targets, key: str, ready: Any) -> None:
+    adapter = c.factory(t, key)
+    try:
+        ready.release()  # a semaphore the parent counts down
+        adapter.acquire()
+        adapter.release()
+    finally:
+        _close(adapter)

@@ -1,0 +1,146 @@
+"""The benchmark harness runs on a tiny budget and its exclusion check catches a broken lock.
+
+No test here asserts a speed: the figures of a few hundred operations mean nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+from bench.contenders import Targets, select
+
+from bench import run, workload
+
+TINY = ["--duration", "0.3", "--repeats", "1", "--max-ops", "150", "--no-spinner"]
+
+
+def _main(tmp_path: Path, *args: str) -> tuple[int, dict, str]:
+    out = tmp_path / "result.json"
+    md = tmp_path / "result.md"
+    code = run.main([*args, "--json", str(out), "--markdown", str(md)])
+    return code, json.loads(out.read_text()), md.read_text()
+
+
+def test_harness_runs_on_a_tiny_budget(db_url: str, dialect: str, tmp_path: Path) -> None:
+    urls = []
+    if dialect == "postgresql":
+        urls = ["--pg-url", db_url]
+    elif dialect == "mysql":
+        urls = ["--mysql-url", db_url]
+    code, report, md = _main(
+        tmp_path,
+        *TINY,
+        *urls,
+        "--backends",
+        dialect,
+        "--scenarios",
+        "a,b,c",
+        "--contenders",
+        "dblock,floor: lock table,x2",
+        "--workers",
+        "3",
+    )
+    assert code == 0
+    res = report["results"]
+    me = f"{dialect}/dblock"
+    assert res["a"][me]["pairs_per_s"] > 0
+    assert res["a"][f"{dialect}/floor: SELECT 1 x2"]["pairs_per_s"] > 0
+    assert f"{dialect}/floor: SELECT 1 x2" not in res["b"]  # not a lock: (a) only
+    for cid in (me, f"{dialect}/floor: lock table"):
+        b = res["b"][cid]
+        assert b["exclusive"], b
+        assert b["lost_updates"] == 0
+        assert sum(b["repeats"][0]["per_worker"]) == b["repeats"][0]["sections"] > 0
+        assert 0 <= b["fairness"] <= 1
+        assert res["c"][cid]["repeats"] and res["c"][cid]["exclusive"]
+    assert "| dblock |" in md and "(a) uncontended" in md
+    assert any(t["target"].startswith(f"(a) {dialect}") for t in report["targets"])
+
+
+def test_many_keys_scenario_runs(tmp_path: Path) -> None:
+    code, report, _ = _main(
+        tmp_path,
+        *TINY,
+        "--backends",
+        "sqlite",
+        "--scenarios",
+        "d",
+        "--contenders",
+        "dblock",
+        "--many-keys",
+        "10,300",
+    )
+    assert code == 0
+    d = report["results"]["d"]["sqlite"]
+    assert "error" not in d, d
+    assert d["list_rows"] == 300
+    assert d["purged_rows"] >= 300
+    assert not math.isnan(d["ratio"])
+
+
+def test_waiting_cost_counts_queries(server_db_url: str, tmp_path: Path) -> None:
+    backend = "postgresql" if server_db_url.startswith("postgres") else "mysql"
+    url_option = "--pg-url" if backend == "postgresql" else "--mysql-url"
+    code, report, _ = _main(
+        tmp_path,
+        *TINY,
+        url_option,
+        server_db_url,
+        "--backends",
+        backend,
+        "--scenarios",
+        "e",
+        "--contenders",
+        "dblock",
+        "--workers",
+        "2",
+        "--hold",
+        "1",
+    )
+    assert code == 0
+    e = report["results"]["e"][f"{backend}/dblock"]
+    assert e["repeats"], e
+    assert e["qps"] >= 0
+
+
+def test_exclusion_check_catches_a_lock_that_does_not_lock(tmp_path: Path) -> None:
+    (broken,) = select(None, ["broken"])
+    budget = run.Budget(max_ops=200, pause=0.0005)
+    stats = run.run_contended(
+        broken, Targets(sqlite_dir=str(tmp_path)), budget, 4, 2.0, str(tmp_path)
+    )
+    assert not stats["exclusive"]
+    assert stats["lost_updates"] > 0 or stats["overlaps"] > 0
+
+
+def test_a_failing_contender_is_reported_as_failing_not_fast(tmp_path: Path) -> None:
+    _, report, md = _main(
+        tmp_path,
+        *TINY,
+        "--backends",
+        "sqlite",
+        "--scenarios",
+        "b",
+        "--contenders",
+        "broken",
+        "--section-pause",
+        "0.0005",
+    )
+    b = report["results"]["b"]["local/broken (no lock)"]
+    assert not b["exclusive"]
+    assert "FAILING" in md
+
+
+def test_check_exclusion_on_synthetic_records() -> None:
+    good = [(0, 0.0, 1.0, 2.0), (1, 0.5, 2.1, 3.0), (0, 2.0, 3.2, 4.0)]
+    assert workload.check_exclusion(good, 3)["exclusive"]
+    overlapping = [(0, 0.0, 1.0, 2.0), (1, 0.5, 1.5, 3.0)]
+    verdict = workload.check_exclusion(overlapping, 2)
+    assert verdict["overlaps"] == 1 and not verdict["exclusive"]
+    lost = workload.check_exclusion(good, 2)
+    assert lost["lost_updates"] == 1 and not lost["exclusive"]
+    assert workload.handoffs(good) == pytest.approx([0.1, 0.2])
+    assert workload.percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.0
