@@ -63,7 +63,7 @@ def drop_tables(url: str, table: str) -> None:
         cur = conn.cursor()
         scheme = urlsplit(url).scheme
         q = "`" if scheme in ("mysql", "mariadb") else '"'
-        for name in (table, aux_name(table, "_meta")):
+        for name in (table, aux_name(table, "_meta"), aux_name(table, "_holders")):
             cur.execute(f"DROP TABLE IF EXISTS {q}{name}{q}")
         if scheme in ("postgresql", "postgres"):
             cur.execute(f'DROP SEQUENCE IF EXISTS "{aux_name(table, "_token_seq")}"')

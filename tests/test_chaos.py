@@ -132,12 +132,6 @@ def proxy(server_db_url: str) -> Iterator[tuple[str, FreezingProxy]]:
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="dblock bug: no client-side bound on a statement; with the server frozen or the "
-    "network partitioned (no FIN/RST), acquire(timeout=1) blocks until the kernel gives up "
-    "on the socket (indefinitely while the peer still ACKs), and so does the renewal thread",
-)
 def test_acquire_timeout_holds_when_the_network_freezes(
     proxy: tuple[str, FreezingProxy],
 ) -> None:

@@ -5,7 +5,7 @@ API.md says so; ConfigurationError is a ValueError, LockTimeout a TimeoutError),
 password into a message. Servers are reached on loopback only: unreachable ports are closed
 loopback ports, and every connect URL carries a short connect_timeout.
 
-Known failures are pinned as strict xfails (they pass once dblock is fixed):
+The bugs it found are fixed; the tests that found them stay as regression tests:
 surrogate keys, a password cut out of a malformed URL, and MySQL endpoints that accept TCP but
 never greet.
 """
@@ -154,12 +154,6 @@ def _keys_scenario(client: dblock.Client, key: Any) -> None:
     assert exc is None, f"release({key!r}) raised {exc!r}"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=UnicodeEncodeError,
-    reason="dblock bug: a str key with a lone surrogate passes check_key, then the driver's "
-    "UnicodeEncodeError escapes acquire()/info() unwrapped (all backends)",
-)
 def test_surrogate_key_is_refused_or_works(client: dblock.Client) -> None:
     try:
         lock = client.lock("\ud800", ttl=5)
@@ -409,11 +403,6 @@ def test_urls(closed_port: int, data: st.DataObject, tmp_path_factory: Any) -> N
         "postgresql://us#er:Sekr1t@127.0.0.1:1/db",  # unencoded '#' in the user name
     ],
 )
-@pytest.mark.xfail(
-    strict=True,
-    reason="dblock bug: when urlsplit finds no password in a malformed URL, redact() returns "
-    "the URL unchanged and the ConfigurationError echoes the password",
-)
 def test_malformed_url_does_not_echo_password(url: str) -> None:
     with pytest.raises(dblock.DBLockError) as info:
         dblock.connect(url + "?connect_timeout=1")
@@ -429,12 +418,6 @@ def test_malformed_url_does_not_echo_password(url: str) -> None:
         # an unencoded '%' in the password: libpq quotes the bad percent-encoded token
         "postgresql://u:Pw9secret%@127.0.0.1:{port}/db?connect_timeout=1",
     ],
-)
-@pytest.mark.xfail(
-    strict=True,
-    reason="dblock bug: libpq echoes parts of the URL it cannot parse, password included, "
-    "into the driver error that dblock attaches as the BackendError's __cause__; dblock masks "
-    "its own message, but any logged traceback shows the password",
 )
 def test_driver_error_in_the_chain_has_no_password(closed_port: int, url: str) -> None:
     with pytest.raises(dblock.BackendError) as info:
@@ -462,12 +445,6 @@ def test_postgresql_silent_server_times_out(silent_port: int) -> None:
     _check_no_leak(exc, "Pw9secret")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="dblock bug: PyMySQL's connect_timeout covers only the TCP connect; the greeting is "
-    "read with read_timeout, which dblock leaves unset, so a server that accepts and never "
-    "greets blocks dblock.connect() (and any statement on a frozen connection) forever",
-)
 def test_mysql_silent_server_times_out(silent_port: int) -> None:
     url = f"mysql://u:Pw9secret@127.0.0.1:{silent_port}/db?connect_timeout=2"
     client, exc = timed(lambda: dblock.connect(url), budget=BUDGET)

@@ -175,8 +175,8 @@ class Client:
         """All current holds whose key starts with ``prefix``, sorted by key (code points)."""
         if not isinstance(prefix, str):
             raise TypeError(f"prefix must be a str, not {type(prefix).__name__}")
-        if "\x00" in prefix:
-            raise ValueError("prefix must not contain NUL characters")
+        if prefix:
+            check_key(prefix)  # the same rules as a key: no NUL, valid Unicode
         return self._backend.list(prefix)
 
     def force_release(self, key: str) -> bool:

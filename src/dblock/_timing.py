@@ -31,10 +31,10 @@ class Backoff:
         """The next sleep, in seconds."""
         if self._plateau > 0:
             self._plateau -= 1
-            return self.base * self._rng.uniform(0.75, 1.25)
+            return min(self.cap, self.base * self._rng.uniform(1.0, 1.25))
         self._previous = min(self.cap, self._previous * self._rng.uniform(1.5, 2.5))
         if self._previous >= self.cap:
-            return self.cap * self._rng.uniform(0.75, 1.0)
+            return max(self.base, self.cap * self._rng.uniform(0.75, 1.0))
         return self._previous
 
     def reset(self) -> None:

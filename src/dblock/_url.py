@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import parse_qsl, unquote, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 from ._errors import ConfigurationError
 
@@ -43,16 +43,19 @@ def default_url() -> str:
 
 
 def redact(url: str) -> str:
-    """The URL without its password (best effort for unparsable input)."""
-    try:
-        parts = urlsplit(url)
-        if parts.password is None:
-            return url
-        netloc = parts.netloc.rsplit("@", 1)
-        user = netloc[0].split(":", 1)[0]
-        return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc[1]}"))
-    except ValueError:
-        return "<unparsable URL>"
+    """The URL with anything that may be a password replaced by ``***``.
+
+    It does not trust a URL parser (malformed URLs are exactly where parsers and drivers
+    disagree): everything between the first ``:`` of the user part and the last ``@`` goes.
+    """
+    head, at, tail = url.rpartition("@")
+    if not at:
+        return url
+    start = head.find("//") + 2 if "//" in head else head.find(":") + 1
+    colon = head.find(":", start)
+    if colon < 0:
+        return url
+    return f"{head[: colon + 1]}***@{tail}"
 
 
 def parse_url(url: str | None) -> DatabaseURL:
@@ -62,6 +65,8 @@ def parse_url(url: str | None) -> DatabaseURL:
     if not isinstance(url, str):
         raise ConfigurationError(f"url must be a str, not {type(url).__name__}")
     safe = redact(url)
+    if any(ord(c) < 32 or ord(c) == 127 for c in url):
+        raise ConfigurationError(f"database URL {safe!r} contains control characters")
     scheme, sep, _ = url.partition("://")
     dialect = SCHEMES.get(scheme.lower()) if sep else None
     if dialect is None:
@@ -72,8 +77,12 @@ def parse_url(url: str | None) -> DatabaseURL:
     try:
         parts = urlsplit(url)
         port = parts.port
-    except ValueError as exc:
-        raise ConfigurationError(f"invalid database URL {safe!r}: {exc}") from None
+    except ValueError:
+        # urllib's message would quote the bad part, which may be the password
+        raise ConfigurationError(
+            f"invalid database URL {safe!r}: the host:port part does not parse; "
+            "percent-encode '/', '?', '#', '@' and ':' in the user name and password"
+        ) from None
     query = dict(parse_qsl(parts.query, keep_blank_values=True))
     if dialect == "sqlite":
         if parts.netloc:

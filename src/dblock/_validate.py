@@ -26,6 +26,12 @@ def check_key(key: object) -> str:
         )
     if "\x00" in key:
         raise ValueError("lock key must not contain NUL characters")
+    try:
+        key.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(
+            "lock key must be valid Unicode text (it contains a lone surrogate)"
+        ) from None
     return key
 
 

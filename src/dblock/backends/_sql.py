@@ -2,9 +2,14 @@
 
 Retry policy (PITFALLS 6 and 10): a statement that fails because its pooled connection was
 dropped (server restart, ``pg_terminate_backend``, MariaDB ``KILL``) is run once more on a
-fresh connection; a deadlock or serialization failure is retried a few times with backoff.
-Both are safe because every lock operation is idempotent for the same owner (see the backend
-SQL). Anything else becomes :class:`BackendError` at once.
+fresh connection (the idle pool is emptied too: a restart kills every pooled connection); a
+deadlock or serialization failure is retried a few times with backoff. Both are safe because
+every lock operation is idempotent for the same owner (see the backend SQL). Anything else
+becomes :class:`BackendError` at once.
+
+No statement may hang: a watchdog aborts one that has not finished within its deadline (a
+frozen server or a network partition that drops packets without a reset), by shutting its
+connection's socket down, and the caller gets BackendError.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from enum import Enum
 from typing import Generic, TypeVar
 
 from .._errors import BackendError
+from .._renewer import Scheduler
 from ._protocol import Subscription
 
 C = TypeVar("C")
@@ -26,6 +32,10 @@ T = TypeVar("T")
 
 _TRANSIENT_ATTEMPTS = 5
 _POOL_SIZE = 8
+#: how long one lock statement may take before it is aborted, seconds
+STATEMENT_DEADLINE = 5.0
+#: the same for maintenance over many rows (list, purge, creating the schema)
+MAINTENANCE_DEADLINE = 120.0
 
 
 class Failure(Enum):
@@ -69,6 +79,7 @@ class SqlBackend(ABC, Generic[C]):
         self._pool_lock = threading.Lock()
         self._pid = os.getpid()
         self._closed = False
+        self._watchdog = Scheduler(f"dblock-watchdog[{table}]")
 
     # -- to implement -------------------------------------------------------------------
     @abstractmethod
@@ -85,6 +96,10 @@ class SqlBackend(ABC, Generic[C]):
 
     def _reset(self, conn: C) -> None:
         """Bring a connection back to a clean state after a failed statement."""
+
+    @abstractmethod
+    def _abort(self, conn: C) -> None:
+        """Make a statement blocked on ``conn`` fail now (called from the watchdog thread)."""
 
     # -- pool ---------------------------------------------------------------------------
     def _checkout(self) -> C:
@@ -110,14 +125,30 @@ class SqlBackend(ABC, Generic[C]):
     def close(self) -> None:
         with self._pool_lock:
             self._closed = True
+        self._drain()
+        self._watchdog.stop()
+
+    def _drain(self) -> None:
+        """Close every idle connection (after a disconnect they are likely dead too)."""
+        with self._pool_lock:
             idle, self._idle = self._idle, []
         if self._pid == os.getpid():
             for conn in idle:
                 self._close_connection(conn)
 
     # -- running ------------------------------------------------------------------------
-    def run(self, what: str, fn: Callable[[C], T], *, key: str | None = None) -> T:
-        """Run ``fn(conn)`` with the retry policy; wrap driver errors in BackendError."""
+    def run(
+        self,
+        what: str,
+        fn: Callable[[C], T],
+        *,
+        key: str | None = None,
+        deadline: float = STATEMENT_DEADLINE,
+    ) -> T:
+        """Run ``fn(conn)`` with the retry policy; wrap driver errors in BackendError.
+
+        ``fn`` is aborted if it has not finished ``deadline`` seconds after it started.
+        """
         reconnected = False
         attempt = 0
         give_up = time.monotonic() + self._transient_for
@@ -129,15 +160,31 @@ class SqlBackend(ABC, Generic[C]):
                 raise
             except Exception as exc:
                 raise self._wrap(exc, f"cannot connect to {self.safe_url}", key) from exc
+            aborted = threading.Event()
+
+            def abort(conn: C = conn, aborted: threading.Event = aborted) -> None:
+                aborted.set()
+                self._abort(conn)
+
+            job = self._watchdog.at(time.monotonic() + deadline, abort)
             try:
                 result = fn(conn)
             except BaseException as exc:
+                job.cancel()
                 failure = self._classify(exc)
+                if aborted.is_set():
+                    self._close_connection(conn)
+                    raise BackendError(
+                        f"{what} on {self.safe_url} did not complete within {deadline:g} s "
+                        f"(table {self.table}): the server or the network is not answering",
+                        key=key,
+                    ) from exc
                 if failure is None:
                     self._close_connection(conn)
                     raise
                 if failure is Failure.DISCONNECT:
                     self._close_connection(conn)
+                    self._drain()
                     if not reconnected:
                         reconnected = True
                         continue
@@ -149,7 +196,11 @@ class SqlBackend(ABC, Generic[C]):
                         time.sleep(self._transient_pause(attempt))
                         continue
                 raise self._wrap(exc, f"{what} failed on {self.safe_url}", key) from exc
-            self._checkin(conn)
+            job.cancel()
+            if aborted.is_set():  # it finished just as it was being aborted
+                self._close_connection(conn)
+            else:
+                self._checkin(conn)
             return result
 
     #: keep retrying transient failures for this long (beyond the first few attempts)

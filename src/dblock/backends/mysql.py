@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
@@ -33,7 +34,7 @@ from .._types import Kind, LockInfo
 from .._url import DatabaseURL
 from ._holders import HoldersMixin, Rows
 from ._names import aux_name, qualify
-from ._sql import Failure
+from ._sql import MAINTENANCE_DEADLINE, Failure
 
 NOW = "UTC_TIMESTAMP(6)"
 # server gone away, lost connection, killed (MariaDB 1927), shutdown, idle disconnect
@@ -79,6 +80,10 @@ class MysqlBackend(HoldersMixin[Any]):
         except ValueError:
             raise ConfigurationError(f"timeouts in {url.safe!r} must be integers") from None
         kwargs.update({k: v for k, v in url.query.items() if k in _STR_PARAMS})
+        # PyMySQL reads the server's greeting with read_timeout: unset, a server that accepts
+        # and never greets would block connect() forever
+        kwargs.setdefault("read_timeout", kwargs["connect_timeout"])
+        kwargs.setdefault("write_timeout", kwargs["connect_timeout"])
         self._kwargs = kwargs
         self._build_statements(schema, table)
 
@@ -236,7 +241,9 @@ class MysqlBackend(HoldersMixin[Any]):
         self._purge_hwm = f"UPDATE {meta} SET hwm = GREATEST(hwm, %s) WHERE id = 1"
         self._purge = f"DELETE FROM {t} WHERE {gone} AND token <= %s"
         self._schema = schema
-        self._names = (table, aux_name(table, "_meta"))
+        # every table the schema has: a process that finds only some of them is looking at
+        # another process's creation halfway through, and must wait for it (GET_LOCK below)
+        self._names = (table, aux_name(table, "_meta"), aux_name(table, "_holders"))
         digest = hashlib.sha1(t.encode(), usedforsecurity=False).hexdigest()[:16]
         self._ddl_lock = f"dblock_ddl_{digest}"
 
@@ -260,6 +267,12 @@ class MysqlBackend(HoldersMixin[Any]):
             return Failure.TRANSIENT
         return Failure.FATAL
 
+    def _abort(self, conn: Any) -> None:
+        sock = getattr(conn, "_sock", None)  # PyMySQL keeps its socket here
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
     def _reset(self, conn: Any) -> None:
         conn.rollback()
 
@@ -272,10 +285,10 @@ class MysqlBackend(HoldersMixin[Any]):
             with conn.cursor() as cur:
                 cur.execute(
                     "SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = "
-                    "COALESCE(%s, DATABASE()) AND table_name IN (%s, %s)",
+                    "COALESCE(%s, DATABASE()) AND table_name IN (%s, %s, %s)",
                     (self._schema, *self._names),
                 )
-                if cur.fetchone()[0] == 2:
+                if cur.fetchone()[0] == len(self._names):
                     return
                 if not create:
                     raise ConfigurationError(
@@ -283,14 +296,14 @@ class MysqlBackend(HoldersMixin[Any]):
                         "create it with connect(create_schema=True) or apply `dblock schema "
                         "--dialect mysql`"
                     )
-                cur.execute("SELECT GET_LOCK(%s, 30)", (self._ddl_lock,))
+                cur.execute("SELECT GET_LOCK(%s, 60)", (self._ddl_lock,))
                 try:
                     for statement in self._ddl:
                         cur.execute(statement)
                 finally:
                     cur.execute("SELECT RELEASE_LOCK(%s)", (self._ddl_lock,))
 
-        self.run("creating the lock table", op)
+        self.run("creating the lock table", op, deadline=MAINTENANCE_DEADLINE)
 
     # -- operations -----------------------------------------------------------------------
     def acquire(self, key: str, owner: str, ttl: float, kind: str) -> int | None:
@@ -422,7 +435,7 @@ class MysqlBackend(HoldersMixin[Any]):
                 rows = [*cur.fetchall(), *self._holder_rows(conn, prefix=prefix)]
             return sorted((_info(row) for row in rows), key=lambda i: (i.key, i.acquired_at))
 
-        return self.run("list", op)
+        return self.run("list", op, deadline=MAINTENANCE_DEADLINE)
 
     def force_release(self, key: str) -> bool:
         def op(conn: Any) -> bool:
@@ -482,7 +495,7 @@ class MysqlBackend(HoldersMixin[Any]):
                     raise
                 return count
 
-        return self.run("purge", op)
+        return self.run("purge", op, deadline=MAINTENANCE_DEADLINE)
 
 
 def _us(params: dict[str, Any]) -> dict[str, Any]:

@@ -19,6 +19,8 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
+import os
+import socket
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -32,7 +34,7 @@ from .._types import Kind, LockInfo
 from .._url import DatabaseURL
 from ._holders import HoldersMixin, Rows
 from ._names import aux_name, qualify
-from ._sql import Failure
+from ._sql import MAINTENANCE_DEADLINE, Failure
 
 log = logging.getLogger("dblock")
 
@@ -54,8 +56,20 @@ class PostgresBackend(HoldersMixin[psycopg.Connection[Any]]):
         self, url: DatabaseURL, schema: str | None, table: str
     ) -> None:
         super().__init__(url.safe, f"{schema}.{table}" if schema else table, url.password)
-        self._conninfo = url.raw
-        self._options: dict[str, Any] = {}
+        # libpq gets keywords, never the URL: it would parse a malformed URL differently from
+        # dblock, and quote it (password included) in its error messages
+        self._options: dict[str, Any] = {
+            k: v
+            for k, v in {
+                "host": url.host,
+                "port": url.port,
+                "user": url.user,
+                "password": url.password,
+                "dbname": url.database or None,
+            }.items()
+            if v is not None
+        }
+        self._options.update(url.query)
         if "connect_timeout" not in url.query:
             self._options["connect_timeout"] = 10
         if "application_name" not in url.query:
@@ -230,8 +244,12 @@ class PostgresBackend(HoldersMixin[psycopg.Connection[Any]]):
             "AND (kind <> 'once' OR (%(inc)s AND state IN ('succeeded', 'failed'))) "
             f"AND {self._no_live_holders(t)}"
         )
-        self._exists = "SELECT to_regclass(%(t)s) IS NOT NULL AND to_regclass(%(s)s) IS NOT NULL"
-        self._names = {"t": t, "s": seq}
+        # every object the schema has (see MysqlBackend._names for why)
+        self._exists = (
+            "SELECT to_regclass(%(t)s) IS NOT NULL AND to_regclass(%(s)s) IS NOT NULL "
+            "AND to_regclass(%(h)s) IS NOT NULL"
+        )
+        self._names = {"t": t, "s": seq, "h": holders}
         digest = hashlib.sha1(t.encode(), usedforsecurity=False).digest()
         self._ddl_lock_id = int.from_bytes(digest[:8], "big", signed=True)
         self._listener: _Listener | None = None
@@ -252,7 +270,7 @@ class PostgresBackend(HoldersMixin[psycopg.Connection[Any]]):
 
     # -- connections ----------------------------------------------------------------------
     def _connect(self) -> psycopg.Connection[Any]:
-        return psycopg.connect(self._conninfo, autocommit=True, **self._options)
+        return psycopg.connect(autocommit=True, **self._options)
 
     def _close_connection(self, conn: psycopg.Connection[Any]) -> None:
         with contextlib.suppress(psycopg.Error):
@@ -268,6 +286,9 @@ class PostgresBackend(HoldersMixin[psycopg.Connection[Any]]):
         ):
             return Failure.DISCONNECT
         return Failure.FATAL
+
+    def _abort(self, conn: psycopg.Connection[Any]) -> None:
+        _shutdown(conn.pgconn.socket)
 
     def _reset(self, conn: psycopg.Connection[Any]) -> None:
         if conn.closed or conn.broken:
@@ -295,7 +316,7 @@ class PostgresBackend(HoldersMixin[psycopg.Connection[Any]]):
                 for statement in self._ddl:
                     conn.execute(statement)
 
-        self.run("creating the lock table", op)
+        self.run("creating the lock table", op, deadline=MAINTENANCE_DEADLINE)
 
     # -- operations -----------------------------------------------------------------------
     def acquire(self, key: str, owner: str, ttl: float, kind: str) -> int | None:
@@ -415,7 +436,7 @@ class PostgresBackend(HoldersMixin[psycopg.Connection[Any]]):
             rows = [*cur.fetchall(), *self._holder_rows(conn, prefix=prefix)]
             return sorted((_info(row) for row in rows), key=lambda i: (i.key, i.acquired_at))
 
-        return self.run("list", op)
+        return self.run("list", op, deadline=MAINTENANCE_DEADLINE)
 
     def force_release(self, key: str) -> bool:
         def op(conn: psycopg.Connection[Any]) -> bool:
@@ -432,7 +453,7 @@ class PostgresBackend(HoldersMixin[psycopg.Connection[Any]]):
                 conn, older_than
             )
 
-        return self.run("purge", op)
+        return self.run("purge", op, deadline=MAINTENANCE_DEADLINE)
 
     # -- dialect hooks for the multi-holder operations ------------------------------------
     def _later(self, name: str) -> str:
@@ -578,6 +599,12 @@ class _Listener:
         self._stopped.set()
         if self._thread.is_alive():
             self._thread.join(timeout=2)
+
+
+def _shutdown(fd: int) -> None:
+    """Shut a connection's socket down, so a read blocked on it returns at once."""
+    with contextlib.suppress(OSError), socket.socket(fileno=os.dup(fd)) as sock:
+        sock.shutdown(socket.SHUT_RDWR)
 
 
 def _info(row: Any) -> LockInfo:

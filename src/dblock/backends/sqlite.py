@@ -28,7 +28,7 @@ from .._url import DatabaseURL
 from ._holders import HoldersMixin, Rows
 from ._names import aux_name, qualify
 from ._protocol import Subscription
-from ._sql import Failure, Sleeper
+from ._sql import MAINTENANCE_DEADLINE, Failure, Sleeper
 
 MIN_VERSION = (3, 35, 0)
 NOW = "((julianday('now') - 2440587.5) * 86400.0)"
@@ -240,12 +240,13 @@ class SqliteBackend(HoldersMixin[sqlite3.Connection]):
         )
         self._purge = f"DELETE FROM {t} WHERE {gone}"
         self._exists = (
-            "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name IN (:t, :m)"
+            "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name IN (:t, :m, :h)"
             if schema is None
             else f'SELECT count(*) FROM "{schema}".sqlite_master '
-            "WHERE type = 'table' AND name IN (:t, :m)"
+            "WHERE type = 'table' AND name IN (:t, :m, :h)"
         )
-        self._names = {"t": table, "m": aux_name(table, "_meta")}
+        # every table the schema has (see MysqlBackend._names for why)
+        self._names = {"t": table, "m": aux_name(table, "_meta"), "h": aux_name(table, "_holders")}
 
     # -- connections ----------------------------------------------------------------------
     def _connect(self) -> sqlite3.Connection:
@@ -295,6 +296,9 @@ class SqliteBackend(HoldersMixin[sqlite3.Connection]):
     def _transient_pause(self, attempt: int) -> float:
         return random.uniform(0.0002, 0.0015)
 
+    def _abort(self, conn: sqlite3.Connection) -> None:
+        conn.interrupt()
+
     def _reset(self, conn: sqlite3.Connection) -> None:
         if conn.in_transaction:
             conn.execute("ROLLBACK")
@@ -306,7 +310,7 @@ class SqliteBackend(HoldersMixin[sqlite3.Connection]):
     def ensure_schema(self, create: bool) -> None:
         def op(conn: sqlite3.Connection) -> None:
             found = conn.execute(self._exists, self._names).fetchone()[0]
-            if found == 2:
+            if found == len(self._names):
                 return
             if not create:
                 raise ConfigurationError(
@@ -323,7 +327,7 @@ class SqliteBackend(HoldersMixin[sqlite3.Connection]):
                 conn.execute("ROLLBACK")
                 raise
 
-        self.run("creating the lock table", op)
+        self.run("creating the lock table", op, deadline=MAINTENANCE_DEADLINE)
 
     # -- operations -----------------------------------------------------------------------
     def acquire(self, key: str, owner: str, ttl: float, kind: str) -> int | None:
@@ -436,7 +440,7 @@ class SqliteBackend(HoldersMixin[sqlite3.Connection]):
             rows = [*cur, *self._holder_rows(conn, prefix=prefix)]
             return sorted((_info(row) for row in rows), key=lambda i: (i.key, i.acquired_at))
 
-        return self.run("list", op)
+        return self.run("list", op, deadline=MAINTENANCE_DEADLINE)
 
     def force_release(self, key: str) -> bool:
         def op(conn: sqlite3.Connection) -> bool:
@@ -495,7 +499,7 @@ class SqliteBackend(HoldersMixin[sqlite3.Connection]):
                 raise
             return int(count)
 
-        return self.run("purge", op)
+        return self.run("purge", op, deadline=MAINTENANCE_DEADLINE)
 
 
 def _info(row: Any) -> LockInfo:
