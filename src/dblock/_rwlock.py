@@ -10,12 +10,14 @@ the queue for longer than that.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from ._lock import Hold, Lock
 
 if TYPE_CHECKING:
     from ._client import Client
+
+L = TypeVar("L", bound=Lock)
 
 
 class _SharedHold(Lock):
@@ -70,22 +72,22 @@ class RWLock:
         self, *, on_lost: Callable[[Lock], object] | None = None, auto_renew: bool = False
     ) -> ReadLock:
         """A new read hold (not yet acquired); use it with ``with``."""
-        return ReadLock(
-            self._client,
-            self.key,
-            ttl=self.ttl,
-            timeout=self.timeout,
-            reentrant=False,
-            auto_renew=auto_renew,
-            on_lost=on_lost,
-            kind="read",
-        )
+        return self._hold(ReadLock, "read", on_lost, auto_renew)
 
     def write_lock(
         self, *, on_lost: Callable[[Lock], object] | None = None, auto_renew: bool = False
     ) -> WriteLock:
         """A new write hold (not yet acquired); use it with ``with``."""
-        return WriteLock(
+        return self._hold(WriteLock, "write", on_lost, auto_renew)
+
+    def _hold(
+        self,
+        cls: type[L],
+        kind: str,
+        on_lost: Callable[[Lock], object] | None,
+        auto_renew: bool,
+    ) -> L:
+        return cls(
             self._client,
             self.key,
             ttl=self.ttl,
@@ -93,7 +95,7 @@ class RWLock:
             reentrant=False,
             auto_renew=auto_renew,
             on_lost=on_lost,
-            kind="write",
+            kind=kind,
         )
 
     def __repr__(self) -> str:
