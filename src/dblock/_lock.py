@@ -363,7 +363,10 @@ class Lock:
             try:
                 released = self._end_hold(hold)
             except BackendError:
-                self._schedule_locked(hold)  # still ours as far as we know: keep renewing
+                # The caller wanted it released: renewal stays stopped, so if the database
+                # stays out of reach the lease lapses by itself within its ttl instead of
+                # living as long as this process. release() may be called again meanwhile.
+                hold.job = None
                 raise
             hold.count = 0
             self._pop(tid)

@@ -122,3 +122,32 @@ def test_waiter_still_wakes_after_its_connections_are_killed(
         holder.release()
         thread.join(40)
         assert got.is_set()
+
+
+def test_a_failed_release_stops_renewal_so_the_lease_lapses(
+    server_db_url: str, server_table: str, key: str
+) -> None:
+    """The caller wanted it released: if the database cannot be told, the lease must not be
+    kept alive by the background renewal for as long as the process lives."""
+    with (
+        dblock.connect(server_db_url, table=server_table) as client,
+        dblock.connect(server_db_url, table=server_table) as rival,
+    ):
+        lock = client.lock(key, ttl=1.0, auto_renew=True)
+        lock.acquire()
+        backend = client._backend
+        real_release = backend.release
+
+        def unreachable(*_args: object) -> bool:
+            raise dblock.BackendError("simulated: the database is unreachable", key=key)
+
+        backend.release = unreachable  # the fault seam only: the database itself stays real
+        try:
+            with pytest.raises(dblock.BackendError):
+                lock.release()
+        finally:
+            backend.release = real_release
+        # the rival gets the key once the unrenewed lease has run out (1 s), not never
+        assert rival.lock(key).acquire(timeout=10)
+        with pytest.raises(dblock.LockLost):
+            lock.release()  # the retry learns that the lease lapsed
