@@ -39,11 +39,17 @@ log = logging.getLogger("dblock")
 PUSHED_POLL_CAP = 5.0
 FIRST_BACKOFF = 0.002
 #: lease of a waiter's queue entry: a waiter that died or froze leaves the queue after it
-QUEUE_TTL = 6.0
+QUEUE_TTL = 9.0
 #: how soon the head of a queue that is not told of releases first asks whether it is free;
 #: the n-th waiter behind it starts 2**n times slower, and each slows down while nothing moves
 HEAD_POLL = 0.002
 HEAD_PLATEAU = 25  # polls at that pace before slowing down
+
+
+def _fallback_backoff(cap: float) -> Backoff:
+    """Polls for a waiter that is woken when something changes: only a safety net (a holder
+    that died without releasing), so they start near the cap instead of ramping up from ms."""
+    return Backoff(0.75 * cap, cap)
 
 
 class _TurnPacer:
@@ -228,7 +234,7 @@ class Lock:
                     acquired = True
                     return hold
                 if subscription is not None:
-                    backoff = Backoff(FIRST_BACKOFF, PUSHED_POLL_CAP)
+                    backoff = _fallback_backoff(PUSHED_POLL_CAP)
                     queued_at, should_try = time.monotonic(), False
             while True:
                 if should_try:
@@ -244,8 +250,8 @@ class Lock:
                     # Listen before the next try, so a release between the try and the wait
                     # is not missed (PITFALLS 8).
                     subscription = backend.subscribe(self._key, owner)
-                    cap = PUSHED_POLL_CAP if subscription.live else client._poll_cap
-                    backoff = Backoff(FIRST_BACKOFF, cap)
+                    if subscription.live:
+                        backoff = _fallback_backoff(PUSHED_POLL_CAP)
                 if self._queue_kind is not None and (
                     queued_at is None or time.monotonic() - queued_at > QUEUE_TTL / 3
                 ):

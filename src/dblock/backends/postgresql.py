@@ -204,10 +204,13 @@ class PostgresBackend(HoldersMixin[psycopg.Connection[Any]]):
         # that waiter wakes: a hand-off, not a herd. No queue: "" for the owner wakes all.
         head = self._head("r.lock_key")
         ring = f"pg_notify('{self.channel}', coalesce({head}, '') || ' ' || r.lock_key)"
+        # A plain lock's waiters all queue, so with nobody queued there is nobody to tell (and
+        # pg_notify takes a server-wide queue lock at commit). A write lock's readers do not
+        # queue: its release always rings.
         self._release = (
             f"WITH r AS (UPDATE {t} SET owner = NULL, expires_at = {NOW} WHERE {live} "
-            "RETURNING lock_key)\n"
-            f"SELECT {ring} FROM r"
+            "RETURNING lock_key, kind)\n"
+            f"SELECT CASE WHEN r.kind = 'write' OR {head} IS NOT NULL THEN {ring} END FROM r"
         )
         # key owner token ttl -> one row changed if the live hold was extended
         self._renew = (
