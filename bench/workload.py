@@ -10,29 +10,15 @@ import contextlib
 import itertools
 import math
 import os
-import statistics
 import time
-from collections.abc import Sequence
 from typing import Any
 
 from bench.contenders import Contender, LockAdapter, Targets
 
-#: (worker, t_request, t_acquired, t_release_called)
-Record = tuple[int, float, float, float]
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """Nearest-rank percentile (q in 0..100); NaN for no values."""
-    if not values:
-        return math.nan
-    ordered = sorted(values)
-    rank = max(1, math.ceil(q / 100 * len(ordered)))
-    return ordered[min(rank, len(ordered)) - 1]
-
-
-def median(values: Sequence[float]) -> float:
-    finite = [v for v in values if v is not None and not math.isnan(v)]
-    return statistics.median(finite) if finite else math.nan
+# the statistics are the ones `dblock bench` (the user-facing tool) reports
+from dblock.bench import Record
+from dblock.bench import _median as median  # noqa: F401 - bench.run uses workload.median
+from dblock.bench import _percentile as percentile
 
 
 def _close(adapter: LockAdapter) -> None:
