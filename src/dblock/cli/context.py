@@ -42,7 +42,8 @@ class CliError(click.ClickException):
 
     def __init__(self, message: str, exit_code: int = exit_codes.FAILURE) -> None:
         super().__init__(message)
-        self.exit_code = exit_code
+        # click >= 8.5 declares exit_code a ClassVar; click reads it from the instance
+        setattr(self, "exit_code", exit_code)  # noqa: B010
 
     def show(self, file: Any = None) -> None:
         click.echo(f"dblock: {self.format_message()}", file=file or sys.stderr)
