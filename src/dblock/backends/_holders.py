@@ -54,6 +54,13 @@ class HoldersMixin(SqlBackend[C], Generic[C]):
     def _next_token(self, conn: C, key: str) -> int:
         """A new fencing token for ``key`` (inside the parent-locking transaction)."""
 
+    #: (owner, token) of the row of %(key)s
+    _owner_token: str
+    #: key owner token state -> 1 row if the once-outcome was recorded and the hold ended
+    _finish_once: str
+    #: key owner token least -> 1 row if the hold ended, or is kept until `least` s after start
+    _finish_least: str
+
     #: inserts a free parent row for %(key)s if there is none
     _ensure_parent: str
     #: locks the parent row: one row (owner, live) of %(key)s
@@ -75,6 +82,31 @@ class HoldersMixin(SqlBackend[C], Generic[C]):
         self._exec(conn, self._ensure_parent, {"key": key})
         owner, live = self._exec(conn, self._lock_parent, {"key": key})[1][0]
         return owner, bool(live)
+
+    # -- ending a hold with an outcome (once, scheduled) -----------------------------------
+    def _finish(self, what: str, sql: str, params: dict[str, Any]) -> bool:
+        """Run a statement that ends (owner, token)'s hold; after a retry, ours-and-gone is done."""
+        calls = 0
+
+        def op(conn: C) -> bool:
+            nonlocal calls
+            calls += 1
+            if self._exec(conn, sql, params)[0] == 1:
+                return True
+            if calls == 1:
+                return False
+            rows = self._exec(conn, self._owner_token, {"key": params["key"]})[1]
+            return bool(rows) and rows[0][1] == params["token"]
+
+        return self.run(what, op, key=params["key"])
+
+    def finish_once(self, key: str, owner: str, token: int, state: str) -> bool:
+        params = {"key": key, "owner": owner, "token": token, "state": state}
+        return self._finish("recording the once outcome", self._finish_once, params)
+
+    def finish_scheduled(self, key: str, owner: str, token: int, at_least: float) -> bool:
+        params = {"key": key, "owner": owner, "token": token, "least": at_least}
+        return self._finish("release", self._finish_least, params)
 
     # -- shared holds: read locks and semaphore permits -----------------------------------
     def acquire_shared(

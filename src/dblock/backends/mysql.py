@@ -204,14 +204,14 @@ class MysqlBackend(HoldersMixin[Any]):
             f"    expires_at = IF({ours}, VALUES(expires_at), {row}expires_at)"
         )
         self._once_state = f"SELECT kind, state, expires_at > {NOW} FROM {t} WHERE lock_key = %s"
-        mine = "lock_key = %s AND owner = %s AND token = %s"
-        # state key owner token -> 1 row if the outcome was recorded (and the hold ended)
+        mine = "lock_key = %(key)s AND owner = %(owner)s AND token = %(token)s"
+        # key owner token state -> 1 row if the outcome was recorded (and the hold ended)
         self._finish_once = (
-            f"UPDATE {t} SET state = %s, owner = NULL, expires_at = {NOW} "
+            f"UPDATE {t} SET state = %(state)s, owner = NULL, expires_at = {NOW} "
             f"WHERE {mine} AND kind = 'once'"
         )
-        least = "acquired_at + INTERVAL %s MICROSECOND"
-        # least_us least_us key owner token -> 1 row if ended, or kept until `least` s after the
+        least = "acquired_at + INTERVAL %(least_us)s MICROSECOND"
+        # key owner token least -> 1 row if ended, or kept until `least` s after the
         # start. `owner` is assigned before `expires_at`; neither condition reads either column.
         self._finish_least = (
             f"UPDATE {t} SET owner = IF({least} > {NOW}, owner, NULL), "
@@ -229,7 +229,7 @@ class MysqlBackend(HoldersMixin[Any]):
             f"SELECT {cols} FROM {t} WHERE {held} AND LEFT(lock_key, %s) = %s ORDER BY lock_key"
         )
         self._list_all = f"SELECT {cols} FROM {t} WHERE {held} ORDER BY lock_key"
-        self._owner_token = f"SELECT owner, token FROM {t} WHERE lock_key = %s"
+        self._owner_token = f"SELECT owner, token FROM {t} WHERE lock_key = %(key)s"
         self._force = (
             f"UPDATE {t} SET owner = NULL, expires_at = {NOW} WHERE lock_key = %s AND {held}"
         )
@@ -353,7 +353,7 @@ class MysqlBackend(HoldersMixin[Any]):
                 if cur.execute(self._release, (key, owner, token)) == 1:
                     return True
                 # After a retry the first attempt may have committed: released by us is success.
-                if calls == 1 or not cur.execute(self._owner_token, (key,)):
+                if calls == 1 or not cur.execute(self._owner_token, {"key": key}):
                     return False
                 row = cur.fetchone()
                 return bool(row[0] is None and row[1] == token)
@@ -378,31 +378,6 @@ class MysqlBackend(HoldersMixin[Any]):
                 return None if row is None else (row[0], row[1], bool(row[2]))
 
         return self.run("state", op, key=key)
-
-    def _finish(self, what: str, sql: str, params: tuple[Any, ...], key: str, token: int) -> bool:
-        """Run a statement that ends (owner, token)'s hold; after a retry, ours-and-gone is done."""
-        calls = 0
-
-        def op(conn: Any) -> bool:
-            nonlocal calls
-            calls += 1
-            with conn.cursor() as cur:
-                if cur.execute(sql, params) == 1:
-                    return True
-                if calls == 1 or not cur.execute(self._owner_token, (key,)):
-                    return False
-                return bool(cur.fetchone()[1] == token)
-
-        return self.run(what, op, key=key)
-
-    def finish_once(self, key: str, owner: str, token: int, state: str) -> bool:
-        params = (state, key, owner, token)
-        return self._finish("recording the once outcome", self._finish_once, params, key, token)
-
-    def finish_scheduled(self, key: str, owner: str, token: int, at_least: float) -> bool:
-        least = round(at_least * 1_000_000)
-        params = (least, least, key, owner, token)
-        return self._finish("release", self._finish_least, params, key, token)
 
     def renew(self, key: str, owner: str, token: int, ttl: float) -> bool:
         params = (round(ttl * 1_000_000), key, owner, token)
@@ -500,7 +475,8 @@ class MysqlBackend(HoldersMixin[Any]):
 
 def _us(params: dict[str, Any]) -> dict[str, Any]:
     """Add ``<name>_us`` microsecond integers for the duration parameters MySQL SQL uses."""
-    extra = {f"{k}_us": round(v * 1_000_000) for k, v in params.items() if k in ("ttl", "older")}
+    durations = ("ttl", "older", "least")
+    extra = {f"{k}_us": round(v * 1_000_000) for k, v in params.items() if k in durations}
     return {**params, **extra}
 
 

@@ -364,30 +364,6 @@ class PostgresBackend(HoldersMixin[psycopg.Connection[Any]]):
 
         return self.run("state", op, key=key)
 
-    def _finish(self, what: str, sql: str, params: dict[str, Any]) -> bool:
-        """Run a statement that ends (owner, token)'s hold; after a retry, ours-and-gone is done."""
-        calls = 0
-
-        def op(conn: psycopg.Connection[Any]) -> bool:
-            nonlocal calls
-            calls += 1
-            if conn.execute(sql, params).rowcount == 1:
-                return True
-            if calls == 1:
-                return False
-            row = conn.execute(self._owner_token, {"key": params["key"]}).fetchone()
-            return row is not None and row[1] == params["token"]
-
-        return self.run(what, op, key=params["key"])
-
-    def finish_once(self, key: str, owner: str, token: int, state: str) -> bool:
-        params = {"key": key, "owner": owner, "token": token, "state": state}
-        return self._finish("recording the once outcome", self._finish_once, params)
-
-    def finish_scheduled(self, key: str, owner: str, token: int, at_least: float) -> bool:
-        params = {"key": key, "owner": owner, "token": token, "least": at_least}
-        return self._finish("release", self._finish_least, params)
-
     def renew(self, key: str, owner: str, token: int, ttl: float) -> bool:
         params = {"key": key, "owner": owner, "token": token, "ttl": ttl}
         return self.run(
