@@ -36,7 +36,3 @@ class Backoff:
         if self._previous >= self.cap:
             return max(self.base, self.cap * self._rng.uniform(0.75, 1.0))
         return self._previous
-
-    def reset(self) -> None:
-        """Start again from ``base`` (something changed: look again soon)."""
-        self._previous = self.base

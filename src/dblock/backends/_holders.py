@@ -253,7 +253,8 @@ class HoldersMixin(SqlBackend[C], Generic[C]):
             f"(w.acquired_at, w.holder) < (SELECT q.acquired_at, q.holder {mine}))"
         )
 
-    def _queue_clause(self, queued: bool) -> str:
+    @property
+    def _queue_clause(self) -> str:
         """SQL that is true when no live waiter of the key is ahead of ``%(owner)s``."""
         return f"NOT EXISTS (SELECT 1 FROM {self._holders} w WHERE {self._ahead})"
 

@@ -39,8 +39,6 @@ class Backend(Protocol):
 
     #: dialect name: "sqlite", "postgresql" or "mysql"
     dialect: str
-    #: True if releases are pushed to waiters (e.g. LISTEN/NOTIFY); waiters then poll rarely
-    pushes_releases: bool
     #: True if a waiter should probe (read-only) before each write attempt: where reads are
     #: nearly free and every write contends for one lock (SQLite's single writer)
     probe_first: bool

@@ -67,7 +67,6 @@ class SqlBackend(ABC, Generic[C]):
     """Pool, retries and error wrapping around a DB-API driver. Subclasses supply SQL."""
 
     dialect: str
-    pushes_releases = False
     probe_first = False
     max_poll = 0.25
 

@@ -178,7 +178,7 @@ class MysqlBackend(HoldersMixin[Any]):
 
         self._acquire = acquire_sql()
         # a newcomer's acquire: the same, only when nobody waits in the key's queue
-        self._acquire_newcomer = acquire_sql(self._queue_clause(False))
+        self._acquire_newcomer = acquire_sql(self._queue_clause)
         # key owner ttl_us note -> affected rows 1 / 2 with the token as insert id if the
         # once-record was claimed (absent, failed, or processing with an expired lease), else 0.
         # The claim condition tests four columns, so `owner` is assigned first and every later

@@ -50,7 +50,6 @@ class PostgresBackend(HoldersMixin[psycopg.Connection[Any]]):
     """Lock table in PostgreSQL."""
 
     dialect = "postgresql"
-    pushes_releases = True
 
     def __init__(  # noqa: PLR0915 - one named SQL constant per operation, built once here
         self, url: DatabaseURL, schema: str | None, table: str
@@ -157,12 +156,13 @@ class PostgresBackend(HoldersMixin[psycopg.Connection[Any]]):
             )
 
         self._acquire = acquire_sql()
-        self._acquire_or_enqueue = self._join_sql(acquire_sql(self._queue_clause(False)))
-        # the same, for a fair lock: only when no live waiter is ahead of %(owner)s
+        # the same, when no live waiter is ahead of %(owner)s (a newcomer: when nobody waits)
+        in_turn = acquire_sql(self._queue_clause)
+        self._acquire_or_enqueue = self._join_sql(in_turn)
         # a queued waiter's success also deletes its queue entry, in the same statement
         self._acquire_fair = {
-            False: acquire_sql(self._queue_clause(False)),
-            True: f"WITH a AS ({acquire_sql(self._queue_clause(True))}),\n"
+            False: in_turn,
+            True: f"WITH a AS ({in_turn}),\n"
             f"d AS (DELETE FROM {self._holders} WHERE lock_key = %(key)s AND holder = %(owner)s "
             "AND waiting = 1 AND EXISTS (SELECT 1 FROM a))\nSELECT token FROM a",
         }

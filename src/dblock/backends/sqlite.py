@@ -180,11 +180,8 @@ class SqliteBackend(HoldersMixin[sqlite3.Connection]):
             )
 
         self._acquire = acquire_sql()
-        # the same, for a fair lock: only when no live waiter is ahead of :owner
-        self._acquire_fair = {
-            queued: acquire_sql(self._sqlite_style(self._queue_clause(queued)))
-            for queued in (False, True)
-        }
+        # the same, when no live waiter is ahead of :owner (a newcomer: when nobody waits)
+        self._acquire_fair = acquire_sql(self._sqlite_style(self._queue_clause))
         # :key :owner :ttl :note -> one row (the token) if the once-record was claimed: absent,
         # failed, or processing with an expired lease (its holder crashed)
         self._claim_once = (
@@ -384,10 +381,10 @@ class SqliteBackend(HoldersMixin[sqlite3.Connection]):
 
         def op(conn: sqlite3.Connection) -> int | None:
             if not queued:
-                row = conn.execute(self._acquire_fair[queued], params).fetchone()
+                row = conn.execute(self._acquire_fair, params).fetchone()
                 return None if row is None else int(row[0])
             with self._transaction(conn):  # take and leave the queue: one commit
-                row = conn.execute(self._acquire_fair[queued], params).fetchone()
+                row = conn.execute(self._acquire_fair, params).fetchone()
                 if row is not None:
                     self._exec(conn, self._dequeue_sql, params)
             return None if row is None else int(row[0])
