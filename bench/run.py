@@ -91,21 +91,31 @@ def _key(tag: str) -> str:
 
 # -- scenarios ------------------------------------------------------------------------------
 def scenario_a(cs: list[Contender], t: Targets, b: Budget) -> dict[str, Any]:
+    """Per backend and repeat, one fresh process runs all of that backend's contenders
+    interleaved in 0.1 s slices (see workload.uncontended_interleaved)."""
     out: dict[str, Any] = {c.id: {"repeats": []} for c in cs}
+    backends = list(dict.fromkeys(c.backend for c in cs))
     for r in range(b.repeats):
-        for c in _rounds(cs, r):
+        for backend in backends:
+            group = _rounds([c for c in cs if c.backend == backend], r)
             try:
                 res = procs.run_one(
-                    workload.uncontended,
-                    (c, t, _key("a"), b.duration, b.max_ops),
-                    timeout=b.duration + 60,
+                    workload.uncontended_interleaved,
+                    (group, t, b.duration, b.max_ops),
+                    timeout=b.duration * len(group) + 120,
                 )
             except procs.WorkerError as exc:
-                out[c.id]["error"] = str(exc).splitlines()[0]
-                log(f"[a] {c.id}: {out[c.id]['error']}")
+                for c in group:
+                    out[c.id]["error"] = str(exc).splitlines()[0]
+                log(f"[a] {backend}: {str(exc).splitlines()[0]}")
                 continue
-            out[c.id]["repeats"].append(res)
-            log(f"[a] round {r + 1}/{b.repeats} {c.id}: {res['pairs_per_s']:,.0f} pairs/s")
+            for cid, v in res.items():
+                if "error" in v:
+                    out[cid]["error"] = v["error"]
+                    log(f"[a] {cid}: {v['error']}")
+                    continue
+                out[cid]["repeats"].append(v)
+                log(f"[a] round {r + 1}/{b.repeats} {cid}: {v['pairs_per_s']:,.0f} pairs/s")
     for v in out.values():
         rates = [x["pairs_per_s"] for x in v["repeats"]]
         v["pairs_per_s"] = workload.median(rates)

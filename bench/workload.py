@@ -11,6 +11,7 @@ import itertools
 import math
 import os
 import time
+import uuid
 from typing import Any
 
 from bench.contenders import Contender, LockAdapter, Targets
@@ -51,6 +52,51 @@ def uncontended(
     finally:
         _close(adapter)
     return {"pairs_per_s": n / elapsed, "ops": n, "seconds": elapsed}
+
+
+def uncontended_interleaved(
+    cs: list[Contender], t: Targets, duration: float, max_ops: int, slice_s: float = 0.1
+) -> dict[str, dict[str, Any]]:
+    """(a) for several contenders in one process, interleaved in short slices (order rotated
+    every slice), so that the machine's slow drifts (a neighbour's load, CPU frequency) fall on
+    every contender alike. ``duration`` seconds of measurement per contender."""
+    adapters: dict[str, LockAdapter] = {}
+    out: dict[str, dict[str, Any]] = {}
+    for c in cs:
+        try:
+            adapter = c.factory(t, f"bench-a-{uuid.uuid4().hex[:12]}")
+            for _ in range(20):  # warm-up: connections, prepared statements, tables
+                adapter.acquire()
+                adapter.release()
+            adapters[c.id] = adapter
+            out[c.id] = {"ops": 0, "seconds": 0.0}
+        except Exception as exc:  # reported per contender
+            out[c.id] = {"error": f"{type(exc).__name__}: {exc}".splitlines()[0]}
+    try:
+        ids = list(adapters)
+        for r in range(max(1, round(duration / slice_s))):
+            k = r % len(ids) if ids else 0
+            for cid in (ids[k:] + ids[:k])[:: -1 if r % 2 else 1]:
+                adapter, res = adapters[cid], out[cid]
+                if res["ops"] >= max_ops:
+                    continue
+                n, start = 0, time.perf_counter()
+                end = start + slice_s
+                while True:
+                    adapter.acquire()
+                    adapter.release()
+                    n += 1
+                    if time.perf_counter() >= end:
+                        break
+                res["ops"] += n
+                res["seconds"] += time.perf_counter() - start
+    finally:
+        for adapter in adapters.values():
+            _close(adapter)
+    for res in out.values():
+        if "error" not in res:
+            res["pairs_per_s"] = res["ops"] / res["seconds"]
+    return out
 
 
 # -- (b) contended critical sections and (c) hand-off -----------------------------------------

@@ -21,11 +21,12 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from enum import Enum
+from functools import partial
 from typing import Generic, TypeVar
 
 from .._errors import BackendError
-from .._renewer import Scheduler
 from ._protocol import Subscription
+from ._watchdog import Watchdog
 
 C = TypeVar("C")
 T = TypeVar("T")
@@ -78,7 +79,7 @@ class SqlBackend(ABC, Generic[C]):
         self._pool_lock = threading.Lock()
         self._pid = os.getpid()
         self._closed = False
-        self._watchdog = Scheduler(f"dblock-watchdog[{table}]")
+        self._watchdog = Watchdog(f"dblock-watchdog[{table}]", STATEMENT_DEADLINE)
 
     # -- to implement -------------------------------------------------------------------
     @abstractmethod
@@ -159,19 +160,13 @@ class SqlBackend(ABC, Generic[C]):
                 raise
             except Exception as exc:
                 raise self._wrap(exc, f"cannot connect to {self.safe_url}", key) from exc
-            aborted = threading.Event()
-
-            def abort(conn: C = conn, aborted: threading.Event = aborted) -> None:
-                aborted.set()
-                self._abort(conn)
-
-            job = self._watchdog.at(time.monotonic() + deadline, abort)
+            ident, watch = self._watchdog.watch(deadline, partial(self._abort, conn))
             try:
                 result = fn(conn)
             except BaseException as exc:
-                job.cancel()
+                self._watchdog.done(ident)
                 failure = self._classify(exc)
-                if aborted.is_set():
+                if watch.aborted:
                     self._close_connection(conn)
                     raise BackendError(
                         f"{what} on {self.safe_url} did not complete within {deadline:g} s "
@@ -195,8 +190,8 @@ class SqlBackend(ABC, Generic[C]):
                         time.sleep(self._transient_pause(attempt))
                         continue
                 raise self._wrap(exc, f"{what} failed on {self.safe_url}", key) from exc
-            job.cancel()
-            if aborted.is_set():  # it finished just as it was being aborted
+            self._watchdog.done(ident)
+            if watch.aborted:  # it finished just as it was being aborted
                 self._close_connection(conn)
             else:
                 self._checkin(conn)

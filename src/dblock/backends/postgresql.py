@@ -77,7 +77,6 @@ class PostgresBackend(HoldersMixin[psycopg.Connection[Any]]):
             self._options["options"] = "-c synchronous_commit=on"
         t = qualify(schema, table, '"')
         seq = qualify(schema, aux_name(table, "_token_seq"), '"')
-        index = f'"{aux_name(table, "_expires_idx")}"'
         holders = qualify(schema, aux_name(table, "_holders"), '"')
         self.channel = aux_name(table if schema is None else f"{schema}_{table}", "_released")
         self._ddl = [
@@ -91,7 +90,6 @@ class PostgresBackend(HoldersMixin[psycopg.Connection[Any]]):
             "    state       varchar(16),\n"
             "    note        text\n"
             ")",
-            f"CREATE INDEX IF NOT EXISTS {index} ON {t} (expires_at)",
             f"CREATE SEQUENCE IF NOT EXISTS {seq}",
             f"CREATE TABLE IF NOT EXISTS {holders} (\n"
             '    lock_key    text COLLATE "C" NOT NULL,\n'
@@ -150,18 +148,21 @@ class PostgresBackend(HoldersMixin[psycopg.Connection[Any]]):
                 "    owner = EXCLUDED.owner, token = EXCLUDED.token,\n"
                 "    acquired_at = EXCLUDED.acquired_at, expires_at = EXCLUDED.expires_at,\n"
                 "    state = NULL, note = NULL\n"
-                f"WHERE (l.expires_at <= {NOW} AND l.kind <> 'once' {fair and 'AND ' + fair})\n"
-                "    OR l.owner = EXCLUDED.owner\n"
+                f"WHERE (l.expires_at <= {NOW} AND l.kind <> 'once') OR l.owner = EXCLUDED.owner\n"
                 "RETURNING token"
             )
 
+        # The fairness clause is tested once, in the SELECT: the ON CONFLICT condition would
+        # read the holders table with the same statement snapshot, so it adds nothing there.
         self._acquire = acquire_sql()
-        # the same, when no live waiter is ahead of %(owner)s (a newcomer: when nobody waits)
+        # the same, when no live waiter is ahead of %(owner)s; a newcomer has no queue entry,
+        # so for it that is: when nobody waits
+        newcomer = acquire_sql(self._nobody_queued)
         in_turn = acquire_sql(self._queue_clause)
-        self._acquire_or_enqueue = self._join_sql(in_turn)
+        self._acquire_or_enqueue = self._join_sql(newcomer)
         # a queued waiter's success also deletes its queue entry, in the same statement
         self._acquire_fair = {
-            False: in_turn,
+            False: newcomer,
             True: f"WITH a AS ({in_turn}),\n"
             f"d AS (DELETE FROM {self._holders} WHERE lock_key = %(key)s AND holder = %(owner)s "
             "AND waiting = 1 AND EXISTS (SELECT 1 FROM a))\nSELECT token FROM a",
@@ -206,11 +207,13 @@ class PostgresBackend(HoldersMixin[psycopg.Connection[Any]]):
         ring = f"pg_notify('{self.channel}', coalesce({head}, '') || ' ' || r.lock_key)"
         # A plain lock's waiters all queue, so with nobody queued there is nobody to tell (and
         # pg_notify takes a server-wide queue lock at commit). A write lock's readers do not
-        # queue: its release always rings.
+        # queue: its release always rings. The head is looked up once (a lateral join).
         self._release = (
             f"WITH r AS (UPDATE {t} SET owner = NULL, expires_at = {NOW} WHERE {live} "
             "RETURNING lock_key, kind)\n"
-            f"SELECT CASE WHEN r.kind = 'write' OR {head} IS NOT NULL THEN {ring} END FROM r"
+            "SELECT CASE WHEN r.kind = 'write' OR h.holder IS NOT NULL THEN pg_notify("
+            f"'{self.channel}', coalesce(h.holder, '') || ' ' || r.lock_key) END\n"
+            f"FROM r LEFT JOIN LATERAL {head} h ON true"
         )
         # key owner token ttl -> one row changed if the live hold was extended
         self._renew = (

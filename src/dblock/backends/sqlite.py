@@ -107,7 +107,6 @@ class SqliteBackend(HoldersMixin[sqlite3.Connection]):
             raise ConfigurationError(f"timeout in {url.safe!r} must be a number") from None
         t = qualify(schema, table, '"')
         meta = qualify(schema, aux_name(table, "_meta"), '"')
-        index = qualify(schema, aux_name(table, "_expires_idx"), '"')
         holders = qualify(schema, aux_name(table, "_holders"), '"')
         self._main, self._holders, self._now = t, holders, NOW
         self._ddl = [
@@ -121,8 +120,6 @@ class SqliteBackend(HoldersMixin[sqlite3.Connection]):
             "    state       TEXT,\n"
             "    note        TEXT\n"
             ") WITHOUT ROWID",
-            # SQLite qualifies the index name, never the table it indexes.
-            f'CREATE INDEX IF NOT EXISTS {index} ON "{table}" (expires_at)',
             f"CREATE TABLE IF NOT EXISTS {meta} (\n"
             "    id  INTEGER NOT NULL PRIMARY KEY,\n"
             "    hwm INTEGER NOT NULL  -- highest fencing token ever purged\n"
@@ -174,14 +171,20 @@ class SqliteBackend(HoldersMixin[sqlite3.Connection]):
                 "    owner = excluded.owner, token = l.token + 1,\n"
                 "    acquired_at = excluded.acquired_at, expires_at = excluded.expires_at,\n"
                 "    state = NULL, note = NULL\n"
-                f"WHERE (l.expires_at <= {NOW} AND l.kind <> 'once' {fair and 'AND ' + fair})\n"
-                "    OR l.owner = excluded.owner\n"
+                f"WHERE (l.expires_at <= {NOW} AND l.kind <> 'once') OR l.owner = excluded.owner\n"
                 "RETURNING token"
             )
 
+        # The fairness clause is tested once, in the SELECT: the statement reads and writes
+        # one snapshot (SQLite refuses to write on a stale one), so ON CONFLICT would not
+        # learn anything new from it.
         self._acquire = acquire_sql()
-        # the same, when no live waiter is ahead of :owner (a newcomer: when nobody waits)
-        self._acquire_fair = acquire_sql(self._sqlite_style(self._queue_clause))
+        # the same, when no live waiter is ahead of :owner; for a newcomer (no queue entry of
+        # its own) that is: when nobody waits
+        self._acquire_fair = {
+            False: acquire_sql(self._sqlite_style(self._nobody_queued)),
+            True: acquire_sql(self._sqlite_style(self._queue_clause)),
+        }
         # :key :owner :ttl :note -> one row (the token) if the once-record was claimed: absent,
         # failed, or processing with an expired lease (its holder crashed)
         self._claim_once = (
@@ -381,10 +384,10 @@ class SqliteBackend(HoldersMixin[sqlite3.Connection]):
 
         def op(conn: sqlite3.Connection) -> int | None:
             if not queued:
-                row = conn.execute(self._acquire_fair, params).fetchone()
+                row = conn.execute(self._acquire_fair[queued], params).fetchone()
                 return None if row is None else int(row[0])
             with self._transaction(conn):  # take and leave the queue: one commit
-                row = conn.execute(self._acquire_fair, params).fetchone()
+                row = conn.execute(self._acquire_fair[queued], params).fetchone()
                 if row is not None:
                     self._exec(conn, self._dequeue_sql, params)
             return None if row is None else int(row[0])
