@@ -15,8 +15,9 @@ Scenarios (issue 6):
   e  queries/s issued by 8 blocked waiters while a holder sits on the lock for 5 s
 
 Each measurement runs in fresh forked processes, contenders alternate in every round (the order
-rotates each round; (a) interleaves a backend's contenders in 0.1 s slices), figures are medians of the repeats (the minimum for (e), whose counters
-only pick up extra noise). A nice-19 spinner keeps the other core awake throughout.
+rotates each round; (a) interleaves a backend's contenders in 0.1 s slices), figures are
+medians of the repeats (the minimum for (e), whose counters only pick up extra noise). A
+nice-19 spinner keeps the other core awake throughout.
 """
 
 from __future__ import annotations
