@@ -28,32 +28,6 @@ def _close(adapter: LockAdapter) -> None:
 
 
 # -- (a) uncontended pairs per second ---------------------------------------------------------
-def uncontended(
-    c: Contender, t: Targets, key: str, duration: float, max_ops: int
-) -> dict[str, float]:
-    adapter = c.factory(t, key)
-    try:
-        warm_end = time.perf_counter() + min(0.2, duration / 5)
-        for _ in range(max(10, max_ops // 20)):
-            adapter.acquire()
-            adapter.release()
-            if time.perf_counter() >= warm_end:
-                break
-        n = 0
-        start = time.perf_counter()
-        end = start + duration
-        while n < max_ops:
-            adapter.acquire()
-            adapter.release()
-            n += 1
-            if time.perf_counter() >= end:
-                break
-        elapsed = time.perf_counter() - start
-    finally:
-        _close(adapter)
-    return {"pairs_per_s": n / elapsed, "ops": n, "seconds": elapsed}
-
-
 def uncontended_interleaved(
     cs: list[Contender], t: Targets, duration: float, max_ops: int, slice_s: float = 0.1
 ) -> dict[str, dict[str, Any]]:
