@@ -77,15 +77,6 @@ def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def _rounds(items: list[Contender], r: int) -> list[Contender]:
-    """Round r's order: rotated by r, reversed every other round."""
-    if not items:
-        return []
-    k = r % len(items)
-    order = items[k:] + items[:k]
-    return order[::-1] if r % 2 else order
-
-
 def _key(tag: str) -> str:
     return f"bench-{tag}-{uuid.uuid4().hex[:12]}"
 
@@ -98,7 +89,7 @@ def scenario_a(cs: list[Contender], t: Targets, b: Budget) -> dict[str, Any]:
     backends = list(dict.fromkeys(c.backend for c in cs))
     for r in range(b.repeats):
         for backend in backends:
-            group = _rounds([c for c in cs if c.backend == backend], r)
+            group = workload.rounds([c for c in cs if c.backend == backend], r)
             try:
                 res = procs.run_one(
                     workload.uncontended_interleaved,
@@ -147,7 +138,7 @@ def scenario_b(cs: list[Contender], t: Targets, b: Budget, tmp: str) -> dict[str
     locks = [c for c in cs if c.is_lock]
     out: dict[str, Any] = {c.id: {"repeats": []} for c in locks}
     for r in range(b.contended_repeats):
-        for c in _rounds(locks, r):
+        for c in workload.rounds(locks, r):
             try:
                 res = run_contended(c, t, b, b.workers, b.contended, tmp)
             except procs.WorkerError as exc:
@@ -188,7 +179,7 @@ def scenario_c(cs: list[Contender], t: Targets, b: Budget, tmp: str) -> dict[str
     out: dict[str, Any] = {c.id: {"repeats": [], "samples": []} for c in locks}
     reps = b.contended_repeats
     for r in range(reps):
-        for c in _rounds(locks, r):
+        for c in workload.rounds(locks, r):
             counter = os.path.join(tmp, f"counter-{uuid.uuid4().hex[:8]}")
             workload.new_counter(counter)
             key = _key("c")
@@ -246,7 +237,7 @@ def scenario_e(cs: list[Contender], t: Targets, b: Budget) -> dict[str, Any]:
             if rate is not None:
                 baselines.setdefault(backend, []).append(rate)
                 log(f"[e] round {r + 1} {backend} baseline: {rate:.1f} queries/s")
-        for c in _rounds(locks, r):
+        for c in workload.rounds(locks, r):
             try:
                 rate = _waiting_rate(c, t, b.workers, settle, window, b)
             except procs.WorkerError as exc:

@@ -12,7 +12,7 @@ import math
 import os
 import time
 import uuid
-from typing import Any
+from typing import Any, TypeVar
 
 from bench.contenders import Contender, LockAdapter, Targets
 
@@ -21,10 +21,21 @@ from dblock.bench import Record
 from dblock.bench import _median as median  # noqa: F401 - bench.run uses workload.median
 from dblock.bench import _percentile as percentile
 
+T = TypeVar("T")
+
 
 def _close(adapter: LockAdapter) -> None:
     with contextlib.suppress(Exception):
         adapter.close()
+
+
+def rounds(items: list[T], r: int) -> list[T]:
+    """Round r's order: rotated by r, reversed every other round."""
+    if not items:
+        return []
+    k = r % len(items)
+    order = items[k:] + items[:k]
+    return order[::-1] if r % 2 else order
 
 
 # -- (a) uncontended pairs per second ---------------------------------------------------------
@@ -47,10 +58,8 @@ def uncontended_interleaved(
         except Exception as exc:  # reported per contender
             out[c.id] = {"error": f"{type(exc).__name__}: {exc}".splitlines()[0]}
     try:
-        ids = list(adapters)
         for r in range(max(1, round(duration / slice_s))):
-            k = r % len(ids) if ids else 0
-            for cid in (ids[k:] + ids[:k])[:: -1 if r % 2 else 1]:
+            for cid in rounds(list(adapters), r):
                 adapter, res = adapters[cid], out[cid]
                 if res["ops"] >= max_ops:
                     continue

@@ -247,8 +247,7 @@ class HoldersMixin(SqlBackend[C], Generic[C]):
             "AND q.waiting = 1"
         )
         return (
-            f"w.lock_key = %(key)s AND w.waiting = 1 AND w.kind = 'lock' "
-            f"AND w.expires_at > {self._now} AND w.holder <> %(owner)s "
+            f"{self._live_waiter} AND w.holder <> %(owner)s "
             f"AND (NOT EXISTS (SELECT 1 {mine}) OR "
             f"(w.acquired_at, w.holder) < (SELECT q.acquired_at, q.holder {mine}))"
         )
@@ -262,9 +261,14 @@ class HoldersMixin(SqlBackend[C], Generic[C]):
     def _nobody_queued(self) -> str:
         """The same for a newcomer (no queue entry of its own): the key's queue is empty.
         One index probe instead of three: the uncontended acquire runs it every time."""
+        return f"NOT EXISTS (SELECT 1 FROM {self._holders} w WHERE {self._live_waiter})"
+
+    @property
+    def _live_waiter(self) -> str:
+        """SQL on alias ``w``: a live entry in the lock queue of %(key)s."""
         return (
-            f"NOT EXISTS (SELECT 1 FROM {self._holders} w WHERE w.lock_key = %(key)s AND "
-            f"w.waiting = 1 AND w.kind = 'lock' AND w.expires_at > {self._now})"
+            f"w.lock_key = %(key)s AND w.waiting = 1 AND w.kind = 'lock' "
+            f"AND w.expires_at > {self._now}"
         )
 
     def _sqlite_style(self, sql: str) -> str:

@@ -320,15 +320,19 @@ class MysqlBackend(HoldersMixin[Any]):
     def ensure_schema(self, create: bool) -> None:
         def op(conn: Any) -> None:
             with conn.cursor() as cur:
-                cur.execute(
-                    "SELECT COUNT(*), (SELECT COUNT(*) FROM information_schema.columns WHERE "
-                    "table_schema = COALESCE(%s, DATABASE()) AND table_name = %s AND "
-                    "column_name = 'queued_until') FROM information_schema.tables WHERE "
-                    "table_schema = COALESCE(%s, DATABASE()) AND table_name IN (%s, %s, %s)",
-                    (self._schema, self._names[0], self._schema, *self._names),
+                # the queue mark's column: absent from tables of dblock 0.1.0.dev before it
+                marked = (
+                    "SELECT COUNT(*) FROM information_schema.columns WHERE table_schema = "
+                    "COALESCE(%s, DATABASE()) AND table_name = %s AND column_name = 'queued_until'"
                 )
-                tables, marked = cur.fetchone()
-                if tables == len(self._names) and marked:
+                where = (self._schema, self._names[0])
+                cur.execute(
+                    f"SELECT COUNT(*), ({marked}) FROM information_schema.tables WHERE "
+                    "table_schema = COALESCE(%s, DATABASE()) AND table_name IN (%s, %s, %s)",
+                    (*where, self._schema, *self._names),
+                )
+                tables, has_mark = cur.fetchone()
+                if tables == len(self._names) and has_mark:
                     return
                 if not create:
                     raise ConfigurationError(
@@ -340,19 +344,10 @@ class MysqlBackend(HoldersMixin[Any]):
                 try:
                     for statement in self._ddl:
                         cur.execute(statement)
-                    if tables == len(self._names) and not marked:
-                        # a table of dblock 0.1.0.dev, before the queue mark (idempotent: the
-                        # ADD COLUMN runs only if the column is still missing under the lock)
-                        cur.execute(
-                            "SELECT COUNT(*) FROM information_schema.columns WHERE table_schema"
-                            " = COALESCE(%s, DATABASE()) AND table_name = %s AND "
-                            "column_name = 'queued_until'",
-                            (self._schema, self._names[0]),
-                        )
-                        if not cur.fetchone()[0]:
-                            cur.execute(
-                                f"ALTER TABLE {self._main} ADD COLUMN queued_until DATETIME(6)"
-                            )
+                    # looked at again under the lock: another process may have added it
+                    cur.execute(marked, where)
+                    if not cur.fetchone()[0]:
+                        cur.execute(f"ALTER TABLE {self._main} ADD COLUMN queued_until DATETIME(6)")
                 finally:
                     cur.execute("SELECT RELEASE_LOCK(%s)", (self._ddl_lock,))
 
@@ -363,9 +358,9 @@ class MysqlBackend(HoldersMixin[Any]):
         return self._take(self._acquire, key, owner, ttl, kind)
 
     def acquire_fair(self, key: str, owner: str, ttl: float, queued: bool) -> int | None:
-        if not queued:  # one statement, as on the other backends
+        if not queued:  # one UPDATE where the key is quiet (see _build_statements)
             return self._take(self._acquire_newcomer, key, owner, ttl, "lock")
-        # InnoDB: for a queued waiter the queue check inside INSERT ... SELECT is a locking
+        # InnoDB: for a queued waiter a queue check inside the acquire statement is a locking
         # read under REPEATABLE READ, whose next-key locks on the queue rows stall the other
         # waiters' queue writes at every hand-off. So it is a plain (non-locking) read first,
         # then the ordinary acquire; a newcomer slipping in between is rare and harmless.
