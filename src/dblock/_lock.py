@@ -91,25 +91,60 @@ def _joiner(backend: object) -> Callable[[str, str, float, float], int | None] |
     return join if listening is not None and listening() else None
 
 
+class _QueueEntry:
+    """A waiter's entry in the key's wait queue, as the waiter knows it."""
+
+    def __init__(self) -> None:
+        #: local time when the statement that last made or refreshed it was sent
+        self.written_at: float | None = None
+        #: we made one (so the lock may have been handed to us)
+        self.made = False
+        #: a hand-over we hear of is for this entry, not an earlier one heard late
+        self.trusted = True
+
+    def written(self, sent: float) -> None:
+        self.written_at, self.made = sent, True
+
+    def gone(self) -> None:
+        self.written_at, self.trusted = None, False
+
+
 class Hold:
     """One acquisition in the database, shared by re-entrant acquisitions of its thread."""
 
-    def __init__(self, lock: Lock, owner: str, token: int, ttl: float, sent_at: float) -> None:
+    def __init__(
+        self,
+        lock: Lock,
+        owner: str,
+        token: int,
+        ttl: float,
+        sent_at: float,
+        *,
+        lease: float | None = None,
+    ) -> None:
         self.lock = lock
         self.key = lock.key
         self.owner = owner
         self.token = token
         self.ttl = ttl
+        #: the length of the current lease: ``ttl``, or less for a lock handed over by its
+        #: releaser (renewed to ``ttl`` in the background if it is held that long)
+        self.lease = ttl if lease is None else lease
         self.count = 1
         self.lost = False
         #: the local monotonic time after which the lease may have ended (conservative: the
         #: database started the lease no earlier than the request was sent)
-        self.expires_by = sent_at + ttl
+        self.expires_by = sent_at + self.lease
         self.mutex = threading.Lock()
         self.job: Job | None = None
 
     def live(self) -> bool:
         return not self.lost and time.monotonic() < self.expires_by
+
+    def renewed(self, sent_at: float, ttl: float) -> None:
+        """The database extended the lease to ``ttl`` by a request sent at ``sent_at``."""
+        self.ttl = self.lease = ttl
+        self.expires_by = sent_at + ttl
 
 
 class Lock:
@@ -213,7 +248,7 @@ class Lock:
         self._schedule(hold)
         return True
 
-    def _acquire_new(  # noqa: PLR0912 - the waiting state machine, kept in one place
+    def _acquire_new(  # noqa: PLR0912, PLR0915 - the waiting state machine, in one place
         self, blocking: bool, timeout: float | None
     ) -> Hold | None:
         client = self._client
@@ -222,24 +257,25 @@ class Lock:
         deadline = None if timeout is None else time.monotonic() + timeout
         subscription = None
         backoff = Backoff(FIRST_BACKOFF, client._poll_cap)
-        queued_at: float | None = None  # when our queue entry was last made or refreshed
+        entry = _QueueEntry()
         acquired = False
         should_try = True
         ahead = -1  # waiters ahead of us, as last probed (-1: not known)
         pacer = _TurnPacer(client._poll_cap)  # polls by queue position where nothing is pushed
         try:
             if blocking and self._queue_kind == "lock" and (timeout is None or timeout > 0):
-                hold, subscription = self._take_or_join(owner)
+                hold, subscription, sent = self._take_or_join(owner)
                 if hold is not None:
                     acquired = True
                     return hold
                 if subscription is not None:
                     backoff = _fallback_backoff(PUSHED_POLL_CAP)
-                    queued_at, should_try = time.monotonic(), False
+                    entry.written(sent)
+                    should_try = False
             while True:
                 if should_try:
                     sent = time.monotonic()
-                    token = self._try_acquire(owner, queued_at is not None)
+                    token = self._try_acquire(owner, entry.written_at is not None)
                     if token is not None:
                         acquired = True
                         return Hold(self, owner, token, self._ttl, sent)
@@ -252,27 +288,53 @@ class Lock:
                     subscription = backend.subscribe(self._key, owner)
                     if subscription.live:
                         backoff = _fallback_backoff(PUSHED_POLL_CAP)
-                if self._queue_kind is not None and (
-                    queued_at is None or time.monotonic() - queued_at > QUEUE_TTL / 3
-                ):
-                    first = queued_at is None
-                    queued_at = time.monotonic()
-                    backend.enqueue(self._key, owner, self._queue_kind, QUEUE_TTL)
-                    if first and not backend.probe_first:
-                        # a release between our first try and our subscription was not
-                        # announced to us: look once more. A refresh needs no look.
-                        should_try = True
-                        continue
+                if self._keep_queued(owner, entry, subscription):
+                    should_try = True
+                    continue
                 pause = backoff.next()
                 if ahead >= 0 and not subscription.live:
                     pause = pacer.pause(ahead)
                 subscription.wait(pause if remaining is None else min(pause, remaining))
-                should_try, ahead = self._worth_trying(owner, subscription, queued_at is not None)
+                if subscription.granted is not None:
+                    hold = self._take_grant(owner, subscription, entry)
+                    if hold is not None:
+                        acquired = True
+                        return hold
+                    should_try = True
+                    continue
+                should_try, ahead = self._worth_trying(
+                    owner, subscription, entry.written_at is not None
+                )
         finally:
             if subscription is not None:
                 subscription.close()
-            if queued_at is not None and not (acquired and self._dequeues_itself):
-                self._leave_queue(owner)
+            if entry.made and not (acquired and self._dequeues_itself):
+                self._leave_queue(owner)  # which also hands on a lock handed to us meanwhile
+
+    def _keep_queued(self, owner: str, entry: _QueueEntry, subscription: Subscription) -> bool:
+        """Make our queue entry, or refresh it when due; True if we should try again now."""
+        if self._queue_kind is None or (
+            entry.written_at is not None and time.monotonic() - entry.written_at <= QUEUE_TTL / 3
+        ):
+            return False
+        backend = self._client._backend
+        sent = time.monotonic()
+        if entry.written_at is None:
+            # the lock may be handed to a plain lock's waiter that hears of releases
+            lease = self._ttl if subscription.live and self._queue_kind == "lock" else None
+            backend.enqueue(self._key, owner, self._queue_kind, QUEUE_TTL, lease)
+            entry.written(sent)
+            # a release between our first try and our subscription was not announced to us:
+            # look once more (where a look is a write, the probe before the next try does)
+            return not backend.probe_first
+        if not backend.requeue(self._key, owner, self._queue_kind, QUEUE_TTL):
+            # Our entry is gone: the lock was handed to us (its notification is late or lost,
+            # and our own try takes it), or we were paused until the entry expired and was
+            # purged (we queue again).
+            entry.gone()
+            return True
+        entry.written(sent)
+        return False
 
     #: waiters of this kind keep an entry in the key's wait queue (None: they do not queue).
     #: Plain locks queue: waiters are served first come, first served, and a newcomer does
@@ -300,14 +362,15 @@ class Lock:
         """End the hold in the database; False if its lease was already gone."""
         return self._client._backend.release(self._key, hold.owner, hold.token)
 
-    def _take_or_join(self, owner: str) -> tuple[Hold | None, Subscription | None]:
+    def _take_or_join(self, owner: str) -> tuple[Hold | None, Subscription | None, float]:
         """Where wake-ups already flow to this client: subscribe first, then one statement
         takes the lock or joins its queue (no separate enqueue and second try). Returns
-        (hold, None), (None, subscription) once queued, or (None, None) if not available."""
+        (hold, None, sent), (None, subscription, sent) once queued, or (None, None, 0) if not
+        available; ``sent`` is when the statement was sent."""
         backend = self._client._backend
         join = _joiner(backend)
         if join is None:
-            return None, None
+            return None, None, 0.0
         subscription = backend.subscribe(self._key, owner)
         sent = time.monotonic()
         try:
@@ -316,9 +379,32 @@ class Lock:
             subscription.close()
             raise
         if token is None:
-            return None, subscription
+            return None, subscription, sent
         subscription.close()
-        return Hold(self, owner, token, self._ttl, sent), None
+        return Hold(self, owner, token, self._ttl, sent), None, sent
+
+    def _take_grant(
+        self, owner: str, subscription: Subscription, entry: _QueueEntry
+    ) -> Hold | None:
+        """The hold of a lock its releaser handed to us, or None if that lease already ran out
+        (then we queue again).
+
+        The hand-over's lease is the lock's ttl, capped by what was left of our queue entry's,
+        and it started after our entry was last written: a conservative local bound. It is
+        renewed first if that leaves less than half of it, or if the hand-over may be an
+        earlier one heard late: renewing checks owner, token and lease in the database.
+        """
+        token, subscription.granted = subscription.granted, None
+        if token is not None and entry.written_at is not None:
+            lease = min(self._ttl, QUEUE_TTL)
+            hold = Hold(self, owner, token, self._ttl, entry.written_at, lease=lease)
+            if entry.trusted and hold.expires_by - time.monotonic() >= lease / 2:
+                return hold
+            sent = time.monotonic()
+            if self._client._backend.renew(self._key, owner, token, self._ttl):
+                return Hold(self, owner, token, self._ttl, sent)
+        entry.gone()
+        return None
 
     def _worth_trying(
         self, owner: str, subscription: Subscription, queued: bool
@@ -413,8 +499,7 @@ class Lock:
                 if hold.job is not None:
                     hold.job.cancel()
                 raise self._lost_error(hold)
-            hold.ttl = new_ttl
-            hold.expires_by = sent + new_ttl
+            hold.renewed(sent, new_ttl)
             if hold.job is not None:
                 hold.job.cancel()
             self._schedule_locked(hold)
@@ -432,20 +517,25 @@ class Lock:
             self._schedule_locked(hold)
 
     def _schedule_locked(self, hold: Hold) -> None:
-        if self._auto_renew:
-            when = hold.expires_by - hold.ttl * 2 / 3
+        if self._renews(hold):
+            when = hold.expires_by - hold.lease * 2 / 3
         elif self._on_lost is not None:
             when = hold.expires_by
         else:
             return
         hold.job = self._client._scheduler.at(when, lambda: self._tick(hold))
 
+    def _renews(self, hold: Hold) -> bool:
+        """The background job renews this hold (else it only watches for the lease's end):
+        with auto_renew, and for a hand-over whose lease is still shorter than the ttl."""
+        return self._auto_renew or hold.lease < hold.ttl
+
     def _tick(self, hold: Hold) -> None:
         """Runs on the client's background thread: renew, or notice the lease is gone."""
         with hold.mutex:
             if hold.count == 0 or hold.lost or hold.job is None or hold.job.cancelled:
                 return
-            if not self._auto_renew:
+            if not self._renews(hold):
                 lost = True  # a watched lease that was not renewed has run out
             else:
                 sent = time.monotonic()
@@ -460,7 +550,7 @@ class Lock:
                     lost = True
                 else:
                     if not lost:
-                        hold.expires_by = sent + hold.ttl
+                        hold.renewed(sent, hold.ttl)
                         self._schedule_locked(hold)
                         return
             hold.lost = True

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -14,6 +15,7 @@ from pathlib import Path
 import pytest
 
 import dblock
+from tests._servers import raw_connect
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
@@ -108,6 +110,100 @@ def test_paused_holder_loses_the_lease_and_cannot_free_the_new_owner(
             lock.release()
         finally:
             finish(holder)
+
+
+def test_a_statement_paused_with_its_process_is_not_aborted_on_resume(
+    db_url: str, table: str, key: str
+) -> None:
+    """The statement deadline (5 s) measures the statement, not a SIGSTOP of the whole process:
+    a renew stopped with its process for longer than the deadline completes after SIGCONT."""
+    with dblock.connect(db_url, table=table):
+        pass
+    holder = worker("hold", db_url, table, key, "60", stdin=subprocess.PIPE)
+    blocker = raw_connect(db_url)
+    try:
+        assert holder.stdout is not None and holder.stdin is not None
+        json.loads(holder.stdout.readline())
+        cur = blocker.cursor()
+        if db_url.startswith("sqlite"):
+            cur.execute("BEGIN IMMEDIATE")  # holds up every writer
+        else:
+            cur.execute("BEGIN")
+            cur.execute(f"SELECT token FROM {table} WHERE lock_key = %s FOR UPDATE", (key,))
+        holder.stdin.write("go\n")  # the renew now waits for the blocker's row lock
+        holder.stdin.flush()
+        time.sleep(0.5)
+        os.kill(holder.pid, signal.SIGSTOP)
+        time.sleep(6)
+        os.kill(holder.pid, signal.SIGCONT)
+        time.sleep(1)  # the renew is still blocked after the resume
+        cur.execute("COMMIT")
+        outcome = json.loads(holder.stdout.readline())
+        assert outcome == {"renew": "ok", "release": "ok"}
+        assert holder.wait(10) == 0
+    finally:
+        blocker.close()
+        finish(holder)
+
+
+def _line(proc: subprocess.Popen[str], timeout: float) -> str | None:
+    """The next line the worker prints within ``timeout`` s, or None."""
+    assert proc.stdout is not None
+    ready, _, _ = select.select([proc.stdout], [], [], timeout)
+    return proc.stdout.readline() if ready else None
+
+
+def _waiters(client: dblock.Client, key: str, n: int) -> None:
+    """Wait until ``n`` waiters queue for ``key``."""
+    deadline = time.monotonic() + 20
+    while client._backend.probe(key, "nobody")[1] < n:
+        assert time.monotonic() < deadline, f"{n} waiters never queued"
+        time.sleep(0.05)
+
+
+def test_paused_waiter_at_the_head_holds_the_queue_up_only_briefly(
+    db_url: str, table: str, key: str
+) -> None:
+    """A waiter frozen at the head of the queue (PostgreSQL: handed the lock while frozen)
+    holds up the waiters behind it only until its place in the queue expires, not for its
+    ttl; once it resumes, it does not believe it holds the lock and waits its turn again."""
+    with dblock.connect(db_url, table=table) as client:
+        first = client.lock(key, ttl=60)
+        assert first.acquire()
+        frozen = worker("hold", db_url, table, key, "60", stdin=subprocess.PIPE)
+        _waiters(client, key, 1)
+        os.kill(frozen.pid, signal.SIGSTOP)
+        behind = worker("hold", db_url, table, key, "60", stdin=subprocess.PIPE)
+        try:
+            assert frozen.stdin is not None and behind.stdin is not None
+            _waiters(client, key, 2)
+            first_token = first.token
+            assert first_token is not None
+            first_owner = first.owner
+            first.release()
+            if client._backend.dialect == "postgresql":  # handed over to the frozen head
+                handed = client.info(key)
+                assert handed is not None and handed.owner not in (first_owner, None)
+            line = _line(behind, 25)  # the frozen head's place lasts at most 9 s
+            assert line is not None, "the waiter behind a frozen head never got the lock"
+            held = json.loads(line)
+            assert held["token"] > first_token
+            info = client.info(key)
+            assert info is not None and info.owner == held["owner"]
+            os.kill(frozen.pid, signal.SIGCONT)
+            assert _line(frozen, 2) is None, "the resumed waiter claims a lock held by another"
+            behind.stdin.write("go\n")
+            behind.stdin.flush()
+            assert json.loads(_line(behind, 10) or "{}") == {"renew": "ok", "release": "ok"}
+            line = _line(frozen, 25)
+            assert line is not None, "the resumed waiter never got its turn"
+            assert json.loads(line)["token"] > held["token"]
+            frozen.stdin.write("go\n")
+            frozen.stdin.flush()
+            assert json.loads(_line(frozen, 10) or "{}") == {"renew": "ok", "release": "ok"}
+        finally:
+            finish(frozen)
+            finish(behind)
 
 
 def test_ten_processes_create_the_schema_at_once(db_url: str, table: str) -> None:

@@ -200,10 +200,19 @@ class HoldersMixin(SqlBackend[C], Generic[C]):
             "AND waiting = 1"
         )
 
-    def enqueue(self, key: str, owner: str, kind: str, ttl: float) -> None:
-        """Make or refresh ``owner``'s queue entry for ``key`` (a refresh keeps its place)."""
+    def enqueue(
+        self, key: str, owner: str, kind: str, ttl: float, lease: float | None = None
+    ) -> None:
+        """Make or refresh ``owner``'s queue entry for ``key`` (a refresh keeps its place).
+        ``lease`` is for backends that hand locks over; here nobody does."""
         params = {"key": key, "owner": owner, "kind": kind, "ttl": ttl, "token": 0, "waiting": 1}
         self.run("queueing", lambda conn: self._exec(conn, self._upsert_holder, params), key=key)
+
+    def requeue(self, key: str, owner: str, kind: str, ttl: float) -> bool:
+        """Refresh ``owner``'s queue entry. Without hand-overs an entry may simply be made
+        again, keeping its place if it is still there."""
+        self.enqueue(key, owner, kind, ttl)
+        return True
 
     def dequeue(self, key: str, owner: str) -> None:
         params = {"key": key, "owner": owner}

@@ -25,6 +25,9 @@ class Subscription(Protocol):
     live: bool
     #: True if a release wakes only the waiter whose turn it is (no need to probe first)
     targeted: bool
+    #: the fencing token of a lock its releaser handed to this waiter (backends that hand
+    #: over); the waiter holds it from then on, and takes it by setting this back to None
+    granted: int | None
 
     def wait(self, timeout: float) -> bool:
         """Sleep up to ``timeout`` s; return True early if the key was released."""
@@ -89,8 +92,18 @@ class Backend(Protocol):
     def acquire_write(self, key: str, owner: str, ttl: float) -> int | None:
         """The write hold of a read-write lock, when no reader holds it; its token, or None."""
 
-    def enqueue(self, key: str, owner: str, kind: str, ttl: float) -> None:
-        """Make or refresh ``owner``'s queue entry (a refresh keeps its place)."""
+    def enqueue(
+        self, key: str, owner: str, kind: str, ttl: float, lease: float | None = None
+    ) -> None:
+        """Make or refresh ``owner``'s queue entry (a refresh keeps its place).
+
+        ``lease``: the ttl of the lock, where the backend may hand it to this waiter on
+        release (then the waiter must be subscribed: it learns of it only by ``granted``).
+        """
+
+    def requeue(self, key: str, owner: str, kind: str, ttl: float) -> bool:
+        """Refresh ``owner``'s queue entry; False if it is gone (expired and purged, or the
+        lock was handed over to ``owner``): never re-made, so a hand-over is not undone."""
 
     def dequeue(self, key: str, owner: str) -> None:
         """Remove ``owner``'s queue entry."""

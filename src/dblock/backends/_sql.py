@@ -52,6 +52,7 @@ class Sleeper:
 
     live = False
     targeted = False
+    granted: int | None = None
 
     def __init__(self) -> None:
         self._event = threading.Event()

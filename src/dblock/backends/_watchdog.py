@@ -5,6 +5,11 @@ uncontended acquire. Here a statement only registers itself; one daemon thread p
 at the registered statements when the earliest deadline it knows of comes, and aborts the
 overdue ones. A statement registered while the thread sleeps has a deadline no earlier than
 ``shortest`` from now, and the thread never sleeps longer than that, so no abort comes late.
+
+A deadline measures the statement, not the process. The thread wakes at least every ``TICK``;
+when it wakes much later than it asked to (the process was stopped with SIGSTOP, or starved of
+CPU), every deadline moves on by the time lost, so a statement whose answer waits in the socket
+is not aborted on resume. A stop shorter than ``TICK + STALL`` still counts against the deadline.
 """
 
 from __future__ import annotations
@@ -17,6 +22,12 @@ import time
 from collections.abc import Callable
 
 log = logging.getLogger("dblock")
+
+
+#: the longest the thread sleeps: it bounds how much of a stop goes unnoticed
+TICK = 1.0
+#: a wake-up later than this is taken as time the whole process lost, not the statements
+STALL = 0.5
 
 
 class Watch:
@@ -68,9 +79,14 @@ class Watchdog:
         self._thread.start()
 
     def _loop(self) -> None:
+        asked = time.monotonic()
         while True:
             now = time.monotonic()
-            wake = now + self._shortest
+            lost = now - asked
+            if lost > STALL:
+                for item in list(self._watches.values()):
+                    item.deadline += lost
+            wake = now + min(TICK, self._shortest)
             for item in list(self._watches.values()):
                 if item.aborted:
                     continue
@@ -82,5 +98,6 @@ class Watchdog:
                         log.debug("dblock watchdog: abort failed", exc_info=True)
                 else:
                     wake = min(wake, item.deadline)
-            if self._stopped.wait(max(wake - time.monotonic(), 0.001)):
+            asked = max(wake, time.monotonic() + 0.001)
+            if self._stopped.wait(asked - time.monotonic()):
                 return

@@ -369,7 +369,9 @@ class MysqlBackend(HoldersMixin[Any]):
             return None
         return self._take(self._acquire, key, owner, ttl, "lock", dequeue=queued)
 
-    def enqueue(self, key: str, owner: str, kind: str, ttl: float) -> None:
+    def enqueue(
+        self, key: str, owner: str, kind: str, ttl: float, lease: float | None = None
+    ) -> None:
         """Mark the key's queue busy (first, so the mark outlives the entry), then make or
         refresh ``owner``'s queue entry."""
         params = {"key": key, "owner": owner, "kind": kind, "ttl": ttl, "token": 0, "waiting": 1}

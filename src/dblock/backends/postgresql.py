@@ -9,9 +9,12 @@ back, across purges, restarts and crashes (its WAL record is flushed with the co
 acquisition that used it; we pin ``synchronous_commit=on`` so a client never sees a token whose
 acquisition a crash could undo).
 
-Releases are pushed: the release statement calls ``pg_notify`` and waiters of this client
-share one LISTEN connection, so hand-off takes milliseconds, not a poll interval. A missed
-notification costs latency only: waiters still poll, rarely.
+Releases are handed over: the release statement gives the lock to the head of the key's wait
+queue (a new token, a lease of the waiter's own ttl but no longer than its queue entry would
+have lived) and NOTIFYs that waiter with the token, so the waiter holds the lock the moment it
+hears of it, with no statement of its own on the way. Waiters of one client share one LISTEN
+connection. A missed notification costs latency only: waiters still poll, rarely, and a
+waiter's own acquire also takes a lock that was handed to it.
 """
 
 from __future__ import annotations
@@ -40,6 +43,17 @@ log = logging.getLogger("dblock")
 
 NOW = "statement_timestamp()"
 _TRANSIENT = {"40001", "40P01"}  # serialization failure, deadlock detected (PITFALLS 6)
+
+
+#: SQL that commits the statement's transaction without waiting for its WAL to reach disk: for
+#: statements that only queue a waiter. A crash may lose the entry, but every client loses its
+#: connections then too, and its waiters find their entries gone and queue again; a statement
+#: that issues a token is never one of them.
+_NOT_DURABLE = "set_config('synchronous_commit', 'off', true)"
+
+
+#: how many holds taken by newcomers a client remembers the join count of (see release)
+_QUIET_MEMORY = 10_000
 
 
 def _utc(value: datetime) -> datetime:
@@ -88,7 +102,8 @@ class PostgresBackend(HoldersMixin[psycopg.Connection[Any]]):
             "    acquired_at timestamptz NOT NULL,\n"
             "    expires_at  timestamptz NOT NULL,\n"
             "    state       varchar(16),\n"
-            "    note        text\n"
+            "    note        text,\n"
+            "    joins       bigint NOT NULL DEFAULT 0  -- counts joins to the key's wait queue\n"
             ")",
             f"CREATE SEQUENCE IF NOT EXISTS {seq}",
             f"CREATE TABLE IF NOT EXISTS {holders} (\n"
@@ -99,6 +114,7 @@ class PostgresBackend(HoldersMixin[psycopg.Connection[Any]]):
             "    token       bigint NOT NULL,\n"
             "    acquired_at timestamptz NOT NULL,\n"
             "    expires_at  timestamptz NOT NULL,\n"
+            "    lease       double precision,  -- a queue entry: the ttl (s) a hand-over gives\n"
             "    PRIMARY KEY (lock_key, holder)\n"
             ")",
         ]
@@ -149,16 +165,21 @@ class PostgresBackend(HoldersMixin[psycopg.Connection[Any]]):
                 "    acquired_at = EXCLUDED.acquired_at, expires_at = EXCLUDED.expires_at,\n"
                 "    state = NULL, note = NULL\n"
                 f"WHERE (l.expires_at <= {NOW} AND l.kind <> 'once') OR l.owner = EXCLUDED.owner\n"
-                "RETURNING token"
+                "RETURNING token, joins"
             )
 
         # The fairness clause is tested once, in the SELECT: the ON CONFLICT condition would
         # read the holders table with the same statement snapshot, so it adds nothing there.
         self._acquire = acquire_sql()
-        # the same, when no live waiter is ahead of %(owner)s; a newcomer has no queue entry,
-        # so for it that is: when nobody waits
-        newcomer = acquire_sql(self._nobody_queued)
-        in_turn = acquire_sql(self._queue_clause)
+        # the same, when no live waiter is ahead of %(owner)s (a newcomer has no queue entry,
+        # so for it that is: when nobody waits), or when the lock is already %(owner)s's: handed
+        # over to it (its notification missed), or taken by a try whose reply was lost
+        mine = (
+            f"EXISTS (SELECT 1 FROM {t} m WHERE m.lock_key = %(key)s AND "
+            f"m.owner = %(owner)s AND m.expires_at > {NOW})"
+        )
+        newcomer = acquire_sql(f"({self._nobody_queued} OR {mine})")
+        in_turn = acquire_sql(f"({self._queue_clause} OR {mine})")
         self._acquire_or_enqueue = self._join_sql(newcomer)
         # a queued waiter's success also deletes its queue entry, in the same statement
         self._acquire_fair = {
@@ -200,20 +221,24 @@ class PostgresBackend(HoldersMixin[psycopg.Connection[Any]]):
         live = (
             f"lock_key = %(key)s AND owner = %(owner)s AND token = %(token)s AND expires_at > {NOW}"
         )
-        # key owner token -> one row if the live hold was ended; waiters are notified at commit
-        # The notification names the head of the key's wait queue ("<owner> <key>"), so only
-        # that waiter wakes: a hand-off, not a herd. No queue: "" for the owner wakes all.
-        head = self._head("r.lock_key")
-        ring = f"pg_notify('{self.channel}', coalesce({head}, '') || ' ' || r.lock_key)"
-        # A plain lock's waiters all queue, so with nobody queued there is nobody to tell (and
-        # pg_notify takes a server-wide queue lock at commit). A write lock's readers do not
-        # queue: its release always rings. The head is looked up once (a lateral join).
-        self._release = (
-            f"WITH r AS (UPDATE {t} SET owner = NULL, expires_at = {NOW} WHERE {live} "
-            "RETURNING lock_key, kind)\n"
-            "SELECT CASE WHEN r.kind = 'write' OR h.holder IS NOT NULL THEN pg_notify("
-            f"'{self.channel}', coalesce(h.holder, '') || ' ' || r.lock_key) END\n"
-            f"FROM r LEFT JOIN LATERAL {head} h ON true"
+        # key owner token -> one row if the live hold was ended (and handed over, see below)
+        self._release = self._release_sql(live)
+        # key owner token joins -> one row if the live hold was ended while nobody joined its
+        # queue since it was taken (``joins`` as the acquisition saw it): then there is nobody
+        # to hand over to, and this plain UPDATE does what the statement above would, cheaper
+        self._release_quiet = (
+            f"UPDATE {t} SET owner = NULL, expires_at = {NOW} WHERE {live} AND joins = %(joins)s"
+        )
+        # key owner -> one row if owner's hold (a hand-over to a waiter that has given up) was
+        # ended and handed on
+        self._release_mine = self._release_sql(
+            f"lock_key = %(key)s AND owner = %(owner)s AND expires_at > {NOW}"
+        )
+        # key owner token -> whether the row shows that (owner, token) released it: free with
+        # our token, or handed over by us (the hand-over marks the row with the token it ended)
+        self._released_by = (
+            f"SELECT (owner IS NULL AND token = %(token)s) OR note = %(token)s::text "
+            f"FROM {t} WHERE lock_key = %(key)s"
         )
         # key owner token ttl -> one row changed if the live hold was extended
         self._renew = (
@@ -228,21 +253,47 @@ class PostgresBackend(HoldersMixin[psycopg.Connection[Any]]):
         )
         self._list_all = f"SELECT {cols} FROM {t} WHERE {held} ORDER BY lock_key"
         self._owner_token = f"SELECT owner, token FROM {t} WHERE lock_key = %(key)s"
-        # key -> one row if a live hold was ended (and waiters are notified)
+        # key -> one row if a live hold was ended; the head of the queue (or, with nobody
+        # queued, everyone) is rung ("<owner> <key>") and takes its turn itself
+        ring = (
+            f"pg_notify('{self.channel}', coalesce({self._head('r.lock_key')}, '') || ' ' || "
+            "r.lock_key)"
+        )
         self._force = (
             f"WITH r AS (UPDATE {t} SET owner = NULL, expires_at = {NOW} "
             f"WHERE lock_key = %(key)s AND {held} RETURNING lock_key)\n"
             f"SELECT {ring} FROM r"
         )
-        # key owner -> a waiter that gives up leaves the queue and, if the lock is free, rings
-        # the next head so a notification meant for it is not lost
+        # key owner -> one row if owner's queue entry was there to delete. A waiter that gives
+        # up leaves the queue and, if the lock is free, rings the next head so a notification
+        # meant for it is not lost. No row: the lock may have been handed to it meanwhile.
         self._dequeue_ring = (
             f"WITH d AS (DELETE FROM {self._holders} WHERE lock_key = %(key)s AND "
             "holder = %(owner)s AND waiting = 1 RETURNING lock_key)\n"
-            f"SELECT pg_notify('{self.channel}', coalesce("
-            f"{self._head('d.lock_key', besides=' AND holder <> %(owner)s')}, '') || ' ' || "
-            f"d.lock_key) FROM d WHERE EXISTS (SELECT 1 FROM {t} WHERE lock_key = %(key)s "
-            f"AND (owner IS NULL OR expires_at <= {NOW}))"
+            f"SELECT CASE WHEN EXISTS (SELECT 1 FROM {t} WHERE lock_key = %(key)s "
+            f"AND (owner IS NULL OR expires_at <= {NOW})) THEN pg_notify('{self.channel}', "
+            f"coalesce({self._head('d.lock_key', besides=' AND holder <> %(owner)s')}, '') "
+            "|| ' ' || d.lock_key) END FROM d"
+        )
+        # key owner kind ttl lease -> make or refresh a queue entry (a refresh keeps its place)
+        self._enqueue = (
+            f"WITH {self._count_join()}\n"
+            f"INSERT INTO {holders} AS x (lock_key, holder, kind, waiting, token, acquired_at,\n"
+            "    expires_at, lease)\n"
+            f"VALUES (%(key)s, %(owner)s, %(kind)s, 1, 0, {NOW},\n"
+            f"    {NOW} + make_interval(secs => %(ttl)s), %(lease)s)\n"
+            "ON CONFLICT (lock_key, holder) DO UPDATE SET kind = EXCLUDED.kind,\n"
+            "    expires_at = EXCLUDED.expires_at, lease = EXCLUDED.lease,\n"
+            "    acquired_at = CASE WHEN x.waiting = 1 THEN x.acquired_at\n"
+            "        ELSE EXCLUDED.acquired_at END, waiting = 1, token = 0"
+        )
+        # key owner ttl -> one row if owner's live queue entry was still there (never re-made:
+        # an entry a hand-over removed must stay gone; an expired one lost its place, and the
+        # waiter joins again, which counts on the lock's row)
+        self._requeue = (
+            f"UPDATE {holders} SET expires_at = {NOW} + make_interval(secs => %(ttl)s) "
+            "WHERE lock_key = %(key)s AND holder = %(owner)s AND waiting = 1 "
+            f"AND expires_at > {NOW}"
         )
         # older inc -> deleted rows; tokens come from the sequence, so nothing to remember
         self._purge = (
@@ -253,25 +304,99 @@ class PostgresBackend(HoldersMixin[psycopg.Connection[Any]]):
         # every object the schema has (see MysqlBackend._names for why)
         self._exists = (
             "SELECT to_regclass(%(t)s) IS NOT NULL AND to_regclass(%(s)s) IS NOT NULL "
-            "AND to_regclass(%(h)s) IS NOT NULL"
+            "AND (SELECT count(*) = 2 FROM pg_attribute WHERE NOT attisdropped AND "
+            "(attrelid, attname) IN ((to_regclass(%(h)s), 'lease'), (to_regclass(%(t)s), 'joins')))"
         )
+        # the hand-over's columns, absent from tables of dblock 0.1.0.dev before it: part of
+        # the DDL, so that applying `dblock schema` upgrades such tables too
+        self._ddl += [
+            f"ALTER TABLE {holders} ADD COLUMN IF NOT EXISTS lease double precision",
+            f"ALTER TABLE {t} ADD COLUMN IF NOT EXISTS joins bigint NOT NULL DEFAULT 0",
+        ]
         self._names = {"t": t, "s": seq, "h": holders}
         digest = hashlib.sha1(t.encode(), usedforsecurity=False).digest()
         self._ddl_lock_id = int.from_bytes(digest[:8], "big", signed=True)
         self._listener: _Listener | None = None
         self._listener_lock = threading.Lock()
+        # (key, owner) -> the key's join count when owner took it as a newcomer
+        self._quiet: dict[tuple[str, str], int] = {}
+        self._quiet_lock = threading.Lock()
 
     def _join_sql(self, newcomer: str) -> str:
-        """key kind owner ttl qttl -> one row (the token) if taken; otherwise the caller joins
-        the queue in the same statement (for a waiter already subscribed to wake-ups)."""
+        """key kind owner ttl qttl -> one row (token, free, -, joins): the token and the key's
+        join count if taken; otherwise the caller joins the queue in the same statement (for a
+        waiter already subscribed to wake-ups), and ``free`` says the lock was freed meanwhile
+        by a release that could not see the join (see _release_sql): try again."""
         return (
             f"WITH a AS ({newcomer}),\n"
             f"q AS (INSERT INTO {self._holders} (lock_key, holder, kind, waiting, token,\n"
-            "    acquired_at, expires_at)\n"
+            "    acquired_at, expires_at, lease)\n"
             f"    SELECT %(key)s, %(owner)s, 'lock', 1, 0, {NOW},\n"
-            f"        {NOW} + make_interval(secs => %(qttl)s) WHERE NOT EXISTS (SELECT 1 FROM a)\n"
-            "    ON CONFLICT (lock_key, holder) DO UPDATE SET expires_at = EXCLUDED.expires_at)\n"
-            "SELECT token FROM a"
+            f"        {NOW} + make_interval(secs => %(qttl)s), %(ttl)s\n"
+            "    WHERE NOT EXISTS (SELECT 1 FROM a)\n"
+            "    ON CONFLICT (lock_key, holder) DO UPDATE SET expires_at = EXCLUDED.expires_at),\n"
+            f"{self._count_join('AND NOT EXISTS (SELECT 1 FROM a)')}\n"
+            "SELECT (SELECT token FROM a), (SELECT free FROM j), (SELECT "
+            f"{_NOT_DURABLE} WHERE NOT EXISTS (SELECT 1 FROM a)), (SELECT joins FROM a)"
+        )
+
+    def _count_join(self, condition: str = "") -> str:
+        """A CTE ``j`` that counts a join to the queue of %(key)s on its row (``joins``): the
+        release of a lock waits for it, and so notices a waiter its snapshot missed; ``free``:
+        the row, as it is after that wait, is not held."""
+        return (
+            f"j AS (UPDATE {self._main} SET joins = joins + 1 WHERE lock_key = %(key)s "
+            f"{condition}\n    RETURNING owner IS NULL OR expires_at <= {NOW} AS free)"
+        )
+
+    def _release_sql(self, match: str) -> str:
+        """SQL that ends the hold matched by ``match`` and hands the lock over: one row if ended.
+
+        The head of the key's wait queue gets the lock with a new token and a lease of its own
+        ttl, but no longer than its queue entry's (a waiter that died or froze holds it up no
+        longer than its place in the queue would), and its queue entry goes; the NOTIFY
+        ``=<token> <owner> <key>`` tells it. The head is locked with SKIP LOCKED: a waiter that
+        is leaving the queue (or refreshing its entry) just now is passed over, not granted.
+        The row remembers the token that handed it over (``note``), for a retried release.
+        Without a waiter that takes hand-overs (an entry without a lease, made by an older
+        dblock) it is freed, and the head, or for a write lock everyone, is rung instead
+        (``<owner> <key>``).
+
+        A waiter that joins the queue while the lock is released would be missed by both: the
+        release's snapshot predates its entry, and its own statement saw the lock held. So a
+        join also counts itself on the lock's row (``joins``), and locks that row doing so.
+        If the join came first, the release's UPDATE waits for it and then sees the count
+        changed: with nobody to hand over to, it rings everyone (`` <key>``). If the release
+        came first, the join waits for it and then sees the row free: it tries again itself.
+        """
+        t, seq, ch = self._main, self._seq, self.channel
+        head = (
+            f"SELECT holder, lease, LEAST({NOW} + make_interval(secs => lease), expires_at) AS "
+            f"until FROM {self._holders} WHERE lock_key = %(key)s AND waiting = 1 AND "
+            f"kind = 'lock' AND expires_at > {NOW} ORDER BY acquired_at, holder LIMIT 1 "
+            "FOR UPDATE SKIP LOCKED"
+        )
+        given = "g.holder IS NOT NULL"
+        return (
+            f"WITH h AS ({head}),\n"
+            f"r AS (UPDATE {t} SET owner = g.holder,\n"
+            f"    kind = CASE WHEN {given} THEN 'lock' ELSE {t}.kind END,\n"
+            f"    token = CASE WHEN {given} THEN nextval('{seq}') ELSE {t}.token END,\n"
+            f"    acquired_at = CASE WHEN {given} THEN {NOW} ELSE {t}.acquired_at END,\n"
+            f"    expires_at = coalesce(g.until, {NOW}),\n"
+            f"    note = CASE WHEN {given} THEN %(token)s::text END\n"
+            "    FROM (SELECT 1) one LEFT JOIN h g ON g.lease IS NOT NULL\n"
+            f"    WHERE {match}\n"
+            f"    RETURNING {t}.lock_key, {t}.kind, {t}.owner, {t}.token, {t}.joins),\n"
+            f"d AS (DELETE FROM {self._holders} x USING r WHERE x.lock_key = %(key)s\n"
+            "    AND x.holder = r.owner AND x.waiting = 1)\n"
+            "SELECT CASE WHEN r.owner IS NOT NULL\n"
+            f"    THEN pg_notify('{ch}', '=' || r.token || ' ' || r.owner || ' ' || r.lock_key)\n"
+            f"    WHEN r.joins <> (SELECT s.joins FROM {t} s WHERE s.lock_key = r.lock_key)\n"
+            f"    THEN pg_notify('{ch}', ' ' || r.lock_key)\n"
+            "    WHEN r.kind = 'write' OR h.holder IS NOT NULL\n"
+            f"    THEN pg_notify('{ch}', coalesce(h.holder, '') || ' ' || r.lock_key) END\n"
+            "FROM r LEFT JOIN h ON true"
         )
 
     # -- connections ----------------------------------------------------------------------
@@ -311,9 +436,9 @@ class PostgresBackend(HoldersMixin[psycopg.Connection[Any]]):
                 return
             if not create:
                 raise ConfigurationError(
-                    f"the lock table {self.table} does not exist in {self.safe_url}; create it "
-                    "with connect(create_schema=True) or apply `dblock schema --dialect "
-                    "postgresql`"
+                    f"the lock table {self.table} does not exist in {self.safe_url}, or lacks "
+                    "columns of this dblock version; create or upgrade it with "
+                    "connect(create_schema=True) or apply `dblock schema --dialect postgresql`"
                 )
             # CREATE ... IF NOT EXISTS races on the catalog when many processes start at
             # once; a transaction-scoped advisory lock serialises them.
@@ -335,19 +460,24 @@ class PostgresBackend(HoldersMixin[psycopg.Connection[Any]]):
         return self.run("acquire", op, key=key)
 
     def release(self, key: str, owner: str, token: int) -> bool:
-        params = {"key": key, "owner": owner, "token": token}
+        with self._quiet_lock:
+            joins = self._quiet.pop((key, owner), None)
+        params = {"key": key, "owner": owner, "token": token, "joins": joins}
         calls = 0
 
         def op(conn: psycopg.Connection[Any]) -> bool:
             nonlocal calls
             calls += 1
+            quiet = joins is not None and calls == 1
+            if quiet and conn.execute(self._release_quiet, params).rowcount == 1:
+                return True
             if conn.execute(self._release, params).fetchone() is not None:
                 return True
             # After a retry the first attempt may have committed: released by us is success.
             if calls == 1:
                 return False
-            row = conn.execute(self._owner_token, {"key": key}).fetchone()
-            return row is not None and row[0] is None and row[1] == token
+            row = conn.execute(self._released_by, params).fetchone()
+            return row is not None and bool(row[0])
 
         return self.run("release", op, key=key)
 
@@ -380,9 +510,21 @@ class PostgresBackend(HoldersMixin[psycopg.Connection[Any]]):
 
         def op(conn: psycopg.Connection[Any]) -> int | None:
             row = conn.execute(self._acquire_fair[queued], params).fetchone()
-            return None if row is None else int(row[0])
+            if row is None:
+                return None
+            if not queued:
+                self._taken_quietly(key, owner, row[1])
+            return int(row[0])
 
         return self.run("acquire", op, key=key)
+
+    def _taken_quietly(self, key: str, owner: str, joins: int) -> None:
+        """``owner`` took ``key`` as a newcomer, so nobody waited for it then: remember the
+        key's join count, so that its release can tell whether anyone has come since."""
+        with self._quiet_lock:
+            if len(self._quiet) >= _QUIET_MEMORY:  # holds never released: forget them
+                self._quiet.clear()
+            self._quiet[key, owner] = joins
 
     def listening(self) -> bool:
         """True if this client's LISTEN connection is up (subscribing costs nothing then)."""
@@ -395,6 +537,14 @@ class PostgresBackend(HoldersMixin[psycopg.Connection[Any]]):
 
         def op(conn: psycopg.Connection[Any]) -> int | None:
             row = conn.execute(self._acquire_or_enqueue, params).fetchone()
+            if row is not None and row[0] is not None:
+                self._taken_quietly(key, owner, row[3])
+                return int(row[0])
+            if row is None or not row[1]:
+                return None
+            # freed while we joined, by a release that could not see us: our turn, unless
+            # others queued ahead of us (they were seen by it, or they try again themselves)
+            row = conn.execute(self._acquire_fair[True], params).fetchone()
             return None if row is None else int(row[0])
 
         return self.run("acquire", op, key=key)
@@ -461,11 +611,29 @@ class PostgresBackend(HoldersMixin[psycopg.Connection[Any]]):
     def _notify(self, conn: psycopg.Connection[Any], key: str) -> None:
         conn.execute(f"SELECT pg_notify('{self.channel}', ' ' || %(key)s)", {"key": key})
 
-    def dequeue(self, key: str, owner: str) -> None:
-        params = {"key": key, "owner": owner}
-        self.run(
-            "leaving the queue", lambda conn: conn.execute(self._dequeue_ring, params), key=key
+    def enqueue(
+        self, key: str, owner: str, kind: str, ttl: float, lease: float | None = None
+    ) -> None:
+        params = {"key": key, "owner": owner, "kind": kind, "ttl": ttl, "lease": lease}
+        self.run("queueing", lambda conn: conn.execute(self._enqueue, params), key=key)
+
+    def requeue(self, key: str, owner: str, kind: str, ttl: float) -> bool:
+        params = {"key": key, "owner": owner, "ttl": ttl}
+        return self.run(
+            "queueing", lambda conn: conn.execute(self._requeue, params).rowcount == 1, key=key
         )
+
+    def dequeue(self, key: str, owner: str) -> None:
+        """Leave the queue; and if the lock was handed to ``owner`` meanwhile, hand it on."""
+        params = {"key": key, "owner": owner, "token": None}
+
+        def op(conn: psycopg.Connection[Any]) -> None:
+            if conn.execute(self._dequeue_ring, params).fetchone() is None:
+                # the entry was gone: a hand-over may have taken it (a new statement, so that
+                # it sees a hand-over that committed while this one waited for the entry)
+                conn.execute(self._release_mine, params)
+
+        self.run("leaving the queue", op, key=key)
 
     # -- pushed wake-ups ------------------------------------------------------------------
     def subscribe(self, key: str, owner: str) -> _Subscription:
@@ -492,6 +660,7 @@ class _Subscription:
         self.key = key
         self.owner = owner
         self.live = live
+        self.granted: int | None = None
         self.event = threading.Event()
 
     def wait(self, timeout: float) -> bool:
@@ -532,8 +701,9 @@ class _Listener:
                 if not subs:
                     del self._subs[sub.key]
 
-    def _wake(self, key: str | None, owner: str = "") -> None:
-        """Wake ``owner``'s subscription to ``key`` (everyone's if no owner; all if no key)."""
+    def _wake(self, key: str | None, owner: str = "", granted: int | None = None) -> None:
+        """Wake ``owner``'s subscription to ``key`` (everyone's if no owner; all if no key),
+        telling it the token of a lock ``granted`` to it."""
         with self._lock:
             targets = [
                 s
@@ -543,7 +713,22 @@ class _Listener:
                 if not owner or s.owner == owner
             ]
         for sub in targets:
+            if granted is not None:
+                sub.granted = granted
             sub.event.set()
+
+    def _heard(self, payload: str) -> None:
+        """``<owner> <key>``: a release rings; ``=<token> <owner> <key>``: a hand-over."""
+        granted = None
+        if payload.startswith("="):
+            token, _, payload = payload[1:].partition(" ")
+            if not token.isdigit():
+                return
+            granted = int(token)
+        owner, _, key = payload.partition(" ")
+        if granted is not None and not owner:
+            return
+        self._wake(key, owner, granted)
 
     def _run(self) -> None:
         pause = 0.1
@@ -557,8 +742,7 @@ class _Listener:
                 pause = 0.1
                 while not self._stopped.is_set():
                     for note in conn.notifies(timeout=0.5, stop_after=64):
-                        owner, _, key = note.payload.partition(" ")
-                        self._wake(key, owner)
+                        self._heard(note.payload)
             except psycopg.Error as exc:
                 self._ready.clear()
                 if not self._stopped.is_set():

@@ -46,6 +46,7 @@ class _ChangeWatch:
 
     live = True
     targeted = False
+    granted: int | None = None
     interval = 0.002
 
     def __init__(self, conn: sqlite3.Connection) -> None:
@@ -263,12 +264,29 @@ class SqliteBackend(HoldersMixin[sqlite3.Connection]):
             conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout * 1000)}")
             # WAL: readers never block the writer. Kept at synchronous=FULL (the default) so a
             # power cut cannot roll back an acquisition whose token a client already saw.
-            conn.execute("PRAGMA journal_mode = WAL")
+            self._set_wal(conn)
             conn.execute(f"PRAGMA busy_timeout = {self._INNER_BUSY_MS}")
         except BaseException:
             conn.close()
             raise
         return conn
+
+    def _set_wal(self, conn: sqlite3.Connection) -> None:
+        """Switch the file to WAL. While other processes open a new file at the same moment,
+        SQLite can refuse the switch with "database is locked" without waiting for its busy
+        timeout: it is retried here as any busy statement is (see below), for that long."""
+        deadline = time.monotonic() + self._transient_for
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                conn.execute("PRAGMA journal_mode = WAL")
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() > deadline:
+                    raise
+                time.sleep(self._transient_pause(attempt))
+            else:
+                return
 
     def _close_connection(self, conn: sqlite3.Connection) -> None:
         with contextlib.suppress(sqlite3.Error):
