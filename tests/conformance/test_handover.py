@@ -166,7 +166,9 @@ def test_a_join_while_the_lock_is_released_is_rung(
     listener = _listen(backend)
     try:
         joiner.autocommit = False
+        # channel None: b has no listener of its own, so notices for it go on the table's
         params = {"key": key, "kind": "lock", "owner": "b", "ttl": 30, "qttl": QUEUE_TTL}
+        params.update(channel=None)
         row = joiner.execute(backend._acquire_or_enqueue, params).fetchone()
         assert row is not None and row[:2] == (None, False), "held: b joins the queue"
         # the release waits for the row b's join counted itself on
@@ -262,3 +264,46 @@ def test_a_newcomers_release_hands_over_to_who_joined_meanwhile(
     backend.enqueue("k", "b", "lock", QUEUE_TTL, lease=30)
     assert backend.release("k", "a", token)
     assert _owner(client, "k") == "b", "b joined while a held it: handed over"
+
+
+def test_a_hand_over_is_told_on_the_waiting_clients_own_channel(
+    pg: tuple[dblock.Client, PostgresBackend],
+) -> None:
+    """A waiter's queue entry names its client's own LISTEN channel: the hand-over notice goes
+    there, so the other clients listening on the table's channel are not woken by it."""
+    client, backend = pg
+    key = "k"
+    token = backend.acquire_fair(key, "a", 30, queued=True)
+    assert token is not None
+    with dblock.connect(POSTGRESQL_URL, table=client.table) as other:
+        waiter = other.lock(key, ttl=30)
+        got: list[bool] = []
+        checked = threading.Event()
+
+        def wait_then_release() -> None:
+            got.append(waiter.acquire(timeout=20))
+            checked.wait(10)
+            waiter.release()
+
+        thread = threading.Thread(target=wait_then_release)
+        thread.start()
+        try:
+            deadline = time.monotonic() + 10
+            while backend.probe(key, "nobody")[1] < 1:
+                assert time.monotonic() < deadline, "the waiter never queued"
+                time.sleep(0.02)
+            table_channel = _listen(backend)
+            try:
+                assert backend.release(key, "a", token)
+                deadline = time.monotonic() + 10
+                while not got and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                assert got == [True], "the waiter was handed the lock"
+                assert _heard(table_channel, wait=0.5) == [], "nobody else was woken"
+            finally:
+                table_channel.close()
+            info = client.info(key)
+            assert info is not None and (info.owner, info.token) == (waiter.owner, waiter.token)
+        finally:
+            checked.set()
+            thread.join(10)

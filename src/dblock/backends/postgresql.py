@@ -13,8 +13,10 @@ Releases are handed over: the release statement gives the lock to the head of th
 queue (a new token, a lease of the waiter's own ttl but no longer than its queue entry would
 have lived) and NOTIFYs that waiter with the token, so the waiter holds the lock the moment it
 hears of it, with no statement of its own on the way. Waiters of one client share one LISTEN
-connection. A missed notification costs latency only: waiters still poll, rarely, and a
-waiter's own acquire also takes a lock that was handed to it.
+connection, on the table's channel and on one of the client's own, which its waiters' queue
+entries name: a hand-over wakes the one client it is for. A missed notification costs latency
+only: waiters still poll, rarely, and a waiter's own acquire also takes a lock that was handed
+to it.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import contextlib
 import hashlib
 import logging
 import os
+import secrets
 import socket
 import threading
 from collections.abc import Iterator
@@ -115,6 +118,7 @@ class PostgresBackend(HoldersMixin[psycopg.Connection[Any]]):
             "    acquired_at timestamptz NOT NULL,\n"
             "    expires_at  timestamptz NOT NULL,\n"
             "    lease       double precision,  -- a queue entry: the ttl (s) a hand-over gives\n"
+            "    channel     varchar(63),  -- a queue entry: where its client LISTENs\n"
             "    PRIMARY KEY (lock_key, holder)\n"
             ")",
         ]
@@ -279,11 +283,12 @@ class PostgresBackend(HoldersMixin[psycopg.Connection[Any]]):
         self._enqueue = (
             f"WITH {self._count_join()}\n"
             f"INSERT INTO {holders} AS x (lock_key, holder, kind, waiting, token, acquired_at,\n"
-            "    expires_at, lease)\n"
+            "    expires_at, lease, channel)\n"
             f"VALUES (%(key)s, %(owner)s, %(kind)s, 1, 0, {NOW},\n"
-            f"    {NOW} + make_interval(secs => %(ttl)s), %(lease)s)\n"
+            f"    {NOW} + make_interval(secs => %(ttl)s), %(lease)s, %(channel)s)\n"
             "ON CONFLICT (lock_key, holder) DO UPDATE SET kind = EXCLUDED.kind,\n"
             "    expires_at = EXCLUDED.expires_at, lease = EXCLUDED.lease,\n"
+            "    channel = EXCLUDED.channel,\n"
             "    acquired_at = CASE WHEN x.waiting = 1 THEN x.acquired_at\n"
             "        ELSE EXCLUDED.acquired_at END, waiting = 1, token = 0"
         )
@@ -304,13 +309,15 @@ class PostgresBackend(HoldersMixin[psycopg.Connection[Any]]):
         # every object the schema has (see MysqlBackend._names for why)
         self._exists = (
             "SELECT to_regclass(%(t)s) IS NOT NULL AND to_regclass(%(s)s) IS NOT NULL "
-            "AND (SELECT count(*) = 2 FROM pg_attribute WHERE NOT attisdropped AND "
-            "(attrelid, attname) IN ((to_regclass(%(h)s), 'lease'), (to_regclass(%(t)s), 'joins')))"
+            "AND (SELECT count(*) FROM pg_attribute WHERE NOT attisdropped AND "
+            "(attrelid, attname) IN ((to_regclass(%(h)s), 'lease'), "
+            "(to_regclass(%(h)s), 'channel'), (to_regclass(%(t)s), 'joins'))) = 3"
         )
         # the hand-over's columns, absent from tables of dblock 0.1.0.dev before it: part of
         # the DDL, so that applying `dblock schema` upgrades such tables too
         self._ddl += [
             f"ALTER TABLE {holders} ADD COLUMN IF NOT EXISTS lease double precision",
+            f"ALTER TABLE {holders} ADD COLUMN IF NOT EXISTS channel varchar(63)",
             f"ALTER TABLE {t} ADD COLUMN IF NOT EXISTS joins bigint NOT NULL DEFAULT 0",
         ]
         self._names = {"t": t, "s": seq, "h": holders}
@@ -330,11 +337,12 @@ class PostgresBackend(HoldersMixin[psycopg.Connection[Any]]):
         return (
             f"WITH a AS ({newcomer}),\n"
             f"q AS (INSERT INTO {self._holders} (lock_key, holder, kind, waiting, token,\n"
-            "    acquired_at, expires_at, lease)\n"
+            "    acquired_at, expires_at, lease, channel)\n"
             f"    SELECT %(key)s, %(owner)s, 'lock', 1, 0, {NOW},\n"
-            f"        {NOW} + make_interval(secs => %(qttl)s), %(ttl)s\n"
+            f"        {NOW} + make_interval(secs => %(qttl)s), %(ttl)s, %(channel)s\n"
             "    WHERE NOT EXISTS (SELECT 1 FROM a)\n"
-            "    ON CONFLICT (lock_key, holder) DO UPDATE SET expires_at = EXCLUDED.expires_at),\n"
+            "    ON CONFLICT (lock_key, holder) DO UPDATE SET expires_at = EXCLUDED.expires_at,\n"
+            "        channel = EXCLUDED.channel),\n"
             f"{self._count_join('AND NOT EXISTS (SELECT 1 FROM a)')}\n"
             "SELECT (SELECT token FROM a), (SELECT free FROM j), (SELECT "
             f"{_NOT_DURABLE} WHERE NOT EXISTS (SELECT 1 FROM a)), (SELECT joins FROM a)"
@@ -355,8 +363,10 @@ class PostgresBackend(HoldersMixin[psycopg.Connection[Any]]):
         The head of the key's wait queue gets the lock with a new token and a lease of its own
         ttl, but no longer than its queue entry's (a waiter that died or froze holds it up no
         longer than its place in the queue would), and its queue entry goes; the NOTIFY
-        ``=<token> <owner> <key>`` tells it. The head is locked with SKIP LOCKED: a waiter that
-        is leaving the queue (or refreshing its entry) just now is passed over, not granted.
+        ``=<token> <owner> <key>`` tells it, on its client's own channel (the entry's
+        ``channel``; the table's for an entry without one), so other clients sleep on. The
+        head is locked with SKIP LOCKED: a waiter that is leaving the queue (or refreshing its
+        entry) just now is passed over, not granted.
         The row remembers the token that handed it over (``note``), for a retried release.
         Without a waiter that takes hand-overs (an entry without a lease, made by an older
         dblock) it is freed, and the head, or for a write lock everyone, is rung instead
@@ -371,12 +381,14 @@ class PostgresBackend(HoldersMixin[psycopg.Connection[Any]]):
         """
         t, seq, ch = self._main, self._seq, self.channel
         head = (
-            f"SELECT holder, lease, LEAST({NOW} + make_interval(secs => lease), expires_at) AS "
+            "SELECT holder, lease, channel, "
+            f"LEAST({NOW} + make_interval(secs => lease), expires_at) AS "
             f"until FROM {self._holders} WHERE lock_key = %(key)s AND waiting = 1 AND "
             f"kind = 'lock' AND expires_at > {NOW} ORDER BY acquired_at, holder LIMIT 1 "
             "FOR UPDATE SKIP LOCKED"
         )
         given = "g.holder IS NOT NULL"
+        told = f"coalesce(h.channel, '{ch}')"  # where the head's client listens
         return (
             f"WITH h AS ({head}),\n"
             f"r AS (UPDATE {t} SET owner = g.holder,\n"
@@ -391,11 +403,11 @@ class PostgresBackend(HoldersMixin[psycopg.Connection[Any]]):
             f"d AS (DELETE FROM {self._holders} x USING r WHERE x.lock_key = %(key)s\n"
             "    AND x.holder = r.owner AND x.waiting = 1)\n"
             "SELECT CASE WHEN r.owner IS NOT NULL\n"
-            f"    THEN pg_notify('{ch}', '=' || r.token || ' ' || r.owner || ' ' || r.lock_key)\n"
+            f"    THEN pg_notify({told}, '=' || r.token || ' ' || r.owner || ' ' || r.lock_key)\n"
             f"    WHEN r.joins <> (SELECT s.joins FROM {t} s WHERE s.lock_key = r.lock_key)\n"
             f"    THEN pg_notify('{ch}', ' ' || r.lock_key)\n"
             "    WHEN r.kind = 'write' OR h.holder IS NOT NULL\n"
-            f"    THEN pg_notify('{ch}', coalesce(h.holder, '') || ' ' || r.lock_key) END\n"
+            f"    THEN pg_notify({told}, coalesce(h.holder, '') || ' ' || r.lock_key) END\n"
             "FROM r LEFT JOIN h ON true"
         )
 
@@ -533,7 +545,14 @@ class PostgresBackend(HoldersMixin[psycopg.Connection[Any]]):
 
     def acquire_or_enqueue(self, key: str, owner: str, ttl: float, queue_ttl: float) -> int | None:
         """Take the lock like a newcomer, or else join its queue: one statement."""
-        params = {"key": key, "kind": "lock", "owner": owner, "ttl": ttl, "qttl": queue_ttl}
+        params = {
+            "key": key,
+            "kind": "lock",
+            "owner": owner,
+            "ttl": ttl,
+            "qttl": queue_ttl,
+            "channel": self._own_channel(),
+        }
 
         def op(conn: psycopg.Connection[Any]) -> int | None:
             row = conn.execute(self._acquire_or_enqueue, params).fetchone()
@@ -614,7 +633,14 @@ class PostgresBackend(HoldersMixin[psycopg.Connection[Any]]):
     def enqueue(
         self, key: str, owner: str, kind: str, ttl: float, lease: float | None = None
     ) -> None:
-        params = {"key": key, "owner": owner, "kind": kind, "ttl": ttl, "lease": lease}
+        params = {
+            "key": key,
+            "owner": owner,
+            "kind": kind,
+            "ttl": ttl,
+            "lease": lease,
+            "channel": self._own_channel(),
+        }
         self.run("queueing", lambda conn: conn.execute(self._enqueue, params), key=key)
 
     def requeue(self, key: str, owner: str, kind: str, ttl: float) -> bool:
@@ -636,6 +662,11 @@ class PostgresBackend(HoldersMixin[psycopg.Connection[Any]]):
         self.run("leaving the queue", op, key=key)
 
     # -- pushed wake-ups ------------------------------------------------------------------
+    def _own_channel(self) -> str | None:
+        """The channel this client's listener hears its own notices on (None: no listener)."""
+        listener = self._listener
+        return listener.channel if listener is not None and listener.alive() else None
+
     def subscribe(self, key: str, owner: str) -> _Subscription:
         with self._listener_lock:
             if self._listener is None or not self._listener.alive():
@@ -673,10 +704,16 @@ class _Subscription:
 
 
 class _Listener:
-    """One LISTEN connection per client, on its own thread, waking the waiters of a key."""
+    """One LISTEN connection per client, on its own thread, waking the waiters of a key.
+
+    It listens on the table's channel (releases that ring everyone) and on a channel of its
+    own, named in its waiters' queue entries, for what only they need to hear: a hand-over
+    to one of them, or their turn. A release then wakes one client, not all of them.
+    """
 
     def __init__(self, backend: PostgresBackend) -> None:
         self._backend = backend
+        self.channel = f"dblock_{secrets.token_hex(8)}"
         self._subs: dict[str, set[_Subscription]] = {}
         self._lock = threading.Lock()
         self._ready = threading.Event()
@@ -736,7 +773,7 @@ class _Listener:
             try:
                 conn = self._backend._connect()
                 self._conn = conn
-                conn.execute(f'LISTEN "{self._backend.channel}"')
+                conn.execute(f'LISTEN "{self._backend.channel}"; LISTEN "{self.channel}"')
                 self._ready.set()
                 self._wake(None)  # anything released while we were away: look again
                 pause = 0.1
