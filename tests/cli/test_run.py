@@ -8,10 +8,11 @@ import pty
 import select
 import signal
 import subprocess
+import sys
 
 import pytest
 
-from .conftest import WAIT, Dblock, finish, wait_for
+from .conftest import WAIT, Dblock, alive, finish, wait_for
 
 
 def test_no_wait_runs_cmd_exactly_once(cli: Dblock, key: str) -> None:
@@ -125,3 +126,19 @@ def test_status_line_only_on_a_terminal(cli: Dblock, key: str) -> None:
             waiter.wait()
         os.close(master)
     assert finish(cli, holder)[0] == 0
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_cmd_dies_with_a_killed_dblock(cli: Dblock, key: str) -> None:
+    """dblock SIGKILLed cannot stop CMD or renew the lease: the kernel kills CMD with it, so
+    CMD is not left running unprotected once the lease runs out."""
+    proc = cli.start("run", "--ttl", "2", key, *cli.child("wait"))
+    wait_for(cli.ready_pids, what="CMD to start")
+    (cmd_pid,) = cli.ready_pids()
+    assert alive(cmd_pid)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(10)
+    wait_for(lambda: not alive(cmd_pid), timeout=5, what="CMD to die with dblock")
+    # the lease lapses by itself, and the next run gets the key
+    after = cli.run("run", "--timeout", "10", key, "--", "true")
+    assert after.returncode == 0, after.stderr

@@ -5,6 +5,11 @@ process group so it can use the terminal, and a Ctrl-C typed there reaches CMD d
 does not send SIGINT a second time). Otherwise (cron, systemd, scripts) CMD gets a session and
 process group of its own, and signals go to that whole group, so ``sh -c 'a; b'`` and the
 children CMD starts are stopped too.
+
+If dblock itself dies without a chance to stop CMD (SIGKILL, the OOM killer), its lease is
+no longer renewed and another host may take the lock once it runs out: so on Linux the kernel
+SIGKILLs CMD the moment dblock dies (``PR_SET_PDEATHSIG``). Processes CMD started are not
+reached by that; elsewhere, CMD outlives a killed dblock.
 """
 
 from __future__ import annotations
@@ -12,8 +17,9 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import FrameType, TracebackType
 from typing import Final
 
@@ -55,6 +61,30 @@ def _in_terminal_foreground() -> bool:
     return False
 
 
+_PR_SET_PDEATHSIG: Final = 1
+
+
+def _dies_with_parent() -> Callable[[], None] | None:
+    """Linux: a function for the forked child, before exec, that has the kernel SIGKILL it
+    when dblock dies; None where that is not available."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes  # only here: `dblock run` on Linux
+
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def arm() -> None:  # in the child: no locks, no allocation beyond the call itself
+        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:  # dblock died before the request took effect
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return arm
+
+
 def status_of(returncode: int) -> int:
     """A child's status as a shell reports it: ``128 + N`` when it died of signal N."""
     return exit_codes.SIGNAL_BASE - returncode if returncode < 0 else returncode
@@ -67,7 +97,10 @@ class Child:
         self.foreground = _in_terminal_foreground()
         try:
             self.process = subprocess.Popen(  # noqa: S603 - running CMD is the point
-                list(argv), env=env, start_new_session=not self.foreground
+                list(argv),
+                env=env,
+                start_new_session=not self.foreground,
+                preexec_fn=_dies_with_parent(),  # noqa: PLW1509 - one prctl call, no locks
             )
         except FileNotFoundError:
             raise CannotStart(f"{argv[0]}: command not found", exit_codes.NOT_FOUND) from None
