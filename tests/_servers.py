@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+from functools import cache
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -52,6 +53,23 @@ def reachable(url: str) -> str | None:
     except Exception as exc:
         return f"{type(exc).__name__}: {exc}"
     return None
+
+
+@cache
+def _reachable_once(url: str) -> str | None:
+    return reachable(url)
+
+
+def require_server(name: str, url: str) -> None:
+    """Skip the test if the server is unreachable, or fail it under DBLOCK_REQUIRE_SERVERS=1."""
+    import pytest
+
+    reason = _reachable_once(url)
+    if reason is not None:
+        message = f"{name} server at {url} unreachable: {reason}"
+        if REQUIRE_SERVERS:
+            pytest.fail(message + " (DBLOCK_REQUIRE_SERVERS=1)")
+        pytest.skip(message)
 
 
 def drop_tables(url: str, table: str) -> None:

@@ -9,17 +9,11 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
-from functools import cache
 
 import pytest
 
 import dblock
-from tests._servers import BACKENDS, REQUIRE_SERVERS, drop_tables, reachable, server_url
-
-
-@cache
-def _unreachable(url: str) -> str | None:
-    return reachable(url)
+from tests._servers import BACKENDS, drop_tables, require_server, server_url
 
 
 @pytest.fixture(params=BACKENDS)
@@ -31,12 +25,7 @@ def dialect(request: pytest.FixtureRequest) -> str:
 def db_url(dialect: str, tmp_path_factory: pytest.TempPathFactory) -> str:
     url = server_url(dialect, str(tmp_path_factory.mktemp("db")))
     if dialect != "sqlite":
-        reason = _unreachable(url)
-        if reason is not None:
-            message = f"{dialect} server at {url} unreachable: {reason}"
-            if REQUIRE_SERVERS:
-                pytest.fail(message + " (DBLOCK_REQUIRE_SERVERS=1)")
-            pytest.skip(message)
+        require_server(dialect, url)
     return url
 
 
@@ -63,10 +52,5 @@ def key() -> str:
 def server_db_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> str:
     """Like db_url, for the client-server backends only (server-side faults)."""
     url = server_url(str(request.param), str(tmp_path_factory.mktemp("db")))
-    reason = _unreachable(url)
-    if reason is not None:
-        message = f"{request.param} server at {url} unreachable: {reason}"
-        if REQUIRE_SERVERS:
-            pytest.fail(message + " (DBLOCK_REQUIRE_SERVERS=1)")
-        pytest.skip(message)
+    require_server(str(request.param), url)
     return url

@@ -285,7 +285,7 @@ class Lock:
                 if subscription is None:
                     # Listen before the next try, so a release between the try and the wait
                     # is not missed (PITFALLS 8).
-                    subscription = backend.subscribe(self._key, owner)
+                    subscription = backend.subscribe(self._key, owner, self._queue_kind)
                     if subscription.live:
                         backoff = _fallback_backoff(PUSHED_POLL_CAP)
                 if self._keep_queued(owner, entry, subscription):
@@ -325,8 +325,9 @@ class Lock:
             backend.enqueue(self._key, owner, self._queue_kind, QUEUE_TTL, lease)
             entry.written(sent)
             # a release between our first try and our subscription was not announced to us:
-            # look once more (where a look is a write, the probe before the next try does)
-            return not backend.probe_first
+            # look once more (where a look is a write, the probe before the next try does),
+            # unless the subscription wakes for a release that came before its first wait
+            return not backend.probe_first and not subscription.latched
         if not backend.requeue(self._key, owner, self._queue_kind, QUEUE_TTL):
             # Our entry is gone: the lock was handed to us (its notification is late or lost,
             # and our own try takes it), or we were paused until the entry expired and was
@@ -371,7 +372,7 @@ class Lock:
         join = _joiner(backend)
         if join is None:
             return None, None, 0.0
-        subscription = backend.subscribe(self._key, owner)
+        subscription = backend.subscribe(self._key, owner, self._queue_kind)
         sent = time.monotonic()
         try:
             token = join(self._key, owner, self._ttl, QUEUE_TTL)

@@ -18,7 +18,7 @@ import pytest
 
 import dblock
 from dblock.backends.postgresql import PostgresBackend
-from tests._servers import POSTGRESQL_URL, REQUIRE_SERVERS, drop_tables, raw_connect, reachable
+from tests._servers import POSTGRESQL_URL, drop_tables, raw_connect, require_server
 
 QUEUE_TTL = 9.0
 T = TypeVar("T")
@@ -26,11 +26,7 @@ T = TypeVar("T")
 
 @pytest.fixture
 def pg() -> Iterator[tuple[dblock.Client, PostgresBackend]]:
-    reason = reachable(POSTGRESQL_URL)
-    if reason is not None:
-        if REQUIRE_SERVERS:
-            pytest.fail(f"postgresql unreachable: {reason} (DBLOCK_REQUIRE_SERVERS=1)")
-        pytest.skip(f"postgresql unreachable: {reason}")
+    require_server("postgresql", POSTGRESQL_URL)
     table = "t_" + uuid.uuid4().hex[:16]
     client = dblock.connect(POSTGRESQL_URL, table=table)
     backend = client._backend

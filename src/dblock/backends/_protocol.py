@@ -25,6 +25,9 @@ class Subscription(Protocol):
     live: bool
     #: True if a release wakes only the waiter whose turn it is (no need to probe first)
     targeted: bool
+    #: True if a release that came before ``wait()`` still wakes it (no need to try again
+    #: between subscribing and the first wait)
+    latched: bool
     #: the fencing token of a lock its releaser handed to this waiter (backends that hand
     #: over); the waiter holds it from then on, and takes it by setting this back to None
     granted: int | None
@@ -136,8 +139,9 @@ class Backend(Protocol):
         Fencing tokens stay monotonic: a key whose row is deleted later gets a larger token.
         """
 
-    def subscribe(self, key: str, owner: str) -> Subscription:
-        """Register ``owner`` for release wake-ups of ``key`` (a plain sleeper if not pushed)."""
+    def subscribe(self, key: str, owner: str, queue: str | None = None) -> Subscription:
+        """Register ``owner`` for release wake-ups of ``key`` (a plain sleeper if not pushed).
+        ``queue``: the kind of queue entry the waiter keeps (``"lock"`` for a plain lock)."""
 
     def close(self) -> None:
         """Close every connection and background thread."""

@@ -52,6 +52,7 @@ class Sleeper:
 
     live = False
     targeted = False
+    latched = False
     granted: int | None = None
 
     def __init__(self) -> None:
@@ -220,5 +221,5 @@ class SqlBackend(ABC, Generic[C]):
         where = f" (table {self.table})" if key is None else f" (key {key!r}, table {self.table})"
         return BackendError(f"{doing}{where}: {detail}", key=key)
 
-    def subscribe(self, key: str, owner: str) -> Subscription:
+    def subscribe(self, key: str, owner: str, queue: str | None = None) -> Subscription:
         return Sleeper()

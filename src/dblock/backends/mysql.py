@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import logging
 import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -31,13 +32,16 @@ from typing import Any
 import pymysql
 from pymysql.constants import CLIENT
 
-from .._errors import ConfigurationError
+from .._errors import BackendError, ConfigurationError
 from .._types import Kind, LockInfo
 from .._url import DatabaseURL
+from ._doorbell import BELL_IDLE, Bells
 from ._holders import HoldersMixin, Rows
 from ._names import aux_name, qualify
-from ._sql import MAINTENANCE_DEADLINE, Failure
+from ._protocol import Subscription
+from ._sql import MAINTENANCE_DEADLINE, Failure, Sleeper
 
+log = logging.getLogger("dblock")
 NOW = "UTC_TIMESTAMP(6)"
 # server gone away, lost connection, killed (MariaDB 1927), shutdown, idle disconnect
 # (MySQL 4031), commands out of sync after an interrupted read
@@ -88,6 +92,19 @@ class MysqlBackend(HoldersMixin[Any]):
         kwargs.setdefault("write_timeout", kwargs["connect_timeout"])
         self._kwargs = kwargs
         self._build_statements(schema, table)
+        # doorbells: a session of their own, which the server closes when left idle (a frozen
+        # holder's bell is freed after BELL_IDLE s); they run no statement on the tables
+        bell_kwargs = {**kwargs, "init_command": f"SET SESSION wait_timeout = {BELL_IDLE}"}
+        self._bells = Bells(
+            self.table,
+            lambda: pymysql.connect(**bell_kwargs),
+            close=self._close_connection,
+            watch=self._watchdog.watch,
+            unwatch=self._watchdog.done,
+            abort=self._abort,
+            max_poll=self.max_poll,
+            read_timeout=kwargs["read_timeout"],
+        )
 
     def _build_statements(self, schema: str | None, table: str) -> None:
         """The SQL of every operation, with its parameters and what its result means."""
@@ -161,11 +178,13 @@ class MysqlBackend(HoldersMixin[Any]):
         # statement that covers the rest. Waiters keep `queued_until` of the key's row later
         # than their queue entries' leases (see enqueue): before it, a newcomer must look
         # into the queue, which only the second statement does.
-        # key ttl_us -> marks the key's queue busy until ttl_us (plus a second) from now
+        # key ttl_us -> marks the key's queue busy at least ttl_us (plus a second) from now.
+        # It writes (a row lock and a durable commit on the lock's own row, in the way of a
+        # hand-over) only when the mark would end sooner, and then sets it twice as far.
+        soon = f"{NOW} + INTERVAL %(ttl_us)s MICROSECOND + INTERVAL 1 SECOND"
         self._mark_queued = (
-            f"UPDATE {t} SET queued_until = GREATEST(COALESCE(queued_until, {NOW}),\n"
-            f"    {NOW} + INTERVAL %(ttl_us)s MICROSECOND + INTERVAL 1 SECOND)\n"
-            "WHERE lock_key = %(key)s"
+            f"UPDATE {t} SET queued_until = {soon} + INTERVAL %(ttl_us)s MICROSECOND\n"
+            f"WHERE lock_key = %(key)s AND (queued_until IS NULL OR queued_until < {soon})"
         )
 
         def update_sql(fair: str = "") -> str:
@@ -360,6 +379,17 @@ class MysqlBackend(HoldersMixin[Any]):
     def acquire_fair(self, key: str, owner: str, ttl: float, queued: bool) -> int | None:
         if not queued:  # one UPDATE where the key is quiet (see _build_statements)
             return self._take(self._acquire_newcomer, key, owner, ttl, "lock")
+        bell = self._bells.ringing(key, owner)
+        if bell is not None:
+            # Next in line (the server hands the bell to its waiters in order): take the lock
+            # at once if the bell was just rung by a release, else only once it is free.
+            rung, bell.rung = bell.rung, False
+            if not rung and not self.probe(key, owner)[0]:
+                return None
+            # one autocommitted statement: the queue entry goes when the hold ends (release)
+            token = self._take(self._acquire, key, owner, ttl, "lock")
+            bell.won = token is not None
+            return token
         # InnoDB: for a queued waiter a queue check inside the acquire statement is a locking
         # read under REPEATABLE READ, whose next-key locks on the queue rows stall the other
         # waiters' queue writes at every hand-off. So it is a plain (non-locking) read first,
@@ -413,6 +443,21 @@ class MysqlBackend(HoldersMixin[Any]):
         return self.run("acquire", op, key=key)
 
     def release(self, key: str, owner: str, token: int) -> bool:
+        try:
+            return self._release_lease(key, owner, token)
+        finally:
+            # after the lease has ended: wake the next waiter, then leave the queue (a hold
+            # taken at the ring of the bell kept its entry, to take the lock in one statement)
+            if self._bells.ring(key, owner):
+                self._leave_queue(key, owner)
+
+    def _leave_queue(self, key: str, owner: str) -> None:
+        try:
+            self.dequeue(key, owner)
+        except BackendError as exc:  # the entry's own lease ends it soon enough
+            log.warning("could not leave the wait queue of %r: %s", key, exc)
+
+    def _release_lease(self, key: str, owner: str, token: int) -> bool:
         calls = 0
 
         def op(conn: Any) -> bool:
@@ -428,6 +473,15 @@ class MysqlBackend(HoldersMixin[Any]):
                 return bool(row[0] is None and row[1] == token)
 
         return self.run("release", op, key=key)
+
+    def subscribe(self, key: str, owner: str, queue: str | None = None) -> Subscription:
+        """A doorbell for a plain lock's waiter (see _doorbell.py); others poll."""
+        bell = self._bells.doorbell(key, owner) if queue == "lock" else None
+        return Sleeper() if bell is None else bell
+
+    def close(self) -> None:
+        self._bells.close()
+        super().close()
 
     def claim_once(self, key: str, owner: str, ttl: float, note: str | None) -> int | None:
         params = (key, owner, round(ttl * 1_000_000), note)

@@ -667,7 +667,7 @@ class PostgresBackend(HoldersMixin[psycopg.Connection[Any]]):
         listener = self._listener
         return listener.channel if listener is not None and listener.alive() else None
 
-    def subscribe(self, key: str, owner: str) -> _Subscription:
+    def subscribe(self, key: str, owner: str, queue: str | None = None) -> _Subscription:
         with self._listener_lock:
             if self._listener is None or not self._listener.alive():
                 # first use, or a forked child: the parent's listener thread is not ours
@@ -685,6 +685,7 @@ class PostgresBackend(HoldersMixin[psycopg.Connection[Any]]):
 
 class _Subscription:
     targeted = True
+    latched = False
 
     def __init__(self, listener: _Listener, key: str, owner: str, live: bool) -> None:
         self._listener = listener

@@ -46,6 +46,7 @@ class _ChangeWatch:
 
     live = True
     targeted = False
+    latched = False
     granted: int | None = None
     interval = 0.002
 
@@ -440,7 +441,7 @@ class SqliteBackend(HoldersMixin[sqlite3.Connection]):
 
         return self.run("force_release", op, key=key)
 
-    def subscribe(self, key: str, owner: str) -> Subscription:
+    def subscribe(self, key: str, owner: str, queue: str | None = None) -> Subscription:
         try:
             return _ChangeWatch(self._connect())
         except sqlite3.Error:

@@ -1,0 +1,279 @@
+"""MySQL/MariaDB wake-ups: waiters sleep in ``GET_LOCK`` on the key's doorbell; a release rings it.
+
+MySQL cannot push a release to a client, but a session blocked in ``GET_LOCK`` wakes the moment
+the holder of that user lock lets go, and the server grants a user lock to its waiters in the
+order they asked. dblock uses one user lock per key as a doorbell, never as the lock:
+
+- A waiter sleeps in ``GET_LOCK(bell)`` on a connection of its own, at most ``RING_WAIT`` s at
+  a time (then it polls the table once and sleeps again).
+- Whoever gets the bell is next in line: it tries at once and, if it takes the lock, keeps the
+  bell for as long as it holds the lock. Its release ends the lease, then lets go of the bell,
+  which wakes the next waiter, and only that one.
+- A holder that took a free lock without waiting has no bell: the first waiter gets the bell
+  at once and polls the table, paced like the head of a queue; the waiters behind it sleep.
+
+The lease row stays the only truth. A bell that is lost (its connection dropped), stuck (its
+process frozen) or rung early costs time, never safety: waiters fall back to polling. The
+server closes an idle bell connection after ``BELL_IDLE`` s (``wait_timeout``), which frees a
+bell kept by a frozen or forgotten holder. Each waiter uses one connection while it waits, so
+a client keeps at most ``MAX_BELLS`` bells; waiters beyond that poll.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from .._timing import Backoff
+
+#: the longest one GET_LOCK sleeps before its waiter polls the table once, seconds
+RING_WAIT = 2.0
+#: the server closes a bell connection idle this long (``wait_timeout``), freeing its bell
+BELL_IDLE = 30
+#: bells (waiting or held) one client may have at once
+MAX_BELLS = 64
+#: the head's polls while the holder has no bell: first this often, ...
+HEAD_POLL = 0.002
+HEAD_PLATEAU = 25  # ... this many times, then less and less often
+_STATEMENT_SLACK = 5.0  # the watchdog's margin over a GET_LOCK's own timeout
+FAST_FAILURE = 0.5  # a GET_LOCK that fails sooner found its connection dead, not the server
+
+
+def bell_name(table: str, key: str) -> str:
+    """The user lock of ``key``'s doorbell: 64 characters at most, whatever the key."""
+    digest = hashlib.sha1(f"{table}\0{key}".encode(), usedforsecurity=False).hexdigest()
+    return f"dblock:{digest}"
+
+
+class Bells:
+    """The doorbells of one MySQL backend: their connections, and who waits or holds one.
+
+    ``connect`` opens a connection (autocommit); ``watch(seconds, abort)`` registers a
+    statement with the backend's watchdog and returns ``(ident, watch)``; ``unwatch(ident)``
+    ends that.
+    """
+
+    def __init__(
+        self,
+        table: str,
+        connect: Callable[[], Any],
+        *,
+        close: Callable[[Any], None],
+        watch: Callable[[float, Callable[[], None]], tuple[int, Any]],
+        unwatch: Callable[[int], None],
+        abort: Callable[[Any], None],
+        max_poll: float,
+        read_timeout: float,
+    ) -> None:
+        self.table = table
+        self._connect = connect
+        self._close = close
+        self.watch = watch
+        self.unwatch = unwatch
+        self.abort = abort
+        self.max_poll = max_poll
+        #: one GET_LOCK's sleep: within the driver's read timeout, which would end it early
+        self.ring_wait = min(RING_WAIT, read_timeout / 2)
+        self._mutex = threading.Lock()
+        self._idle: list[tuple[Any, float]] = []  # (connection, when it was put back)
+        self._waiting: dict[tuple[str, str], Doorbell] = {}
+        self._held: dict[tuple[str, str], Any] = {}  # (key, owner) of a hold -> its bell's conn
+        self._count = 0
+        self._pid = os.getpid()
+        self._closed = False
+
+    def _forked(self) -> None:
+        """In a forked child: forget the parent's connections without touching them."""
+        if self._pid != os.getpid():
+            self._idle.clear()
+            self._waiting.clear()
+            self._held.clear()
+            self._count = 0
+            self._pid = os.getpid()
+
+    # -- waiters ----------------------------------------------------------------------------
+    def doorbell(self, key: str, owner: str) -> Doorbell | None:
+        """A doorbell for ``owner`` waiting on ``key``, or None if this client has too many."""
+        with self._mutex:
+            self._forked()
+            if self._closed or self._count >= MAX_BELLS:
+                return None
+            self._count += 1
+            bell = Doorbell(self, key, owner)
+            self._waiting[(key, owner)] = bell
+            return bell
+
+    def ringing(self, key: str, owner: str) -> Doorbell | None:
+        """``owner``'s doorbell for ``key`` if it has the bell (it is next in line)."""
+        with self._mutex:
+            bell = self._waiting.get((key, owner))
+        return bell if bell is not None and bell.has_bell else None
+
+    def checkout(self) -> Any:
+        with self._mutex:
+            self._forked()
+            while self._idle:
+                conn, since = self._idle.pop()
+                if time.monotonic() - since < BELL_IDLE / 2:
+                    return conn
+                self._close(conn)  # the server may have closed it by now
+        return self._connect()
+
+    def checkin(self, conn: Any) -> None:
+        with self._mutex:
+            if not self._closed and self._pid == os.getpid() and len(self._idle) < 8:
+                self._idle.append((conn, time.monotonic()))
+                return
+        self._close(conn)
+
+    def closed(self, bell: Doorbell, conn: Any | None, won: bool) -> None:
+        """A waiter is done: keep its bell with its hold (``won``), else let go of it."""
+        with self._mutex:
+            if self._pid != os.getpid():
+                return
+            if self._waiting.get((bell.key, bell.owner)) is bell:
+                del self._waiting[(bell.key, bell.owner)]
+            if won and conn is not None and not self._closed:
+                self._held[(bell.key, bell.owner)] = conn
+                return
+            self._count -= 1
+        if conn is not None:
+            self.let_go(conn, bell.name if bell.has_bell else None)
+
+    # -- holders ----------------------------------------------------------------------------
+    def ring(self, key: str, owner: str) -> bool:
+        """The hold (key, owner) has ended: let go of its bell, waking the next waiter.
+        True if the hold had one (it was taken at the ring of the bell)."""
+        with self._mutex:
+            if self._pid != os.getpid():
+                return False
+            conn = self._held.pop((key, owner), None)
+            if conn is None:
+                return False
+            self._count -= 1
+        self.let_go(conn, bell_name(self.table, key))
+        return True
+
+    def let_go(self, conn: Any, name: str | None) -> None:
+        """Release ``name`` (if held) on ``conn`` and pool the connection, or close it."""
+        if name is None:
+            self.checkin(conn)
+            return
+        ident, _ = self.watch(_STATEMENT_SLACK, lambda: self.abort(conn))
+        try:
+            with conn.cursor() as cur:
+                cur.execute("DO RELEASE_LOCK(%s)", (name,))
+        except Exception:  # noqa: BLE001 - a dead bell connection frees its bell anyway
+            self._close(conn)
+        else:
+            self.checkin(conn)
+        finally:
+            self.unwatch(ident)
+
+    def discard(self, conn: Any) -> None:
+        """Close a connection that failed or was interrupted (its bell, if any, goes too)."""
+        self.abort(conn)
+        self._close(conn)
+
+    def close(self) -> None:
+        with self._mutex:
+            self._closed = True
+            if self._pid != os.getpid():
+                return
+            conns = [conn for conn, _ in self._idle] + list(self._held.values())
+            self._idle.clear()
+            self._held.clear()
+        for conn in conns:
+            self._close(conn)  # closing the session frees its bells
+
+
+class Doorbell:
+    """A Subscription for MySQL: ``wait()`` sleeps in GET_LOCK on the key's bell."""
+
+    live = True
+    targeted = True
+    latched = True  # the bell is a lock, not an event: one freed before GET_LOCK is had at once
+    granted: int | None = None
+
+    def __init__(self, bells: Bells, key: str, owner: str) -> None:
+        self._bells = bells
+        self.key = key
+        self.owner = owner
+        self.name = bell_name(bells.table, key)
+        self._conn: Any | None = None
+        #: this waiter holds the bell: it is next in line
+        self.has_bell = False
+        #: the last wait ended with the bell rung (the lock was just released): try at once
+        self.rung = False
+        #: the waiter took the lock: the bell stays with its hold
+        self.won = False
+        self._broken = False
+        self._busy = False  # a GET_LOCK is in flight on the connection
+        self._head: Backoff | None = None
+        self._sleep = threading.Event()
+
+    def wait(self, timeout: float) -> bool:
+        if timeout <= 0:
+            return False
+        if self.has_bell or self._broken:
+            # next in line behind a holder without a bell (or no bell to be had): poll
+            if self._head is None:
+                self._head = Backoff(HEAD_POLL, self._bells.max_poll, plateau=HEAD_PLATEAU)
+            self._sleep.wait(min(timeout, self._head.next()))
+            return False
+        return self._ring_wait(min(timeout, self._bells.ring_wait))
+
+    def _ring_wait(self, seconds: float) -> bool:
+        started = time.monotonic()
+        try:
+            row = self._get_lock(seconds)
+        except Exception:  # noqa: BLE001 - the doorbell is a hint: poll instead
+            self._drop()
+            # a pooled connection that fails at once died idle (a server restart): one more
+            # try on a new one; a failure after that, or a slow one, makes this waiter poll
+            try:
+                if time.monotonic() - started > FAST_FAILURE:
+                    raise
+                row = self._get_lock(seconds)
+            except Exception:  # noqa: BLE001
+                self._drop()
+                self._broken = True
+                return False
+        if row is None or row[0] != 1:
+            return False  # timed out (0), or an error (NULL): poll once, then sleep again
+        self.has_bell = self.rung = True
+        return True
+
+    def _get_lock(self, seconds: float) -> Any:
+        """GET_LOCK(bell, seconds) on this waiter's connection (made if it has none)."""
+        bells = self._bells
+        if self._conn is None:
+            self._conn = bells.checkout()
+        conn = self._conn
+        ident, _ = bells.watch(seconds + _STATEMENT_SLACK, lambda: bells.abort(conn))
+        try:
+            self._busy = True
+            with conn.cursor() as cur:
+                cur.execute("SELECT GET_LOCK(%s, %s)", (self.name, seconds))
+                row = cur.fetchone()
+            self._busy = False
+            return row
+        finally:
+            bells.unwatch(ident)
+
+    def _drop(self) -> None:
+        self._busy = False
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            self._bells.discard(conn)
+
+    def close(self) -> None:
+        self._sleep.set()
+        if self._busy:  # interrupted inside GET_LOCK: the connection is mid-statement
+            self._drop()
+        self._bells.closed(self, self._conn, self.won)
+        self._conn = None

@@ -1,0 +1,303 @@
+"""MySQL/MariaDB waiters sleep in GET_LOCK on the key's doorbell; a release rings it.
+
+The doorbell is a hint, never the lock: these tests check that waiters really sleep in the
+server instead of polling, that a hold taken at the ring keeps the bell until it ends, and that
+every fault of a bell (its holder killed or frozen, its connection killed by the server, more
+waiters than bells) costs time only, never mutual exclusion or progress.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+import dblock
+from dblock.backends import _doorbell
+from dblock.backends._doorbell import bell_name
+from dblock.backends.mysql import MysqlBackend
+from tests._servers import MYSQL_URL, drop_tables, raw_connect, require_server
+from tests.conformance.test_processes import finish, worker
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def table() -> Iterator[str]:
+    require_server("mysql", MYSQL_URL)
+    name = "t_" + uuid.uuid4().hex[:16]
+    dblock.connect(MYSQL_URL, table=name, create_schema=True).close()
+    yield name
+    drop_tables(MYSQL_URL, name)
+
+
+_started: list[_Waiter] = []
+
+
+@pytest.fixture(autouse=True)
+def _stop_waiters(table: str) -> Iterator[None]:
+    """A failed test must not leave waiters running into the next one (nor past its table)."""
+    yield
+    while _started:
+        waiter = _started.pop()
+        waiter.release.set()
+        waiter.join(30)
+
+
+@pytest.fixture
+def raw() -> Iterator[Any]:
+    conn = raw_connect(MYSQL_URL)
+    yield conn.cursor()
+    conn.close()
+
+
+def _bell_user(cur: Any, table: str, key: str) -> int | None:
+    """The server session holding the key's doorbell, or None."""
+    cur.execute("SELECT IS_USED_LOCK(%s)", (bell_name(table, key),))
+    value = cur.fetchone()[0]
+    return None if value is None else int(value)
+
+
+def _until(predicate: Callable[[], bool], what: str, seconds: float = 15.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting until {what}"
+        time.sleep(0.01)
+
+
+def _in_get_lock(cur: Any) -> list[int]:
+    """Server sessions sleeping in a doorbell's GET_LOCK."""
+    cur.execute(
+        "SELECT id FROM information_schema.processlist WHERE info LIKE 'SELECT GET_LOCK(%%'"
+    )
+    return [int(row[0]) for row in cur.fetchall()]
+
+
+def _session_alive(cur: Any, session: int) -> bool:
+    cur.execute("SELECT count(*) FROM information_schema.processlist WHERE id = %s", (session,))
+    return bool(cur.fetchone()[0])
+
+
+def _questions(cur: Any) -> int:
+    cur.execute("SHOW GLOBAL STATUS LIKE 'Questions'")
+    return int(cur.fetchone()[1])
+
+
+class _Waiter(threading.Thread):
+    """Acquire ``key`` on a client of its own; hold until ``release`` is set."""
+
+    def __init__(self, table: str, key: str, *, ttl: float = 30, timeout: float = 30) -> None:
+        super().__init__(daemon=True)
+        self.client = dblock.connect(MYSQL_URL, table=table)
+        self.lock = self.client.lock(key, ttl=ttl, timeout=timeout)
+        self.acquired = threading.Event()
+        self.release = threading.Event()
+        self.got: bool | None = None
+        self.at = 0.0
+        _started.append(self)
+
+    def run(self) -> None:
+        try:
+            self.got = self.lock.acquire()
+            self.at = time.monotonic()
+            self.acquired.set()
+            if self.got:
+                self.release.wait(60)
+                self.lock.release()
+        finally:
+            self.client.close()
+
+
+def _taken_at_the_bell(table: str, key: str, raw: Any) -> _Waiter:
+    """A thread that took ``key`` as a waiter (so its hold keeps the bell) and holds it."""
+    holder = _Waiter(table, key)
+    with dblock.connect(MYSQL_URL, table=table) as client:
+        first = client.lock(key, ttl=30)
+        assert first.acquire()
+        holder.start()
+        _until(lambda: _bell_user(raw, table, key) is not None, "the holder-to-be has the bell")
+        first.release()
+    assert holder.acquired.wait(15) and holder.got
+    return holder
+
+
+def _hold_at_the_bell(table: str, key: str, raw: Any, ttl: float) -> subprocess.Popen[str]:
+    """A worker process that took ``key`` as a waiter, so its hold keeps the bell."""
+    with dblock.connect(MYSQL_URL, table=table) as client:
+        first = client.lock(key, ttl=30)
+        assert first.acquire(timeout=10)
+        proc = worker("hold", MYSQL_URL, table, key, str(ttl), stdin=subprocess.PIPE)
+        _until(lambda: _bell_user(raw, table, key) is not None, "the worker waits at the bell")
+        first.release()
+    return proc
+
+
+def test_a_hold_taken_at_the_bell_keeps_it_until_released(table: str, raw: Any) -> None:
+    key = "k-" + uuid.uuid4().hex
+    with dblock.connect(MYSQL_URL, table=table) as client:
+        first = client.lock(key, ttl=30)
+        assert first.acquire()
+        assert _bell_user(raw, table, key) is None, "a lock taken without waiting rings no bell"
+        waiter = _Waiter(table, key)
+        waiter.start()
+        _until(lambda: _bell_user(raw, table, key) is not None, "the waiter has the bell")
+        first.release()
+        assert waiter.acquired.wait(15) and waiter.got
+        assert _bell_user(raw, table, key) is not None, "the hold let go of its bell"
+        waiter.release.set()
+        waiter.join(15)
+        assert _bell_user(raw, table, key) is None, "release did not let go of the bell"
+        raw.execute(f"SELECT count(*) FROM `{table}_holders`")
+        assert raw.fetchone()[0] == 0, "the queue entry outlived the hold"
+
+
+def test_waiters_sleep_in_the_server_and_are_served_in_order(table: str, raw: Any) -> None:
+    key = "k-" + uuid.uuid4().hex
+    holder = _taken_at_the_bell(table, key, raw)
+    waiters: list[_Waiter] = []
+    for n in range(1, 5):
+        waiters.append(_Waiter(table, key, timeout=60))
+        waiters[-1].start()
+        _until(lambda n=n: len(_in_get_lock(raw)) == n, "the waiter sleeps")
+    before = _questions(raw)
+    time.sleep(3.0)
+    asked = _questions(raw) - before - 1  # minus our own SHOW STATUS
+    # Polling waiters ask hundreds of times in 3 s; sleeping ones about twice a RING_WAIT
+    # each (the sleep itself, one look after it) and refresh their queue entries (2 more).
+    assert asked <= 4 * 8, f"4 blocked waiters sent {asked} statements in 3 s"
+    holder.release.set()
+    order = []
+    for w in waiters:
+        assert w.acquired.wait(30) and w.got
+        order.append(w.at)
+        w.release.set()
+        w.join(15)
+    holder.join(15)
+    assert order == sorted(order), "waiters were not served in the order they came"
+
+
+def test_sigkilled_bell_holder_frees_the_bell_and_its_lease_still_binds(
+    table: str, raw: Any
+) -> None:
+    key = "k-" + uuid.uuid4().hex
+    proc = _hold_at_the_bell(table, key, raw, ttl=2.0)
+    try:
+        assert proc.stdout is not None
+        held = json.loads(proc.stdout.readline())
+        bell = _bell_user(raw, table, key)
+        assert bell is not None
+        waiter = _Waiter(table, key, ttl=30, timeout=30)
+        waiter.start()
+        _until(lambda: bool(_in_get_lock(raw)), "the waiter sleeps at the bell")
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+        with dblock.connect(MYSQL_URL, table=table) as client:
+            info = client.info(key)
+            assert info is not None and info.token == held["token"], "lease ended by the kill"
+        assert waiter.acquired.wait(30) and waiter.got
+        assert waiter.lock.token is not None and waiter.lock.token > held["token"]
+        waiter.release.set()
+        waiter.join(15)
+    finally:
+        finish(proc)
+
+
+def test_sigstopped_bell_holder_is_taken_over_after_its_lease(table: str, raw: Any) -> None:
+    key = "k-" + uuid.uuid4().hex
+    proc = _hold_at_the_bell(table, key, raw, ttl=2.0)
+    try:
+        assert proc.stdout is not None and proc.stdin is not None
+        held = json.loads(proc.stdout.readline())
+        proc.send_signal(signal.SIGSTOP)
+        # the frozen process keeps its bell: the waiter must find the lapsed lease by itself
+        waiter = _Waiter(table, key, ttl=30, timeout=30)
+        waiter.start()
+        assert waiter.acquired.wait(30) and waiter.got
+        assert waiter.lock.token is not None and waiter.lock.token > held["token"]
+        assert _bell_user(raw, table, key) is not None, "the frozen holder's bell is kept"
+        proc.send_signal(signal.SIGCONT)
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        assert json.loads(proc.stdout.readline()) == {"renew": "LockLost", "release": "LockLost"}
+        _until(lambda: _bell_user(raw, table, key) is None, "the thawed holder lets go")
+        waiter.release.set()
+        waiter.join(15)
+    finally:
+        finish(proc)
+
+
+def test_a_waiter_whose_bell_connection_the_server_kills_still_gets_the_lock(
+    table: str, raw: Any
+) -> None:
+    key = "k-" + uuid.uuid4().hex
+    holder = _taken_at_the_bell(table, key, raw)
+    waiter = _Waiter(table, key, timeout=30)
+    waiter.start()
+    _until(lambda: bool(_in_get_lock(raw)), "the waiter sleeps at the bell")
+    for session in _in_get_lock(raw):
+        raw.execute(f"KILL {session}")
+    # and the holder's own bell connection too: its release must still work
+    holder_bell = _bell_user(raw, table, key)
+    assert holder_bell is not None
+    raw.execute(f"KILL {holder_bell}")
+    holder.release.set()
+    holder.join(15)
+    assert not holder.is_alive()
+    assert waiter.acquired.wait(30) and waiter.got
+    waiter.release.set()
+    waiter.join(15)
+
+
+def test_waiters_beyond_the_bells_a_client_may_keep_poll(
+    table: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_doorbell, "MAX_BELLS", 1)
+    key = "k-" + uuid.uuid4().hex
+    with dblock.connect(MYSQL_URL, table=table) as client:
+        backend = client._backend
+        assert isinstance(backend, MysqlBackend)
+        first = client.lock(key, ttl=30)
+        assert first.acquire()
+        results: list[bool] = []
+
+        def wait() -> None:
+            lock = client.lock(key, ttl=30, timeout=30)
+            results.append(lock.acquire())
+            time.sleep(0.05)
+            lock.release()
+
+        threads = [threading.Thread(target=wait) for _ in range(3)]
+        for t in threads:
+            t.start()
+        time.sleep(0.5)
+        first.release()
+        for t in threads:
+            t.join(60)
+        assert results == [True, True, True]
+
+
+def test_a_bell_connection_that_died_idle_is_replaced_not_given_up(table: str, raw: Any) -> None:
+    key = "k-" + uuid.uuid4().hex
+    holder = _taken_at_the_bell(table, key, raw)
+    with dblock.connect(MYSQL_URL, table=table) as client:
+        backend = client._backend
+        assert isinstance(backend, MysqlBackend)
+        assert not client.lock(key).acquire(timeout=0.3)  # leaves its bell connection idle
+        idle = [conn.thread_id() for conn, _ in backend._bells._idle]
+        assert len(idle) == 1
+        raw.execute(f"KILL {idle[0]}")  # as a server restart would
+        _until(lambda: not _session_alive(raw, idle[0]), "the killed session is gone")
+        got: list[bool] = []
+        waiter = threading.Thread(target=lambda: got.append(client.lock(key).acquire(timeout=30)))
+        waiter.start()
+        _until(lambda: bool(_in_get_lock(raw)), "the next waiter sleeps at the bell again")
+        holder.release.set()
+        waiter.join(30)
+        assert got == [True]
