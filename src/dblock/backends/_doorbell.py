@@ -40,6 +40,7 @@ MAX_BELLS = 64
 HEAD_POLL = 0.002
 HEAD_PLATEAU = 25  # ... this many times, then less and less often
 _STATEMENT_SLACK = 5.0  # the watchdog's margin over a GET_LOCK's own timeout
+LEASE_MARGIN = 0.02  # a waiter wakes this long after the lease it saw should have ended
 FAST_FAILURE = 0.5  # a GET_LOCK that fails sooner found its connection dead, not the server
 
 
@@ -107,6 +108,13 @@ class Bells:
             self._waiting[(key, owner)] = bell
             return bell
 
+    def lease_left(self, key: str, owner: str, seconds: float) -> None:
+        """``owner``'s look found the lock held for ``seconds`` more: sleep no longer."""
+        with self._mutex:
+            bell = self._waiting.get((key, owner))
+        if bell is not None:
+            bell.lease_ends = time.monotonic() + seconds
+
     def ringing(self, key: str, owner: str) -> Doorbell | None:
         """``owner``'s doorbell for ``key`` if it has the bell (it is next in line)."""
         with self._mutex:
@@ -145,18 +153,16 @@ class Bells:
             self.let_go(conn, bell.name if bell.has_bell else None)
 
     # -- holders ----------------------------------------------------------------------------
-    def ring(self, key: str, owner: str) -> bool:
-        """The hold (key, owner) has ended: let go of its bell, waking the next waiter.
-        True if the hold had one (it was taken at the ring of the bell)."""
+    def ring(self, key: str, owner: str) -> None:
+        """The hold (key, owner) has ended: let go of its bell, waking the next waiter."""
         with self._mutex:
             if self._pid != os.getpid():
-                return False
+                return
             conn = self._held.pop((key, owner), None)
             if conn is None:
-                return False
+                return
             self._count -= 1
         self.let_go(conn, bell_name(self.table, key))
-        return True
 
     def let_go(self, conn: Any, name: str | None) -> None:
         """Release ``name`` (if held) on ``conn`` and pool the connection, or close it."""
@@ -211,6 +217,8 @@ class Doorbell:
         self.rung = False
         #: the waiter took the lock: the bell stays with its hold
         self.won = False
+        #: when the holder's lease ends, as last seen (monotonic; None: not seen)
+        self.lease_ends: float | None = None
         self._broken = False
         self._busy = False  # a GET_LOCK is in flight on the connection
         self._head: Backoff | None = None
@@ -225,7 +233,12 @@ class Doorbell:
                 self._head = Backoff(HEAD_POLL, self._bells.max_poll, plateau=HEAD_PLATEAU)
             self._sleep.wait(min(timeout, self._head.next()))
             return False
-        return self._ring_wait(min(timeout, self._bells.ring_wait))
+        sleep = min(timeout, self._bells.ring_wait)
+        if self.lease_ends is not None:
+            # wake as the lease ends: a bell kept by a frozen holder is never rung
+            sleep = min(sleep, max(LEASE_MARGIN, self.lease_ends - time.monotonic() + LEASE_MARGIN))
+            self.lease_ends = None
+        return self._ring_wait(sleep)
 
     def _ring_wait(self, seconds: float) -> bool:
         started = time.monotonic()

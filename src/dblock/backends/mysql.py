@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import logging
 import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -32,7 +31,7 @@ from typing import Any
 import pymysql
 from pymysql.constants import CLIENT
 
-from .._errors import BackendError, ConfigurationError
+from .._errors import ConfigurationError
 from .._types import Kind, LockInfo
 from .._url import DatabaseURL
 from ._doorbell import BELL_IDLE, Bells
@@ -41,7 +40,6 @@ from ._names import aux_name, qualify
 from ._protocol import Subscription
 from ._sql import MAINTENANCE_DEADLINE, Failure, Sleeper
 
-log = logging.getLogger("dblock")
 NOW = "UTC_TIMESTAMP(6)"
 # server gone away, lost connection, killed (MariaDB 1927), shutdown, idle disconnect
 # (MySQL 4031), commands out of sync after an interrupted read
@@ -92,6 +90,7 @@ class MysqlBackend(HoldersMixin[Any]):
         kwargs.setdefault("write_timeout", kwargs["connect_timeout"])
         self._kwargs = kwargs
         self._build_statements(schema, table)
+        self._look_sql = self._look_statement()
         # doorbells: a session of their own, which the server closes when left idle (a frozen
         # holder's bell is freed after BELL_IDLE s); they run no statement on the tables
         bell_kwargs = {**kwargs, "init_command": f"SET SESSION wait_timeout = {BELL_IDLE}"}
@@ -386,18 +385,41 @@ class MysqlBackend(HoldersMixin[Any]):
             rung, bell.rung = bell.rung, False
             if not rung and not self.probe(key, owner)[0]:
                 return None
-            # one autocommitted statement: the queue entry goes when the hold ends (release)
-            token = self._take(self._acquire, key, owner, ttl, "lock")
+            # the queue entry goes in the same commit: left to the release, a holder that froze
+            # would keep the head of the queue, and its waiters, until the entry's lease ends
+            token = self._take(self._acquire, key, owner, ttl, "lock", dequeue=True)
             bell.won = token is not None
             return token
         # InnoDB: for a queued waiter a queue check inside the acquire statement is a locking
         # read under REPEATABLE READ, whose next-key locks on the queue rows stall the other
         # waiters' queue writes at every hand-off. So it is a plain (non-locking) read first,
         # then the ordinary acquire; a newcomer slipping in between is rare and harmless.
-        free, ahead = self.probe(key, owner)
+        free, ahead, left = self._look(key, owner)
         if not free or ahead:
+            # a waiter asleep at a bell that nobody may ring (its holder froze or died with
+            # it) wakes when this lease ends, not a whole RING_WAIT later
+            self._bells.lease_left(key, owner, left)
             return None
         return self._take(self._acquire, key, owner, ttl, "lock", dequeue=queued)
+
+    def _look_statement(self) -> str:
+        """key owner -> (free, live waiters ahead of owner, microseconds left of the lease)."""
+        held = (
+            f"FROM {self._main} WHERE lock_key = %(key)s AND owner IS NOT NULL "
+            f"AND expires_at > {NOW}"
+        )
+        return (
+            f"SELECT NOT EXISTS (SELECT 1 {held}),\n"
+            f"    (SELECT count(*) FROM {self._holders} w WHERE {self._ahead}),\n"
+            f"    (SELECT TIMESTAMPDIFF(MICROSECOND, {NOW}, expires_at) {held})"
+        )
+
+    def _look(self, key: str, owner: str) -> tuple[bool, int, float]:
+        """Read-only: like probe(), and the seconds left of the holder's lease (0 if free)."""
+        params = {"key": key, "owner": owner}
+        row = self.run("probe", lambda conn: self._exec(conn, self._look_sql, params), key=key)
+        free, ahead, left_us = row[1][0]
+        return bool(free), int(ahead), max(0, int(left_us or 0)) / 1_000_000
 
     def enqueue(
         self, key: str, owner: str, kind: str, ttl: float, lease: float | None = None
@@ -446,16 +468,7 @@ class MysqlBackend(HoldersMixin[Any]):
         try:
             return self._release_lease(key, owner, token)
         finally:
-            # after the lease has ended: wake the next waiter, then leave the queue (a hold
-            # taken at the ring of the bell kept its entry, to take the lock in one statement)
-            if self._bells.ring(key, owner):
-                self._leave_queue(key, owner)
-
-    def _leave_queue(self, key: str, owner: str) -> None:
-        try:
-            self.dequeue(key, owner)
-        except BackendError as exc:  # the entry's own lease ends it soon enough
-            log.warning("could not leave the wait queue of %r: %s", key, exc)
+            self._bells.ring(key, owner)  # after the lease has ended: wakes the next waiter
 
     def _release_lease(self, key: str, owner: str, token: int) -> bool:
         calls = 0
