@@ -1,0 +1,27 @@
+"""How dblock uses PyMySQL: things a wrong setup would make slow rather than wrong."""
+
+from __future__ import annotations
+
+import uuid
+
+import dblock
+from tests._servers import MYSQL_URL, drop_tables, require_server
+
+
+def test_connections_share_one_default_tls_context() -> None:
+    # PyMySQL builds a TLS context per connection by default, loading the CA certificates
+    # each time (~45 ms): a new process's or a waiter's first connection paid it on the spot
+    require_server("mysql", MYSQL_URL)
+    table = "t_" + uuid.uuid4().hex[:16]
+    try:
+        with dblock.connect(MYSQL_URL, table=table) as client:
+            backend = client._backend
+            first, second = backend._connect(), backend._connect()  # type: ignore[attr-defined]
+            try:
+                assert first.ctx is not None, "PyMySQL no longer offers TLS by default"
+                assert first.ctx is second.ctx
+            finally:
+                first.close()
+                second.close()
+    finally:
+        drop_tables(MYSQL_URL, table)
