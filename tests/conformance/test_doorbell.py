@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 
 import dblock
+from dblock._url import parse_url
 from dblock.backends import _doorbell
-from dblock.backends._doorbell import bell_name
 from dblock.backends.mysql import MysqlBackend
 from tests._servers import MYSQL_URL, drop_tables, raw_connect, require_server
 from tests.conformance.test_processes import finish, worker
@@ -60,9 +60,30 @@ def raw() -> Iterator[Any]:
 
 def _bell_user(cur: Any, table: str, key: str) -> int | None:
     """The server session holding the key's doorbell, or None."""
-    cur.execute("SELECT IS_USED_LOCK(%s)", (bell_name(table, key),))
+    cur.execute("SELECT IS_USED_LOCK(%s)", (_bell_name(table, key),))
     value = cur.fetchone()[0]
     return None if value is None else int(value)
+
+
+def _bell_name(table: str, key: str) -> str:
+    with dblock.connect(MYSQL_URL, table=table) as client:
+        backend = client._backend
+        assert isinstance(backend, MysqlBackend)
+        return backend._bells.name(key)
+
+
+def test_bells_of_equal_tables_in_two_databases_differ(table: str) -> None:
+    # GET_LOCK names are the whole server's: two databases' dblock_locks must not share bells
+    here = _bell_name(table, "k")
+    other = MysqlBackend(parse_url(MYSQL_URL.rsplit("/", 1)[0] + "/elsewhere"), None, table)
+    url = parse_url(MYSQL_URL)
+    qualified = MysqlBackend(url, url.database, table)
+    try:
+        assert other._bells.name("k") != here
+        assert qualified._bells.name("k") == here, "the same table, named with its schema"
+    finally:
+        other.close()
+        qualified.close()
 
 
 def _until(predicate: Callable[[], bool], what: str, seconds: float = 15.0) -> None:

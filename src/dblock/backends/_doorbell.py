@@ -45,7 +45,8 @@ FAST_FAILURE = 0.5  # a GET_LOCK that fails sooner found its connection dead, no
 
 
 def bell_name(table: str, key: str) -> str:
-    """The user lock of ``key``'s doorbell: 64 characters at most, whatever the key."""
+    """The user lock of ``key``'s doorbell (``table``: database-qualified, as user locks are
+    the whole server's): 64 characters at most, whatever the key."""
     digest = hashlib.sha1(f"{table}\0{key}".encode(), usedforsecurity=False).hexdigest()
     return f"dblock:{digest}"
 
@@ -86,6 +87,10 @@ class Bells:
         self._count = 0
         self._pid = os.getpid()
         self._closed = False
+
+    def name(self, key: str) -> str:
+        """The user lock of ``key``'s doorbell."""
+        return bell_name(self.table, key)
 
     def _forked(self) -> None:
         """In a forked child: forget the parent's connections without touching them."""
@@ -162,7 +167,7 @@ class Bells:
             if conn is None:
                 return
             self._count -= 1
-        self.let_go(conn, bell_name(self.table, key))
+        self.let_go(conn, self.name(key))
 
     def let_go(self, conn: Any, name: str | None) -> None:
         """Release ``name`` (if held) on ``conn`` and pool the connection, or close it."""
@@ -209,7 +214,7 @@ class Doorbell:
         self._bells = bells
         self.key = key
         self.owner = owner
-        self.name = bell_name(bells.table, key)
+        self.name = bells.name(key)
         self._conn: Any | None = None
         #: this waiter holds the bell: it is next in line
         self.has_bell = False

@@ -114,8 +114,9 @@ class MysqlBackend(HoldersMixin[Any]):
         # doorbells: a session of their own, which the server closes when left idle (a frozen
         # holder's bell is freed after BELL_IDLE s); they run no statement on the tables
         bell_kwargs = {**kwargs, "init_command": f"SET SESSION wait_timeout = {BELL_IDLE}"}
+        # user locks are the server's, not a database's: the bell's name says which table
         self._bells = Bells(
-            self.table,
+            self.table if schema else f"{url.database or ''}.{table}",
             lambda: _Connection(**bell_kwargs),
             close=self._close_connection,
             watch=self._watchdog.watch,
