@@ -15,6 +15,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from functools import cache
 from typing import Any
 
 import pytest
@@ -65,6 +66,7 @@ def _bell_user(cur: Any, table: str, key: str) -> int | None:
     return None if value is None else int(value)
 
 
+@cache
 def _bell_name(table: str, key: str) -> str:
     with dblock.connect(MYSQL_URL, table=table) as client:
         backend = client._backend

@@ -29,6 +29,8 @@ from collections.abc import Callable
 from typing import Any
 
 from .._timing import Backoff
+from ._sql import POOL_SIZE
+from ._watchdog import Watchdog
 
 #: the longest one GET_LOCK sleeps before its waiter polls the table once, seconds
 RING_WAIT = 2.0
@@ -44,19 +46,12 @@ LEASE_MARGIN = 0.02  # a waiter wakes this long after the lease it saw should ha
 FAST_FAILURE = 0.5  # a GET_LOCK that fails sooner found its connection dead, not the server
 
 
-def bell_name(table: str, key: str) -> str:
-    """The user lock of ``key``'s doorbell (``table``: database-qualified, as user locks are
-    the whole server's): 64 characters at most, whatever the key."""
-    digest = hashlib.sha1(f"{table}\0{key}".encode(), usedforsecurity=False).hexdigest()
-    return f"dblock:{digest}"
-
-
 class Bells:
     """The doorbells of one MySQL backend: their connections, and who waits or holds one.
 
-    ``connect`` opens a connection (autocommit); ``watch(seconds, abort)`` registers a
-    statement with the backend's watchdog and returns ``(ident, watch)``; ``unwatch(ident)``
-    ends that.
+    ``table`` names the lock table with its database (user locks are the whole server's);
+    ``connect`` opens a connection (autocommit); ``watchdog`` is the backend's, which aborts
+    a statement on a connection with ``abort(conn)``.
     """
 
     def __init__(
@@ -65,8 +60,7 @@ class Bells:
         connect: Callable[[], Any],
         *,
         close: Callable[[Any], None],
-        watch: Callable[[float, Callable[[], None]], tuple[int, Any]],
-        unwatch: Callable[[int], None],
+        watchdog: Watchdog,
         abort: Callable[[Any], None],
         max_poll: float,
         read_timeout: float,
@@ -74,8 +68,7 @@ class Bells:
         self.table = table
         self._connect = connect
         self._close = close
-        self.watch = watch
-        self.unwatch = unwatch
+        self.watchdog = watchdog
         self.abort = abort
         self.max_poll = max_poll
         #: one GET_LOCK's sleep: within the driver's read timeout, which would end it early
@@ -89,8 +82,9 @@ class Bells:
         self._closed = False
 
     def name(self, key: str) -> str:
-        """The user lock of ``key``'s doorbell."""
-        return bell_name(self.table, key)
+        """The user lock of ``key``'s doorbell: 64 characters at most, whatever the key."""
+        digest = hashlib.sha1(f"{self.table}\0{key}".encode(), usedforsecurity=False)
+        return f"dblock:{digest.hexdigest()}"
 
     def _forked(self) -> None:
         """In a forked child: forget the parent's connections without touching them."""
@@ -138,7 +132,7 @@ class Bells:
 
     def checkin(self, conn: Any) -> None:
         with self._mutex:
-            if not self._closed and self._pid == os.getpid() and len(self._idle) < 8:
+            if not self._closed and self._pid == os.getpid() and len(self._idle) < POOL_SIZE:
                 self._idle.append((conn, time.monotonic()))
                 return
         self._close(conn)
@@ -174,7 +168,7 @@ class Bells:
         if name is None:
             self.checkin(conn)
             return
-        ident, _ = self.watch(_STATEMENT_SLACK, lambda: self.abort(conn))
+        ident, _ = self.watchdog.watch(_STATEMENT_SLACK, lambda: self.abort(conn))
         try:
             with conn.cursor() as cur:
                 cur.execute("DO RELEASE_LOCK(%s)", (name,))
@@ -183,7 +177,7 @@ class Bells:
         else:
             self.checkin(conn)
         finally:
-            self.unwatch(ident)
+            self.watchdog.done(ident)
 
     def discard(self, conn: Any) -> None:
         """Close a connection that failed or was interrupted (its bell, if any, goes too)."""
@@ -272,7 +266,7 @@ class Doorbell:
         if self._conn is None:
             self._conn = bells.checkout()
         conn = self._conn
-        ident, _ = bells.watch(seconds + _STATEMENT_SLACK, lambda: bells.abort(conn))
+        ident, _ = bells.watchdog.watch(seconds + _STATEMENT_SLACK, lambda: bells.abort(conn))
         try:
             self._busy = True
             with conn.cursor() as cur:
@@ -281,7 +275,7 @@ class Doorbell:
             self._busy = False
             return row
         finally:
-            bells.unwatch(ident)
+            bells.watchdog.done(ident)
 
     def _drop(self) -> None:
         self._busy = False

@@ -234,15 +234,20 @@ class HoldersMixin(SqlBackend[C], Generic[C]):
         A read-only statement: waiters that are not told whose turn it is ask this before
         they try, and poll more often the closer they are to the head of the queue.
         """
-        sql = (
-            f"SELECT NOT EXISTS (SELECT 1 FROM {self._main} WHERE lock_key = %(key)s AND "
-            f"owner IS NOT NULL AND expires_at > {self._now}), "
-            f"(SELECT count(*) FROM {self._holders} w WHERE {self._ahead})"
-        )
+        sql = self._probe_sql
         row = self.run(
             "probe", lambda conn: self._exec(conn, sql, {"key": key, "owner": owner}), key=key
         )[1][0]
         return bool(row[0]), int(row[1])
+
+    @property
+    def _probe_sql(self) -> str:
+        """key owner -> (the lock of key is free, live waiters ahead of owner)."""
+        return (
+            f"SELECT NOT EXISTS (SELECT 1 FROM {self._main} WHERE lock_key = %(key)s AND "
+            f"owner IS NOT NULL AND expires_at > {self._now}), "
+            f"(SELECT count(*) FROM {self._holders} w WHERE {self._ahead})"
+        )
 
     @property
     def _ahead(self) -> str:

@@ -32,7 +32,8 @@ C = TypeVar("C")
 T = TypeVar("T")
 
 _TRANSIENT_ATTEMPTS = 5
-_POOL_SIZE = 8
+#: idle connections a backend keeps for reuse
+POOL_SIZE = 8
 #: how long one lock statement may take before it is aborted, seconds
 STATEMENT_DEADLINE = 5.0
 #: the same for maintenance over many rows (list, purge, creating the schema)
@@ -119,7 +120,7 @@ class SqlBackend(ABC, Generic[C]):
 
     def _checkin(self, conn: C) -> None:
         with self._pool_lock:
-            if not self._closed and self._pid == os.getpid() and len(self._idle) < _POOL_SIZE:
+            if not self._closed and self._pid == os.getpid() and len(self._idle) < POOL_SIZE:
                 self._idle.append(conn)
                 return
         self._close_connection(conn)

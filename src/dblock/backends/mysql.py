@@ -119,8 +119,7 @@ class MysqlBackend(HoldersMixin[Any]):
             self.table if schema else f"{url.database or ''}.{table}",
             lambda: _Connection(**bell_kwargs),
             close=self._close_connection,
-            watch=self._watchdog.watch,
-            unwatch=self._watchdog.done,
+            watchdog=self._watchdog,
             abort=self._abort,
             max_poll=self.max_poll,
             read_timeout=kwargs["read_timeout"],
@@ -424,15 +423,11 @@ class MysqlBackend(HoldersMixin[Any]):
         return self._take(self._acquire, key, owner, ttl, "lock", dequeue=queued)
 
     def _look_statement(self) -> str:
-        """key owner -> (free, live waiters ahead of owner, microseconds left of the lease)."""
-        held = (
-            f"FROM {self._main} WHERE lock_key = %(key)s AND owner IS NOT NULL "
-            f"AND expires_at > {NOW}"
-        )
+        """key owner -> probe()'s (free, waiters ahead), and microseconds left of the lease."""
         return (
-            f"SELECT NOT EXISTS (SELECT 1 {held}),\n"
-            f"    (SELECT count(*) FROM {self._holders} w WHERE {self._ahead}),\n"
-            f"    (SELECT TIMESTAMPDIFF(MICROSECOND, {NOW}, expires_at) {held})"
+            f"{self._probe_sql},\n    (SELECT TIMESTAMPDIFF(MICROSECOND, {NOW}, expires_at) "
+            f"FROM {self._main} WHERE lock_key = %(key)s AND owner IS NOT NULL "
+            f"AND expires_at > {NOW})"
         )
 
     def _look(self, key: str, owner: str) -> tuple[bool, int, float]:
