@@ -48,10 +48,15 @@ NOW = "statement_timestamp()"
 _TRANSIENT = {"40001", "40P01"}  # serialization failure, deadlock detected (PITFALLS 6)
 
 
-#: SQL that commits the statement's transaction without waiting for its WAL to reach disk: for
-#: statements that only queue a waiter. A crash may lose the entry, but every client loses its
-#: connections then too, and its waiters find their entries gone and queue again; a statement
-#: that issues a token is never one of them.
+#: SQL that commits the statement's transaction without waiting for its WAL to reach disk.
+#: For statements that issue no token:
+#: - joining a queue: a crash may lose the entry, but every client loses its connections then
+#:   too, and its waiters find their entries gone and queue again;
+#: - a release with nobody to hand the lock to: a crash may undo it, and the lock is then held
+#:   until its lease ends, as if its holder had died holding it. It cannot cost exclusion or
+#:   a token: WAL reaches the disk in order, so the commit of any later acquisition, which
+#:   waits for the disk, makes the release durable first.
+#: A statement that issues a token (an acquisition, a hand-over) always waits for the disk.
 _NOT_DURABLE = "set_config('synchronous_commit', 'off', true)"
 
 
@@ -229,9 +234,11 @@ class PostgresBackend(HoldersMixin[psycopg.Connection[Any]]):
         self._release = self._release_sql(live)
         # key owner token joins -> one row if the live hold was ended while nobody joined its
         # queue since it was taken (``joins`` as the acquisition saw it): then there is nobody
-        # to hand over to, and this plain UPDATE does what the statement above would, cheaper
+        # to hand over to, and this plain UPDATE does what the statement above would, cheaper.
+        # It issues no token, so it commits without waiting for the disk (see _NOT_DURABLE).
         self._release_quiet = (
             f"UPDATE {t} SET owner = NULL, expires_at = {NOW} WHERE {live} AND joins = %(joins)s"
+            f" RETURNING {_NOT_DURABLE}"
         )
         # key owner -> one row if owner's hold (a hand-over to a waiter that has given up) was
         # ended and handed on

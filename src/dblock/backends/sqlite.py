@@ -263,9 +263,11 @@ class SqliteBackend(HoldersMixin[sqlite3.Connection]):
         try:
             # set-up waits the whole busy timeout (many processes may open the file at once)
             conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout * 1000)}")
-            # WAL: readers never block the writer. Kept at synchronous=FULL (the default) so a
-            # power cut cannot roll back an acquisition whose token a client already saw.
+            # WAL: readers never block the writer. synchronous=FULL: a commit waits for the
+            # disk, so a power cut cannot roll back an acquisition whose token a client saw
+            # (releases relax it for their own commit: see release).
             self._set_wal(conn)
+            conn.execute("PRAGMA synchronous = FULL")
             conn.execute(f"PRAGMA busy_timeout = {self._INNER_BUSY_MS}")
         except BaseException:
             conn.close()
@@ -365,12 +367,29 @@ class SqliteBackend(HoldersMixin[sqlite3.Connection]):
         def op(conn: sqlite3.Connection) -> bool:
             nonlocal calls
             calls += 1
-            if conn.execute(self._release, params).rowcount == 1:
+            # A release issues no token: its commit need not wait for the disk. A power cut
+            # may undo it, and the lock is then held until its lease ends, as if its holder
+            # had died holding it; the WAL is written in order, so the commit of any later
+            # acquisition, which waits for the disk, makes the release durable first.
+            conn.execute("PRAGMA synchronous = NORMAL")
+            try:
+                ended = conn.execute(self._release, params).rowcount == 1
+            finally:
+                self._make_durable(conn)
+            if ended:
                 return True
             # After a retry the first attempt may have committed: released by us is success.
             return calls > 1 and self._released_by_us(conn, key, token)
 
         return self.run("release", op, key=key)
+
+    def _make_durable(self, conn: sqlite3.Connection) -> None:
+        """Back to commits that wait for the disk; a connection that cannot is closed."""
+        try:
+            conn.execute("PRAGMA synchronous = FULL")
+        except BaseException:
+            conn.close()
+            raise
 
     def _released_by_us(self, conn: sqlite3.Connection, key: str, token: int) -> bool:
         row = conn.execute(self._owner_token, {"key": key}).fetchone()

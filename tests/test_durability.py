@@ -1,0 +1,110 @@
+"""What waits for the disk: every acquisition does, a release that only frees the lock doesn't.
+
+A release issues no token, and the commit of any later acquisition, which waits for the disk,
+makes the release durable first (the log is written in order); a crash may undo only the
+latest releases, which leaves their locks held until their leases end.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import dblock
+from tests._servers import POSTGRESQL_URL, drop_tables, raw_connect, require_server
+
+PAIRS = 200
+
+
+@pytest.fixture
+def pg_table() -> Iterator[str]:
+    require_server("postgresql", POSTGRESQL_URL)
+    name = "t_" + uuid.uuid4().hex[:16]
+    yield name
+    drop_tables(POSTGRESQL_URL, name)
+
+
+def _wal_syncs(conn: object) -> int:
+    """The server's count of WAL flushes to disk, once it has stopped moving."""
+    last = -1
+    for _ in range(50):
+        row = conn.execute("SELECT wal_sync FROM pg_stat_wal").fetchone()  # type: ignore[attr-defined]
+        if row[0] == last:
+            return int(last)
+        last = row[0]
+        time.sleep(0.3)
+    return int(last)
+
+
+def test_postgresql_acquisitions_wait_for_the_disk_and_quiet_releases_do_not(
+    pg_table: str,
+) -> None:
+    observer = raw_connect(POSTGRESQL_URL)
+    try:
+        with dblock.connect(POSTGRESQL_URL, table=pg_table) as client:
+            lock = client.lock("k", ttl=30)
+            lock.acquire()
+            lock.release()
+            before = _wal_syncs(observer)
+            for _ in range(PAIRS):
+                lock.acquire()
+                lock.release()
+        # the client's sessions have ended, so their statistics have reached the server
+        syncs = _wal_syncs(observer) - before
+    finally:
+        observer.close()
+    # one flush per acquisition; durable releases would double it
+    assert PAIRS <= syncs < PAIRS * 1.5, syncs
+
+
+def test_postgresql_a_lazy_release_is_seen_at_once_by_others(pg_table: str) -> None:
+    with (
+        dblock.connect(POSTGRESQL_URL, table=pg_table) as a,
+        dblock.connect(POSTGRESQL_URL, table=pg_table) as b,
+    ):
+        first = a.lock("k", ttl=30)
+        second = b.lock("k", ttl=30)
+        for _ in range(20):
+            assert first.acquire(blocking=False)
+            token = first.token
+            first.release()
+            assert second.acquire(blocking=False)
+            assert second.token is not None and token is not None and second.token > token
+            second.release()
+
+
+def test_sqlite_release_relaxes_sync_for_its_own_commit_only(tmp_path: Path) -> None:
+    with dblock.connect(f"sqlite:///{tmp_path}/locks.sqlite3", table="t") as client:
+        lock = client.lock("k", ttl=30)
+        lock.acquire()
+        lock.release()
+        backend = client._backend
+        conn = backend._checkout()  # the pool's one connection
+        statements: list[str] = []
+        conn.set_trace_callback(statements.append)
+        backend._checkin(conn)
+        for _ in range(3):
+            lock.acquire()
+            lock.release()
+        lock.acquire()
+        conn.set_trace_callback(None)
+        assert conn.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
+        lock.release()
+
+    mode, released, written = "FULL", 0, 0
+    for sql in statements:
+        words = sql.split()
+        if words[:2] == ["PRAGMA", "synchronous"]:
+            mode = words[-1]
+        elif sql.startswith("UPDATE") and "SET owner = NULL" in sql:
+            assert mode == "NORMAL", sql
+            released += 1
+        elif sql.startswith(("INSERT", "UPDATE")):
+            assert mode == "FULL", sql  # an acquisition waits for the disk
+            written += 1
+    assert (released, mode) == (3, "FULL")
+    assert written >= 4
