@@ -44,21 +44,27 @@ def test_postgresql_acquisitions_wait_for_the_disk_and_quiet_releases_do_not(
     pg_table: str,
 ) -> None:
     observer = raw_connect(POSTGRESQL_URL)
+    counted = []
     try:
-        with dblock.connect(POSTGRESQL_URL, table=pg_table) as client:
-            lock = client.lock("k", ttl=30)
-            lock.acquire()
-            lock.release()
-            before = _wal_syncs(observer)
-            for _ in range(PAIRS):
+        # other sessions' flushes only add to the count (a session that stays open reports
+        # its last second's counts up to 10 s late), so a noisy try is repeated
+        for _ in range(3):
+            with dblock.connect(POSTGRESQL_URL, table=pg_table) as client:
+                lock = client.lock("k", ttl=30)
                 lock.acquire()
                 lock.release()
-        # the client's sessions have ended, so their statistics have reached the server
-        syncs = _wal_syncs(observer) - before
+                before = _wal_syncs(observer)
+                for _ in range(PAIRS):
+                    lock.acquire()
+                    lock.release()
+            # the client's sessions have ended, so their statistics have reached the server
+            counted.append(_wal_syncs(observer) - before)
+            if counted[-1] < PAIRS * 1.5:
+                break
     finally:
         observer.close()
     # one flush per acquisition; durable releases would double it
-    assert PAIRS <= syncs < PAIRS * 1.5, syncs
+    assert PAIRS <= counted[-1] < PAIRS * 1.5, counted
 
 
 def test_postgresql_a_lazy_release_is_seen_at_once_by_others(pg_table: str) -> None:
