@@ -562,7 +562,7 @@ def markdown(report: dict[str, Any]) -> str:
             f"{report['budget']['hold']:g} s",
             "",
             f"Counted over {report['budget']['hold']:g} s, from "
-            f"{report['budget'].get('settle', 1):g} s after the last waiter started waiting. "
+            f"{report['budget']['settle']:g} s after the last waiter started waiting. "
             f"PostgreSQL counted in {report.get('e_postgresql_database', '?')}; MariaDB and "
             "Redis counters are server-wide: the smallest of the repeats, minus a baseline "
             "window with the holder alone.",

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 from ._errors import BackendError, LockLost, LockTimeout, NotHeld
 from ._renewer import Job
-from ._timing import Backoff
+from ._timing import HEAD_POLL, Backoff, head_backoff
 from ._validate import check_key, check_timeout, check_ttl
 
 if TYPE_CHECKING:
@@ -40,10 +40,6 @@ PUSHED_POLL_CAP = 5.0
 FIRST_BACKOFF = 0.002
 #: lease of a waiter's queue entry: a waiter that died or froze leaves the queue after it
 QUEUE_TTL = 9.0
-#: how soon the head of a queue that is not told of releases first asks whether it is free;
-#: the n-th waiter behind it starts 2**n times slower, and each slows down while nothing moves
-HEAD_POLL = 0.002
-HEAD_PLATEAU = 25  # polls at that pace before slowing down
 
 
 def _fallback_backoff(cap: float) -> Backoff:
@@ -77,7 +73,7 @@ class _TurnPacer:
         if ahead > 0:
             return min(self._cap, max(HEAD_POLL, 0.5 * ahead * self._per_position))
         if self._head is None:
-            self._head = Backoff(HEAD_POLL, self._cap, plateau=HEAD_PLATEAU)
+            self._head = head_backoff(self._cap)
         return self._head.next()
 
 

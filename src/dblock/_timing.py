@@ -36,3 +36,14 @@ class Backoff:
         if self._previous >= self.cap:
             return max(self.base, self.cap * self._rng.uniform(0.75, 1.0))
         return self._previous
+
+
+#: how soon the head of a queue that is not told of releases first asks whether it is free
+HEAD_POLL = 0.002
+HEAD_PLATEAU = 25  # polls at that pace before slowing down
+
+
+def head_backoff(cap: float) -> Backoff:
+    """Polls for the head of a queue: every ``HEAD_POLL`` s for ``HEAD_PLATEAU`` polls, then
+    less and less often up to ``cap``."""
+    return Backoff(HEAD_POLL, cap, plateau=HEAD_PLATEAU)

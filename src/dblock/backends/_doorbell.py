@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .._timing import Backoff
+from .._timing import Backoff, head_backoff
 from ._sql import POOL_SIZE
 from ._watchdog import Watchdog
 
@@ -38,9 +38,6 @@ RING_WAIT = 2.0
 BELL_IDLE = 30
 #: bells (waiting or held) one client may have at once
 MAX_BELLS = 64
-#: the head's polls while the holder has no bell: first this often, ...
-HEAD_POLL = 0.002
-HEAD_PLATEAU = 25  # ... this many times, then less and less often
 _STATEMENT_SLACK = 5.0  # the watchdog's margin over a GET_LOCK's own timeout
 LEASE_MARGIN = 0.02  # a waiter wakes this long after the lease it saw should have ended
 FAST_FAILURE = 0.5  # a GET_LOCK that fails sooner found its connection dead, not the server
@@ -229,7 +226,7 @@ class Doorbell:
         if self.has_bell or self._broken:
             # next in line behind a holder without a bell (or no bell to be had): poll
             if self._head is None:
-                self._head = Backoff(HEAD_POLL, self._bells.max_poll, plateau=HEAD_PLATEAU)
+                self._head = head_backoff(self._bells.max_poll)
             self._sleep.wait(min(timeout, self._head.next()))
             return False
         sleep = min(timeout, self._bells.ring_wait)
