@@ -5,6 +5,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -35,10 +36,17 @@ class Scheduler:
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
         self._stopped = False
+        self._pid = os.getpid()
 
     def at(self, when: float, fn: Callable[[], None]) -> Job:
         """Run ``fn`` at ``time.monotonic() >= when``."""
         job = Job(fn)
+        if self._pid != os.getpid():
+            # a forked child: the parent's thread may have held the condition's lock at the
+            # fork, and nothing here would ever release it
+            self._cond = threading.Condition()
+            self._thread = None
+            self._pid = os.getpid()
         with self._cond:
             if self._stopped:
                 return job
