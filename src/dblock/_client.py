@@ -12,6 +12,7 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import ParamSpec, TypeVar
 
+from . import _forksafe
 from ._lock import Hold, Lock
 from ._patterns import OnceLock, locked, scheduled
 from ._renewer import Scheduler
@@ -59,7 +60,7 @@ class Client:
         self._backend = backend
         self._scheduler = Scheduler(f"dblock-renewer[{backend.table}]")
         self._reentrant: dict[tuple[str, int], Hold] = {}
-        self._registry_lock = threading.Lock()
+        self._registry_lock = _forksafe.lock()
         self._poll_cap = backend.max_poll
         self._closed = False
 

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import TYPE_CHECKING
 
+from . import _forksafe
 from ._errors import BackendError, LockLost, LockTimeout, NotHeld
 from ._renewer import Job
 from ._timing import HEAD_POLL, Backoff, head_backoff
@@ -131,7 +132,7 @@ class Hold:
         #: the local monotonic time after which the lease may have ended (conservative: the
         #: database started the lease no earlier than the request was sent)
         self.expires_by = sent_at + self.lease
-        self.mutex = threading.Lock()
+        self.mutex = _forksafe.lock()
         self.job: Job | None = None
 
     def live(self) -> bool:
@@ -173,7 +174,7 @@ class Lock:
         self._on_lost = on_lost
         self._kind = kind
         self._holds: dict[int, list[Hold]] = {}
-        self._mutex = threading.Lock()
+        self._mutex = _forksafe.lock()
 
     # -- properties -----------------------------------------------------------------------
     @property

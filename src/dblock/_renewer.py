@@ -10,6 +10,8 @@ import threading
 import time
 from collections.abc import Callable
 
+from . import _forksafe
+
 log = logging.getLogger("dblock")
 
 
@@ -33,7 +35,7 @@ class Scheduler:
         self._name = name
         self._heap: list[tuple[float, int, Job]] = []
         self._seq = itertools.count()
-        self._cond = threading.Condition()
+        self._cond = _forksafe.condition()
         self._thread: threading.Thread | None = None
         self._stopped = False
         self._pid = os.getpid()
@@ -41,13 +43,14 @@ class Scheduler:
     def at(self, when: float, fn: Callable[[], None]) -> Job:
         """Run ``fn`` at ``time.monotonic() >= when``."""
         job = Job(fn)
-        if self._pid != os.getpid():
-            # a forked child: the parent's thread may have held the condition's lock at the
-            # fork, and nothing here would ever release it
-            self._cond = threading.Condition()
-            self._thread = None
-            self._pid = os.getpid()
         with self._cond:
+            if self._pid != os.getpid():
+                # a forked child: the parent's renewals and watches are the parent's to run
+                # (renewing them here would keep its leases alive after it died), and its
+                # thread does not exist here
+                self._heap.clear()
+                self._thread = None
+                self._pid = os.getpid()
             if self._stopped:
                 return job
             heapq.heappush(self._heap, (when, next(self._seq), job))

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
+import threading
 import time
+from typing import Any
 
 import pytest
 
@@ -38,3 +42,96 @@ def test_auto_renew_and_waiting_work_in_a_forked_child(
     os.close(read)
     os.close(write)
     assert os.WEXITSTATUS(status) == 0
+
+
+def _wait_for(pid: int, seconds: float) -> int | None:
+    """The exit status of child ``pid``, or None (after killing it) if it ran too long."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.WEXITSTATUS(status) if os.WIFEXITED(status) else -1
+        time.sleep(0.02)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    return None
+
+
+def _internal_locks(client: dblock.Client) -> list[Any]:
+    """Every lock of the client's that a background or other thread can hold at a fork."""
+    backend: Any = client._backend
+    found = [client._scheduler._cond, client._registry_lock, backend._pool_lock]
+    for name in ("_quiet_lock", "_listener_lock"):  # PostgreSQL
+        if hasattr(backend, name):
+            found.append(getattr(backend, name))
+    bells = getattr(backend, "_bells", None)  # MySQL's doorbells
+    if bells is not None:
+        found.append(bells._mutex)
+    return found
+
+
+def test_a_child_forked_while_another_thread_holds_a_client_lock_does_not_hang(
+    client: dblock.Client, key: str
+) -> None:
+    warm = client.lock(key + "-warm", ttl=5, auto_renew=True)
+    warm.acquire()
+    warm.release()
+    held, go = threading.Event(), threading.Event()
+
+    def sit_on_them() -> None:  # as a renewal or a checkout would, at the wrong moment
+        with contextlib.ExitStack() as stack:
+            for inner in _internal_locks(client):
+                stack.enter_context(inner)
+            held.set()
+            go.wait()
+
+    thread = threading.Thread(target=sit_on_them)
+    thread.start()
+    held.wait()
+    try:
+        pid = os.fork()
+        if pid == 0:
+            status = 1
+            try:
+                lock = client.lock(key, ttl=0.6, auto_renew=True)
+                lock.acquire()
+                time.sleep(1)  # renewed by the child's own thread
+                status = 0 if lock.held else 2
+                lock.release()
+            finally:
+                os._exit(status)
+    finally:
+        go.set()
+        thread.join()
+    assert _wait_for(pid, 30) == 0
+
+
+def test_a_forked_child_does_not_renew_its_parents_leases(
+    client: dblock.Client, key: str, db_url: str, table: str
+) -> None:
+    read, write = os.pipe()
+    holder = os.fork()
+    if holder == 0:  # holds the key with auto_renew, forks, and dies holding it
+        try:
+            client.lock(key, ttl=1, auto_renew=True).acquire()
+            child = os.fork()
+            if child == 0:  # starts a renewal thread of its own, and lives on
+                client.lock(key + "-child", ttl=1, auto_renew=True).acquire()
+                time.sleep(30)
+                os._exit(0)
+            os.write(write, str(child).encode())
+        finally:
+            os.kill(os.getpid(), signal.SIGKILL)
+    os.close(write)
+    child = int(os.read(read, 32) or b"0")
+    os.close(read)
+    os.waitpid(holder, 0)
+    try:
+        assert child
+        with dblock.connect(db_url, table=table) as other:
+            # the holder's 1 s lease ends unrenewed, unless the child renews it for its parent
+            assert other.lock(key, timeout=6).acquire()
+            assert client.lock(key + "-child").locked()  # the child itself is alive and holding
+    finally:
+        if child:
+            os.kill(child, signal.SIGKILL)  # not ours to wait for: the holder's orphan

@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from .. import _forksafe
 from .._timing import Backoff, head_backoff
 from ._sql import POOL_SIZE
 from ._watchdog import Watchdog
@@ -70,7 +71,7 @@ class Bells:
         self.max_poll = max_poll
         #: one GET_LOCK's sleep: within the driver's read timeout, which would end it early
         self.ring_wait = min(RING_WAIT, read_timeout / 2)
-        self._mutex = threading.Lock()
+        self._mutex = _forksafe.lock()
         self._idle: list[tuple[Any, float]] = []  # (connection, when it was put back)
         self._waiting: dict[tuple[str, str], Doorbell] = {}
         self._held: dict[tuple[str, str], Any] = {}  # (key, owner) of a hold -> its bell's conn

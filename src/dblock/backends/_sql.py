@@ -24,6 +24,7 @@ from enum import Enum
 from functools import partial
 from typing import Generic, TypeVar
 
+from .. import _forksafe
 from .._errors import BackendError
 from ._protocol import Subscription
 from ._watchdog import Watchdog
@@ -79,7 +80,7 @@ class SqlBackend(ABC, Generic[C]):
         self.table = table
         self._password = password
         self._idle: list[C] = []
-        self._pool_lock = threading.Lock()
+        self._pool_lock = _forksafe.lock()
         self._pid = os.getpid()
         self._closed = False
         self._watchdog = Watchdog(f"dblock-watchdog[{table}]", STATEMENT_DEADLINE)

@@ -35,6 +35,7 @@ from typing import Any
 
 import psycopg
 
+from .. import _forksafe
 from .._errors import ConfigurationError
 from .._types import Kind, LockInfo
 from .._url import DatabaseURL
@@ -331,10 +332,10 @@ class PostgresBackend(HoldersMixin[psycopg.Connection[Any]]):
         digest = hashlib.sha1(t.encode(), usedforsecurity=False).digest()
         self._ddl_lock_id = int.from_bytes(digest[:8], "big", signed=True)
         self._listener: _Listener | None = None
-        self._listener_lock = threading.Lock()
+        self._listener_lock = _forksafe.lock()
         # (key, owner) -> the key's join count when owner took it as a newcomer
         self._quiet: dict[tuple[str, str], int] = {}
-        self._quiet_lock = threading.Lock()
+        self._quiet_lock = _forksafe.lock()
 
     def _join_sql(self, newcomer: str) -> str:
         """key kind owner ttl qttl -> one row (token, free, -, joins): the token and the key's
@@ -723,7 +724,7 @@ class _Listener:
         self._backend = backend
         self.channel = f"dblock_{secrets.token_hex(8)}"
         self._subs: dict[str, set[_Subscription]] = {}
-        self._lock = threading.Lock()
+        self._lock = _forksafe.lock()
         self._ready = threading.Event()
         self._stopped = threading.Event()
         self._conn: psycopg.Connection[Any] | None = None
