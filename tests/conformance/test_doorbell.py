@@ -124,6 +124,7 @@ class _Waiter(threading.Thread):
         self.release = threading.Event()
         self.got: bool | None = None
         self.at = 0.0
+        self.error: BaseException | None = None  # what its release raised
         _started.append(self)
 
     def run(self) -> None:
@@ -133,7 +134,11 @@ class _Waiter(threading.Thread):
             self.acquired.set()
             if self.got:
                 self.release.wait(60)
-                self.lock.release()
+                try:
+                    self.lock.release()
+                except BaseException as exc:
+                    self.error = exc
+                    raise
         finally:
             self.client.close()
 
@@ -149,6 +154,16 @@ def _taken_at_the_bell(table: str, key: str, raw: Any) -> _Waiter:
         first.release()
     assert holder.acquired.wait(15) and holder.got
     return holder
+
+
+def _holder_and_sleeping_waiter(table: str, raw: Any, timeout: float) -> tuple[_Waiter, _Waiter]:
+    """A thread holding a new key with its bell, and one asleep at that bell."""
+    key = "k-" + uuid.uuid4().hex
+    holder = _taken_at_the_bell(table, key, raw)
+    waiter = _Waiter(table, key, timeout=timeout)
+    waiter.start()
+    _until(lambda: bool(_in_get_lock(raw)), "the waiter sleeps at the bell")
+    return holder, waiter
 
 
 def _hold_at_the_bell(table: str, key: str, raw: Any, ttl: float) -> subprocess.Popen[str]:
@@ -260,21 +275,36 @@ def test_sigstopped_bell_holder_is_taken_over_after_its_lease(table: str, raw: A
 def test_a_waiter_whose_bell_connection_the_server_kills_still_gets_the_lock(
     table: str, raw: Any
 ) -> None:
-    key = "k-" + uuid.uuid4().hex
-    holder = _taken_at_the_bell(table, key, raw)
-    waiter = _Waiter(table, key, timeout=30)
-    waiter.start()
-    _until(lambda: bool(_in_get_lock(raw)), "the waiter sleeps at the bell")
+    holder, waiter = _holder_and_sleeping_waiter(table, raw, timeout=30)
     for session in _in_get_lock(raw):
         raw.execute(f"KILL {session}")
     # and the holder's own bell connection too: its release must still work
-    holder_bell = _bell_user(raw, table, key)
+    holder_bell = _bell_user(raw, table, holder.lock.key)
     assert holder_bell is not None
     raw.execute(f"KILL {holder_bell}")
     holder.release.set()
     holder.join(15)
     assert not holder.is_alive()
     assert waiter.acquired.wait(30) and waiter.got
+    waiter.release.set()
+    waiter.join(15)
+
+
+def test_a_release_that_rings_while_committing_survives_its_connection_killed(
+    table: str, raw: Any
+) -> None:
+    # a bell holder's release sends its statement, rings, and only then reads the reply: a
+    # connection the server killed fails after the ring, and the retried release must still
+    # end the lease, so that the waiter it woke early gets the lock (not after the 30 s lease)
+    holder, waiter = _holder_and_sleeping_waiter(table, raw, timeout=10)
+    backend = holder.client._backend
+    assert isinstance(backend, MysqlBackend) and backend._idle
+    for conn in backend._idle:
+        raw.execute(f"KILL {conn.thread_id()}")
+    holder.release.set()
+    holder.join(15)
+    assert not holder.is_alive() and holder.error is None
+    assert waiter.acquired.wait(15) and waiter.got
     waiter.release.set()
     waiter.join(15)
 

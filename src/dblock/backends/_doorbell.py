@@ -150,6 +150,11 @@ class Bells:
             self.let_go(conn, bell.name if bell.has_bell else None)
 
     # -- holders ----------------------------------------------------------------------------
+    def holding(self, key: str, owner: str) -> bool:
+        """True if the hold (key, owner) keeps a bell, which its release will ring."""
+        with self._mutex:
+            return self._pid == os.getpid() and (key, owner) in self._held
+
     def ring(self, key: str, owner: str) -> None:
         """The hold (key, owner) has ended: let go of its bell, waking the next waiter."""
         with self._mutex:

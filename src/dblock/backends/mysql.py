@@ -29,7 +29,7 @@ from datetime import datetime, timezone
 from typing import Any, ClassVar
 
 import pymysql
-from pymysql.constants import CLIENT
+from pymysql.constants import CLIENT, COMMAND
 
 from .._errors import ConfigurationError
 from .._types import Kind, LockInfo
@@ -484,7 +484,7 @@ class MysqlBackend(HoldersMixin[Any]):
         try:
             return self._release_lease(key, owner, token)
         finally:
-            self._bells.ring(key, owner)  # after the lease has ended: wakes the next waiter
+            self._bells.ring(key, owner)  # if not rung yet: wakes the next waiter
 
     def _release_lease(self, key: str, owner: str, token: int) -> bool:
         calls = 0
@@ -492,8 +492,13 @@ class MysqlBackend(HoldersMixin[Any]):
         def op(conn: Any) -> bool:
             nonlocal calls
             calls += 1
+            args = (key, owner, token)
             with conn.cursor() as cur:
-                if cur.execute(self._release, (key, owner, token)) == 1:
+                if calls == 1 and self._bells.holding(key, owner):
+                    released = self._ringing(conn, cur.mogrify(self._release, args), key, owner)
+                else:
+                    released = cur.execute(self._release, args)
+                if released == 1:
                     return True
                 # After a retry the first attempt may have committed: released by us is success.
                 if calls == 1 or not cur.execute(self._owner_token, {"key": key}):
@@ -573,6 +578,21 @@ class MysqlBackend(HoldersMixin[Any]):
         return self.run("force_release", op, key=key)
 
     # -- dialect hooks for the multi-holder operations ------------------------------------
+    def _ringing(self, conn: Any, sql: str, key: str, owner: str) -> int:
+        """Run the autocommitted ``sql`` that ends (key, owner)'s lease, ringing its bell while
+        the server commits it; its affected rows.
+
+        Once sent, the statement commits whatever becomes of this process, so ringing then is
+        as safe as ringing after the reply (a frozen releaser cannot keep the row locked), and
+        the next waiter's wake-up overlaps the commit's disk flush: its take waits for the row
+        lock and then finds the lease ended. A take that beats the statement to the row finds
+        the lock still held, and the waiter, next in line, tries again at its next poll.
+        PyMySQL has no public call to send a statement and read its reply later.
+        """
+        conn._execute_command(COMMAND.COM_QUERY, sql.encode(conn.encoding))
+        self._bells.ring(key, owner)
+        return int(conn._read_query_result())
+
     def _later(self, name: str) -> str:
         return f"{NOW} + INTERVAL %({name}_us)s MICROSECOND"
 
