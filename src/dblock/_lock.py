@@ -17,6 +17,7 @@ Timeline of the race fencing protects against::
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -134,9 +135,15 @@ class Hold:
         self.expires_by = sent_at + self.lease
         self.mutex = _forksafe.lock()
         self.job: Job | None = None
+        #: the process that took it: in a child forked while it was held, it is the parent's
+        self.pid = os.getpid()
 
     def live(self) -> bool:
-        return not self.lost and time.monotonic() < self.expires_by
+        return not self.lost and self.ours() and time.monotonic() < self.expires_by
+
+    def ours(self) -> bool:
+        """False in a forked child: the parent holds it, renews it and releases it."""
+        return self.pid == os.getpid()
 
     def renewed(self, sent_at: float, ttl: float) -> None:
         """The database extended the lease to ``ttl`` by a request sent at ``sent_at``."""
@@ -205,7 +212,7 @@ class Lock:
     def token(self) -> int | None:
         """The fencing token of the current hold, None when not held."""
         hold = self._current()
-        return hold.token if hold is not None and not hold.lost else None
+        return hold.token if hold is not None and not hold.lost and hold.ours() else None
 
     @property
     def owner(self) -> str:
@@ -441,6 +448,11 @@ class Lock:
                 f"{self._client._backend.table}); release() only what acquire() returned True for",
                 key=self._key,
             )
+        if not hold.ours():
+            # a child forked while the lock was held (leaving a `with` block, say): the hold
+            # is its parent's, which still works under it; forget it here, touch nothing
+            self._pop(tid)
+            return
         with hold.mutex:
             if hold.count > 1:
                 hold.count -= 1
@@ -505,7 +517,7 @@ class Lock:
     def _current_of_thread(self) -> Hold:
         with self._mutex:
             refs = self._holds.get(threading.get_ident())
-        if not refs:
+        if not refs or not refs[-1].ours():
             raise NotHeld(f"lock {self._key!r} is not held by this owner", key=self._key)
         return refs[-1]
 

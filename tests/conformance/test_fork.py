@@ -135,3 +135,43 @@ def test_a_forked_child_does_not_renew_its_parents_leases(
     finally:
         if child:
             os.kill(child, signal.SIGKILL)  # not ours to wait for: the holder's orphan
+
+
+def _child_keeps_off(lock: dblock.Lock, key: str, db_url: str, table: str) -> str:
+    """In a child forked while ``lock`` was held: what it did wrong with the parent's hold."""
+    if lock.held or lock.token is not None:
+        return "the child believes it holds the lock"
+    if lock.acquire(blocking=False):
+        return "the child re-entered the parent's hold"
+    with contextlib.suppress(dblock.NotHeld):
+        lock.renew()
+        return "the child renewed the parent's lease"
+    lock.__exit__(None, None, None)  # leaving the parent's `with` block
+    with dblock.connect(db_url, table=table) as other:
+        if other.lock(key).acquire(blocking=False):
+            return "leaving the block freed the parent's lock"
+    return ""
+
+
+def test_a_hold_inherited_by_a_forked_child_stays_the_parents(
+    client: dblock.Client, key: str, db_url: str, table: str
+) -> None:
+    read, write = os.pipe()
+    with client.lock(key, ttl=30, auto_renew=True) as lock:
+        token = lock.token
+        pid = os.fork()
+        if pid == 0:
+            wrong = "the child failed"
+            try:
+                wrong = _child_keeps_off(lock, key, db_url, table)
+            finally:
+                os.write(write, wrong.encode() or b"-")
+                os._exit(0)
+        os.close(write)
+        assert _wait_for(pid, 30) == 0
+        assert os.read(read, 200) == b"-"
+        os.close(read)
+        assert lock.held and lock.token == token
+        with dblock.connect(db_url, table=table) as other:
+            assert not other.lock(key).acquire(blocking=False), "the parent lost its lock"
+    assert not lock.held
