@@ -508,6 +508,21 @@ class MysqlBackend(HoldersMixin[Any]):
 
         return self.run("release", op, key=key)
 
+    def _ringing(self, conn: Any, sql: str, key: str, owner: str) -> int:
+        """Run the autocommitted ``sql`` that ends (key, owner)'s lease, ringing its bell while
+        the server commits it; its affected rows.
+
+        Once sent, the statement commits whatever becomes of this process, so ringing then is
+        as safe as ringing after the reply (a frozen releaser cannot keep the row locked), and
+        the next waiter's wake-up overlaps the commit's disk flush: its take waits for the row
+        lock and then finds the lease ended. A take that beats the statement to the row finds
+        the lock still held, and the waiter, next in line, tries again at its next poll.
+        PyMySQL has no public call to send a statement and read its reply later.
+        """
+        conn._execute_command(COMMAND.COM_QUERY, sql.encode(conn.encoding))
+        self._bells.ring(key, owner)
+        return int(conn._read_query_result())
+
     def subscribe(self, key: str, owner: str, queue: str | None = None) -> Subscription:
         """A doorbell for a plain lock's waiter (see _doorbell.py); others poll."""
         bell = self._bells.doorbell(key, owner) if queue == "lock" else None
@@ -578,21 +593,6 @@ class MysqlBackend(HoldersMixin[Any]):
         return self.run("force_release", op, key=key)
 
     # -- dialect hooks for the multi-holder operations ------------------------------------
-    def _ringing(self, conn: Any, sql: str, key: str, owner: str) -> int:
-        """Run the autocommitted ``sql`` that ends (key, owner)'s lease, ringing its bell while
-        the server commits it; its affected rows.
-
-        Once sent, the statement commits whatever becomes of this process, so ringing then is
-        as safe as ringing after the reply (a frozen releaser cannot keep the row locked), and
-        the next waiter's wake-up overlaps the commit's disk flush: its take waits for the row
-        lock and then finds the lease ended. A take that beats the statement to the row finds
-        the lock still held, and the waiter, next in line, tries again at its next poll.
-        PyMySQL has no public call to send a statement and read its reply later.
-        """
-        conn._execute_command(COMMAND.COM_QUERY, sql.encode(conn.encoding))
-        self._bells.ring(key, owner)
-        return int(conn._read_query_result())
-
     def _later(self, name: str) -> str:
         return f"{NOW} + INTERVAL %({name}_us)s MICROSECOND"
 
