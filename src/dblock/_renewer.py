@@ -53,12 +53,16 @@ class Scheduler:
                 self._pid = os.getpid()
             if self._stopped:
                 return job
-            heapq.heappush(self._heap, (when, next(self._seq), job))
+            entry = (when, next(self._seq), job)
+            heapq.heappush(self._heap, entry)
             if self._thread is None or not self._thread.is_alive():
                 # first use, or a forked child: the parent's thread does not exist here
                 self._thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
                 self._thread.start()
-            self._cond.notify()
+            elif self._heap[0] is entry:
+                # the thread sleeps until the earliest job; it needs waking only when that is
+                # this one (waking it on every acquire cost each acquire a thread switch)
+                self._cond.notify()
         return job
 
     def stop(self) -> None:
