@@ -23,7 +23,7 @@ import pytest
 import dblock
 from dblock._url import parse_url
 from dblock.backends import _doorbell
-from dblock.backends.mysql import MysqlBackend
+from dblock.backends.mysql import _HANDED, MysqlBackend, _batch
 from tests._servers import MYSQL_URL, drop_tables, raw_connect, require_server
 from tests.conformance.test_processes import finish, worker
 
@@ -290,23 +290,109 @@ def test_a_waiter_whose_bell_connection_the_server_kills_still_gets_the_lock(
     waiter.join(15)
 
 
-def test_a_release_that_rings_while_committing_survives_its_connection_killed(
+def test_a_release_hands_the_lock_to_the_waiter_at_the_bell_in_its_own_commit(
     table: str, raw: Any
 ) -> None:
-    # a bell holder's release sends its statement, rings, and only then reads the reply: a
-    # connection the server killed fails after the ring, and the retried release must still
-    # end the lease, so that the waiter it woke early gets the lock (not after the 30 s lease)
     holder, waiter = _holder_and_sleeping_waiter(table, raw, timeout=10)
-    backend = holder.client._backend
-    assert isinstance(backend, MysqlBackend) and backend._idle
-    for conn in backend._idle:
-        raw.execute(f"KILL {conn.thread_id()}")
+    key, held = holder.lock.key, holder.lock.token
+    assert held is not None
     holder.release.set()
     holder.join(15)
     assert not holder.is_alive() and holder.error is None
     assert waiter.acquired.wait(15) and waiter.got
+    assert waiter.lock.token == held + 1
+    raw.execute(f"SELECT note FROM `{table}` WHERE lock_key = %s", (key,))
+    assert raw.fetchone()[0] == str(held), "the waiter took the lock instead of being handed it"
+    raw.execute(f"SELECT count(*) FROM `{table}_holders`")
+    assert raw.fetchone()[0] == 0, "the new holder kept its place in the queue"
+    assert _bell_user(raw, table, key) is not None, "the new holder keeps the bell"
     waiter.release.set()
     waiter.join(15)
+    assert _bell_user(raw, table, key) is None
+
+
+def _queue(backend: MysqlBackend, key: str, owner: str, bell: int, ttl: float = 9.0) -> None:
+    """A queue entry of ``owner`` that takes hand-overs at the bell on connection ``bell``."""
+    params = {"key": key, "owner": owner, "kind": "lock", "ttl": ttl, "lease": 30, "bell": bell}
+    backend.run("queueing", lambda conn: backend._exec(conn, backend._enqueue_entry, params))
+
+
+def test_the_hand_over_goes_to_the_waiter_the_bell_wakes_not_the_queues_head(
+    table: str, raw: Any
+) -> None:
+    """By the bell's connection id: the server's order at the bell decides, and the lock goes
+    where the bell wakes. Also: a retried release after it counts as released, and a waiter
+    that gives up after being handed the lock hands it on."""
+    key = "k-" + uuid.uuid4().hex
+    b_conn, c_conn = raw_connect(MYSQL_URL), raw_connect(MYSQL_URL)
+    with dblock.connect(MYSQL_URL, table=table) as client:
+        backend = client._backend
+        assert isinstance(backend, MysqlBackend)
+        a_conn = backend._connect()  # where a's bell is, as the hand-over needs it
+        bell = backend._bells.name(key)
+        try:
+            held = backend.acquire_fair(key, "a", 30, queued=True)
+            assert held is not None
+            a_conn.cursor().execute("SELECT GET_LOCK(%s, 0)", (bell,))
+            _queue(backend, key, "c", c_conn.thread_id())  # first in the queue, not at the bell
+            _queue(backend, key, "b", b_conn.thread_id(), ttl=5.0)
+            rang: list[Any] = []
+            sleeper = threading.Thread(
+                target=lambda: rang.append(_get_lock(b_conn, bell)), daemon=True
+            )
+            sleeper.start()
+            _until(lambda: bool(_in_get_lock(raw)), "b sleeps at the bell")
+            params = {"key": key, "owner": "a", "token": held, "bell": bell}
+            counts = _batch(a_conn, backend._hand_over, params)
+            assert counts[_HANDED] == 1
+            sleeper.join(10)
+            assert rang == [1], "the release let go of the bell"
+            info = client.info(key)
+            assert info is not None and (info.owner, info.token) == ("b", held + 1)
+            remaining = (info.expires_at - info.acquired_at).total_seconds()
+            assert remaining <= 5.5, "no longer than b's queue entry would have lived"
+            raw.execute(f"SELECT holder FROM `{table}_holders` ORDER BY holder")
+            assert [row[0] for row in raw.fetchall()] == ["c"], "b's entry went with it"
+            # a's release, retried after a failure, finds that its hand-over committed
+            plain = {"key": key, "owner": "a", "token": held}
+            assert not backend._release_lease(plain), "a first attempt checks nothing"
+            assert backend._release_lease(plain, after_failure=True)
+            # b gives up before it heard: the lock is handed on (here: freed, as the bell is
+            # b's, not c's)
+            backend.dequeue(key, "b")
+            assert client.info(key) is None
+            assert backend.acquire_fair(key, "c", 30, queued=True) is not None
+        finally:
+            for conn in (a_conn, b_conn, c_conn):
+                conn.close()
+
+
+def _get_lock(conn: Any, bell: str) -> Any:
+    cur = conn.cursor()
+    cur.execute("SELECT GET_LOCK(%s, 10)", (bell,))
+    return cur.fetchone()[0]
+
+
+def test_a_waiter_woken_for_a_lock_handed_to_another_passes_the_bell_on(
+    table: str, raw: Any
+) -> None:
+    key = "k-" + uuid.uuid4().hex
+    with dblock.connect(MYSQL_URL, table=table) as client:
+        backend = client._backend
+        assert isinstance(backend, MysqlBackend)
+        assert backend.acquire(key, "y", 30, "lock") is not None
+        raw.execute(f"UPDATE `{table}` SET note = '7' WHERE lock_key = %s", (key,))  # handed
+        bell = backend._bells.doorbell(key, "x")
+        assert bell is not None
+        try:
+            assert not bell.wait(1.0), "x is not woken for the lock"
+            assert bell.granted is None and not bell.has_bell
+            assert _bell_user(raw, table, key) is None, "x kept the bell from y"
+            raw.execute(f"UPDATE `{table}` SET note = NULL WHERE lock_key = %s", (key,))  # taken
+            assert bell.wait(1.0), "behind a holder that took the lock, x keeps the bell"
+            assert bell.has_bell and not bell.rung and bell.granted is None
+        finally:
+            bell.close()
 
 
 def test_waiters_beyond_the_bells_a_client_may_keep_poll(

@@ -368,7 +368,7 @@ def test_create_schema_false_on_missing_table(db_url: str, table: str) -> None:
 #: columns later dblock versions added to tables an earlier one made: (table suffix, column)
 _ADDED_COLUMNS = {
     "postgresql": [("_holders", "lease"), ("", "joins")],
-    "mysql": [("", "queued_until")],
+    "mysql": [("", "queued_until"), ("_holders", "lease"), ("_holders", "bell")],
 }
 
 

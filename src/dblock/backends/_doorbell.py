@@ -6,9 +6,14 @@ order they asked. dblock uses one user lock per key as a doorbell, never as the 
 
 - A waiter sleeps in ``GET_LOCK(bell)`` on a connection of its own, at most ``RING_WAIT`` s at
   a time (then it polls the table once and sleeps again).
-- Whoever gets the bell is next in line: it tries at once and, if it takes the lock, keeps the
-  bell for as long as it holds the lock. Its release ends the lease, then lets go of the bell,
-  which wakes the next waiter, and only that one.
+- A release by a holder that keeps the bell lets go of it inside the transaction that ends
+  the lease, which wakes the next waiter at the bell, and only that one, and hands the lock
+  to that waiter in the same commit (the lease row gets the new owner and token) if its queue
+  entry names its bell's connection (see MysqlBackend._build_hand_over).
+- Whoever gets the bell reads the lease row (a locking read: it waits for a release that is
+  committing). Handed the lock, it holds it, and keeps the bell for as long as it does. Free,
+  it tries at once. Handed to another waiter (whose bell's connection changed, say), it passes
+  the bell on and waits for it again, a little later each time.
 - A holder that took a free lock without waiting has no bell: the first waiter gets the bell
   at once and polls the table, paced like the head of a queue; the waiters behind it sleep.
 
@@ -22,11 +27,13 @@ a client keeps at most ``MAX_BELLS`` bells; waiters beyond that poll.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from enum import Enum
+from typing import Any, Literal, TypeVar
 
 from .. import _forksafe
 from .._timing import Backoff, head_backoff
@@ -42,6 +49,16 @@ MAX_BELLS = 64
 _STATEMENT_SLACK = 5.0  # the watchdog's margin over a GET_LOCK's own timeout
 LEASE_MARGIN = 0.02  # a waiter wakes this long after the lease it saw should have ended
 FAST_FAILURE = 0.5  # a GET_LOCK that fails sooner found its connection dead, not the server
+PASS_PAUSE = 0.001  # the first pause before asking again for a bell passed on
+T = TypeVar("T")
+
+
+class Outcome(Enum):
+    FAILED = "failed"  # Bells.release_holding: the release on the bell's connection failed
+
+
+FAILED = Outcome.FAILED
+log = logging.getLogger("dblock")
 
 
 class Bells:
@@ -49,7 +66,8 @@ class Bells:
 
     ``table`` names the lock table with its database (user locks are the whole server's);
     ``connect`` opens a connection (autocommit); ``watchdog`` is the backend's, which aborts
-    a statement on a connection with ``abort(conn)``.
+    a statement on a connection with ``abort(conn)``; ``granted`` is the SQL of the read a
+    waiter makes once it has the bell.
     """
 
     def __init__(
@@ -62,8 +80,12 @@ class Bells:
         abort: Callable[[Any], None],
         max_poll: float,
         read_timeout: float,
+        granted: str,
     ) -> None:
         self.table = table
+        #: key owner -> (1, token): owner was handed the lock; (0, handed): another holds it,
+        #: handed over by a release (1) or taken (0); no row: free (a locking read)
+        self.granted_sql = granted
         self._connect = connect
         self._close = close
         self.watchdog = watchdog
@@ -112,6 +134,12 @@ class Bells:
         if bell is not None:
             bell.lease_ends = time.monotonic() + seconds
 
+    def connection_id(self, key: str, owner: str) -> int | None:
+        """The connection id of ``owner``'s doorbell for ``key`` (made if it has none yet)."""
+        with self._mutex:
+            bell = self._waiting.get((key, owner))
+        return None if bell is None else bell.connection_id()
+
     def ringing(self, key: str, owner: str) -> Doorbell | None:
         """``owner``'s doorbell for ``key`` if it has the bell (it is next in line)."""
         with self._mutex:
@@ -150,21 +178,35 @@ class Bells:
             self.let_go(conn, bell.name if bell.has_bell else None)
 
     # -- holders ----------------------------------------------------------------------------
-    def holding(self, key: str, owner: str) -> bool:
-        """True if the hold (key, owner) keeps a bell, which its release will ring."""
-        with self._mutex:
-            return self._pid == os.getpid() and (key, owner) in self._held
-
-    def ring(self, key: str, owner: str) -> None:
-        """The hold (key, owner) has ended: let go of its bell, waking the next waiter."""
+    def release_holding(
+        self, key: str, owner: str, release: Callable[[Any], T]
+    ) -> T | Literal[Outcome.FAILED] | None:
+        """The hold (key, owner) is ending: ``release(conn)`` on its bell's connection, which
+        must end the lease and let go of the bell (and so wake the next waiter) in one
+        transaction. Its result; None if the hold keeps no bell; ``FAILED`` if it raised (the
+        connection is closed then, which frees the bell and rolls back what it had not
+        committed)."""
         with self._mutex:
             if self._pid != os.getpid():
-                return
+                return None
             conn = self._held.pop((key, owner), None)
             if conn is None:
-                return
+                return None
             self._count -= 1
-        self.let_go(conn, self.name(key))
+        ident, _ = self.watchdog.watch(_STATEMENT_SLACK, lambda: self.abort(conn))
+        try:
+            result = release(conn)
+        except BaseException as exc:
+            self._close(conn)
+            if not isinstance(exc, Exception):
+                raise
+            # the caller ends the lease without the bell
+            log.debug("dblock: the hand-over on the bell's connection failed", exc_info=True)
+            return FAILED
+        finally:
+            self.watchdog.done(ident)
+        self.checkin(conn)
+        return result
 
     def let_go(self, conn: Any, name: str | None) -> None:
         """Release ``name`` (if held) on ``conn`` and pool the connection, or close it."""
@@ -224,6 +266,8 @@ class Doorbell:
         self._broken = False
         self._busy = False  # a GET_LOCK is in flight on the connection
         self._head: Backoff | None = None
+        #: pauses before asking for the bell again after passing it on (None: not passing)
+        self._passing: Backoff | None = None
         self._sleep = threading.Event()
 
     def wait(self, timeout: float) -> bool:
@@ -235,6 +279,13 @@ class Doorbell:
                 self._head = head_backoff(self._bells.max_poll)
             self._sleep.wait(min(timeout, self._head.next()))
             return False
+        if self._passing is not None:
+            # the lock was handed to a waiter behind us at the bell: let it get there first
+            pause = min(timeout, self._passing.next())
+            self._sleep.wait(pause)
+            timeout -= pause
+            if timeout <= 0:
+                return False
         sleep = min(timeout, self._bells.ring_wait)
         if self.lease_ends is not None:
             # wake as the lease ends: a bell kept by a frozen holder is never rung
@@ -260,21 +311,62 @@ class Doorbell:
                 return False
         if row is None or row[0] != 1:
             return False  # timed out (0), or an error (NULL): poll once, then sleep again
-        self.has_bell = self.rung = True
+        self.has_bell = True
+        return self._answer()
+
+    def _answer(self) -> bool:
+        """Having the bell: was the lock handed to us, is it free, or whose turn is it?"""
+        try:
+            row = self._run(self._bells.granted_sql, {"key": self.key, "owner": self.owner})
+        except Exception:  # noqa: BLE001 - the bell went with its connection: ask again
+            self._drop()
+            self.has_bell = False
+            return False
+        if row is not None and row[0] == 0 and row[1] == 1:
+            # handed to a waiter behind us at the bell (its bell's connection changed since it
+            # queued, say): pass the bell on, to it
+            try:
+                self._run("DO RELEASE_LOCK(%(name)s)", {"name": self.name}, fetch=False)
+            except Exception:  # noqa: BLE001 - a dead connection frees its bell anyway
+                self._drop()
+            self.has_bell = False
+            if self._passing is None:
+                self._passing = Backoff(PASS_PAUSE, self._bells.max_poll)
+            return False
+        self._passing = None
+        if row is not None and row[0] == 1:
+            self.granted = int(row[1])
+            self.won = True  # the bell stays with the hold (the acquire takes the grant)
+        else:
+            self.rung = row is None  # free: try at once; taken: look before trying
         return True
+
+    def connection_id(self) -> int | None:
+        """The id of this waiter's connection (made if it has none), or None if it fails."""
+        try:
+            if self._conn is None:
+                self._conn = self._bells.checkout()
+            return int(self._conn.thread_id())
+        except Exception:  # noqa: BLE001 - no bell then: the waiter polls, as without one
+            return None
 
     def _get_lock(self, seconds: float) -> Any:
         """GET_LOCK(bell, seconds) on this waiter's connection (made if it has none)."""
+        return self._run("SELECT GET_LOCK(%(name)s, %(s)s)", {"name": self.name, "s": seconds})
+
+    def _run(self, sql: str, params: dict[str, Any], *, fetch: bool = True) -> Any:
+        """One statement on this waiter's connection (made if it has none); its first row."""
         bells = self._bells
         if self._conn is None:
             self._conn = bells.checkout()
         conn = self._conn
+        seconds = float(params.get("s", 0))
         ident, _ = bells.watchdog.watch(seconds + _STATEMENT_SLACK, lambda: bells.abort(conn))
         try:
             self._busy = True
             with conn.cursor() as cur:
-                cur.execute("SELECT GET_LOCK(%s, %s)", (self.name, seconds))
-                row = cur.fetchone()
+                cur.execute(sql, params)
+                row = cur.fetchone() if fetch else None
             self._busy = False
             return row
         finally:

@@ -12,6 +12,10 @@ from these (MySQL 8 has no ``RETURNING``), so the new token travels back in the 
 insert id via ``LAST_INSERT_ID(expr)``, and the affected-rows count tells whether the row was
 taken (PyMySQL does not set ``CLIENT_FOUND_ROWS``).
 
+Waiters sleep at the key's doorbell (``_doorbell.py``). A holder that waited keeps the bell,
+and its release hands the lock to the waiter the bell wakes, in one transaction sent as one
+packet (``_build_hand_over``): one durable commit per hand-over.
+
 Fencing tokens are per key; ``purge`` records the highest token it deletes in
 ``<table>_meta.hwm`` in the same transaction. A new row's token is ``hwm + 1``, read with a
 shared lock (a subquery of an INSERT under REPEATABLE READ locks the rows it reads), so it
@@ -29,12 +33,12 @@ from datetime import datetime, timezone
 from typing import Any, ClassVar
 
 import pymysql
-from pymysql.constants import CLIENT, COMMAND
+from pymysql.constants import CLIENT
 
 from .._errors import ConfigurationError
 from .._types import Kind, LockInfo
 from .._url import DatabaseURL
-from ._doorbell import BELL_IDLE, Bells
+from ._doorbell import BELL_IDLE, FAILED, Bells
 from ._holders import HoldersMixin, Rows
 from ._names import aux_name, qualify
 from ._protocol import Subscription
@@ -45,6 +49,7 @@ NOW = "UTC_TIMESTAMP(6)"
 # (MySQL 4031), commands out of sync after an interrupted read
 _DISCONNECT = {2006, 2013, 2055, 1927, 1053, 4031, 2014, 0}
 _TRANSIENT = {1213, 1205}  # deadlock, lock wait timeout (PITFALLS 6)
+_HANDED = 4  # the statement of MysqlBackend._hand_over whose affected rows tell the outcome
 _INT_PARAMS = {"connect_timeout", "read_timeout", "write_timeout"}
 _STR_PARAMS = {"unix_socket", "ssl_ca", "ssl_cert", "ssl_key", "init_command"}
 
@@ -95,7 +100,8 @@ class MysqlBackend(HoldersMixin[Any]):
             "charset": "utf8mb4",
             "autocommit": True,
             "connect_timeout": 10,
-            "client_flag": CLIENT.MULTI_RESULTS,
+            # the hand-over release is one transaction sent as one packet (see _hand_over)
+            "client_flag": CLIENT.MULTI_RESULTS | CLIENT.MULTI_STATEMENTS,
             # INSERT ... SELECT takes shared locks on what it reads only under REPEATABLE READ
             "init_command": "SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ",
         }
@@ -110,6 +116,7 @@ class MysqlBackend(HoldersMixin[Any]):
         kwargs.setdefault("write_timeout", kwargs["connect_timeout"])
         self._kwargs = kwargs
         self._build_statements(schema, table)
+        self._build_hand_over(self._main, self._holders)
         self._look_sql = self._look_statement()
         # doorbells: a session of their own, which the server closes when left idle (a frozen
         # holder's bell is freed after BELL_IDLE s); they run no statement on the tables
@@ -123,6 +130,7 @@ class MysqlBackend(HoldersMixin[Any]):
             abort=self._abort,
             max_poll=self.max_poll,
             read_timeout=kwargs["read_timeout"],
+            granted=self._granted,
         )
 
     def _build_statements(self, schema: str | None, table: str) -> None:
@@ -156,6 +164,8 @@ class MysqlBackend(HoldersMixin[Any]):
             "    token       BIGINT NOT NULL,\n"
             "    acquired_at DATETIME(6) NOT NULL,  -- UTC\n"
             "    expires_at  DATETIME(6) NOT NULL,  -- UTC\n"
+            "    lease       DOUBLE,  -- a waiter's lease for a hand-over (NULL: none)\n"
+            "    bell        BIGINT,  -- the connection id of the waiter's doorbell\n"
             "    PRIMARY KEY (lock_key, holder)\n"
             ") ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin",
         ]
@@ -214,7 +224,7 @@ class MysqlBackend(HoldersMixin[Any]):
             also = f" AND {fair}" if fair else ""
             return (
                 f"UPDATE {t} SET owner = %(owner)s, token = LAST_INSERT_ID(token + 1),\n"
-                f"    kind = %(kind)s, acquired_at = {NOW},\n"
+                f"    kind = %(kind)s, acquired_at = {NOW}, note = NULL,\n"
                 f"    expires_at = {NOW} + INTERVAL %(ttl_us)s MICROSECOND\n"
                 f"WHERE lock_key = %(key)s AND ((expires_at <= {NOW} AND kind <> 'once'{also})\n"
                 "    OR owner = %(owner)s)"
@@ -246,6 +256,7 @@ class MysqlBackend(HoldersMixin[Any]):
                 f"    token = IF({ours}, LAST_INSERT_ID({row}token + 1), {row}token),\n"
                 f"    kind = IF({ours}, VALUES(kind), {row}kind),\n"
                 f"    acquired_at = IF({ours}, VALUES(acquired_at), {row}acquired_at),\n"
+                f"    note = IF({ours}, NULL, {row}note),\n"
                 f"    expires_at = IF({ours}, VALUES(expires_at), {row}expires_at)"
             )
 
@@ -294,7 +305,10 @@ class MysqlBackend(HoldersMixin[Any]):
         )
         live = f"lock_key = %s AND owner = %s AND token = %s AND expires_at > {NOW}"
         # key owner token -> 1 row changed if the live hold was ended
-        self._release = f"UPDATE {t} SET owner = NULL, expires_at = {NOW} WHERE {live}"
+        self._release_plain = (
+            f"UPDATE {t} SET owner = NULL, expires_at = {NOW} WHERE lock_key = %(key)s AND "
+            f"owner = %(owner)s AND token = %(token)s AND expires_at > {NOW}"
+        )
         # ttl_us key owner token -> 1 row changed if the live hold was extended
         self._renew = f"UPDATE {t} SET expires_at = {NOW} + INTERVAL %s MICROSECOND WHERE {live}"
         cols = "lock_key, owner, token, acquired_at, expires_at, kind"
@@ -304,7 +318,7 @@ class MysqlBackend(HoldersMixin[Any]):
             f"SELECT {cols} FROM {t} WHERE {held} AND LEFT(lock_key, %s) = %s ORDER BY lock_key"
         )
         self._list_all = f"SELECT {cols} FROM {t} WHERE {held} ORDER BY lock_key"
-        self._owner_token = f"SELECT owner, token FROM {t} WHERE lock_key = %(key)s"
+        self._owner_token = f"SELECT owner, token, note FROM {t} WHERE lock_key = %(key)s"
         self._force = (
             f"UPDATE {t} SET owner = NULL, expires_at = {NOW} WHERE lock_key = %s AND {held}"
         )
@@ -321,6 +335,82 @@ class MysqlBackend(HoldersMixin[Any]):
         self._names = (table, aux_name(table, "_meta"), aux_name(table, "_holders"))
         digest = hashlib.sha1(t.encode(), usedforsecurity=False).hexdigest()[:16]
         self._ddl_lock = f"dblock_ddl_{digest}"
+
+    def _build_hand_over(self, t: str, holders: str) -> None:
+        """The statements of the hand-over: a release that gives the lock to the head of its
+        queue, and what its waiters read."""
+        # key owner kind ttl lease bell -> make or refresh a queue entry (a refresh keeps its
+        # place); a waiter with a ``lease`` (seconds) takes hand-overs, told by the doorbell it
+        # waits at on connection ``bell`` (its id)
+        self._enqueue_entry = (
+            f"INSERT INTO {holders} (lock_key, holder, kind, waiting, token, acquired_at,\n"
+            "    expires_at, lease, bell)\n"
+            f"VALUES (%(key)s, %(owner)s, %(kind)s, 1, 0, {NOW},\n"
+            f"    {NOW} + INTERVAL %(ttl_us)s MICROSECOND, %(lease)s, %(bell)s)\n"
+            "ON DUPLICATE KEY UPDATE kind = VALUES(kind), token = 0,\n"
+            "    expires_at = VALUES(expires_at), lease = VALUES(lease), bell = VALUES(bell),\n"
+            "    acquired_at = IF(waiting = 1, acquired_at, VALUES(acquired_at)), waiting = 1"
+        )
+        # key owner ttl bell -> one row if owner's live queue entry was still there (never made
+        # again: an entry a hand-over removed must stay gone)
+        self._requeue_entry = (
+            f"UPDATE {holders} SET expires_at = {NOW} + INTERVAL %(ttl_us)s MICROSECOND, "
+            "bell = COALESCE(%(bell)s, bell) "
+            f"WHERE lock_key = %(key)s AND holder = %(owner)s AND waiting = 1 "
+            f"AND expires_at > {NOW}"
+        )
+        # key owner token bell -> one transaction, sent as one packet, whose UPDATE (statement
+        # _HANDED) changes one row if the live hold was ended (handed over or freed). It locks
+        # the lock's row, then lets go of the bell: the server gives the bell to the waiter
+        # that asked for it first, at once, and that waiter's read of the lease row waits for
+        # this commit, whose disk flush its wake-up overlaps. The lock goes to that waiter,
+        # found by its bell's connection id (IS_USED_LOCK; ids are compared in 32 bits, as the
+        # connection handshake gives them), if it has a live queue entry that takes hand-overs:
+        # the next token, and a lease of its own, but no longer than its queue entry's (a
+        # waiter that died or froze holds it up no longer than its place in the queue would);
+        # its entry goes. `note` keeps the token that handed it over, for a retried release,
+        # and tells a waiter at the bell that the holder was handed the lock (so it waits for
+        # the bell). Otherwise the lock is freed. The SELECTs aggregate so that they always
+        # set their variables, even where no row matches.
+        live = (
+            f"lock_key = %(key)s AND owner = %(owner)s AND token = %(token)s AND expires_at > {NOW}"
+        )
+        given = "@dblock_h IS NOT NULL"
+        self._hand_over = (
+            "START TRANSACTION;\n"
+            "SELECT COALESCE(MAX(IF(kind = 'lock', 2, 1)), 0) INTO @dblock_r\n"
+            f"FROM {t} WHERE {live} FOR UPDATE;\n"
+            "DO RELEASE_LOCK(%(bell)s);\n"
+            "SELECT MAX(holder), MAX(LEAST("
+            f"{NOW} + INTERVAL ROUND(lease * 1000000) MICROSECOND, expires_at))\n"
+            f"INTO @dblock_h, @dblock_until FROM {holders} WHERE @dblock_r = 2 AND\n"
+            "    lock_key = %(key)s AND waiting = 1 AND kind = 'lock' AND lease IS NOT NULL AND\n"
+            f"    holder <> %(owner)s AND expires_at > {NOW} AND\n"
+            "    bell = IS_USED_LOCK(%(bell)s) & 4294967295 FOR UPDATE;\n"
+            f"UPDATE {t} SET owner = @dblock_h,\n"
+            f"    token = IF({given}, token + 1, token),\n"
+            f"    acquired_at = IF({given}, {NOW}, acquired_at),\n"
+            f"    expires_at = COALESCE(@dblock_until, {NOW}),\n"
+            f"    note = IF({given}, %(token)s, NULL)\n"
+            "WHERE @dblock_r > 0 AND lock_key = %(key)s;\n"
+            f"DELETE FROM {holders} WHERE lock_key = %(key)s AND holder = @dblock_h\n"
+            "    AND waiting = 1;\n"
+            "COMMIT"
+        )
+        # key owner -> the token of owner's live plain-lock hold (a waiter leaving the queue
+        # finds whether a release handed the lock to it)
+        self._handed_to = (
+            f"SELECT token FROM {t} WHERE lock_key = %(key)s AND owner = %(owner)s "
+            f"AND kind = 'lock' AND expires_at > {NOW}"
+        )
+        # key owner -> (1, token) if owner holds the lock, (0, handed) if another does: handed
+        # is 1 if a release handed it to that one; no row if it is free. A locking read: it
+        # waits for a release that is committing, and reads what it committed.
+        self._granted = (
+            f"SELECT owner = %(owner)s, IF(owner = %(owner)s, token, note IS NOT NULL) FROM {t} "
+            f"WHERE lock_key = %(key)s AND owner IS NOT NULL AND expires_at > {NOW} "
+            "LOCK IN SHARE MODE"
+        )
 
     # -- connections ----------------------------------------------------------------------
     def _connect(self) -> Any:
@@ -356,21 +446,38 @@ class MysqlBackend(HoldersMixin[Any]):
         return list(self._ddl)
 
     def ensure_schema(self, create: bool) -> None:
+        # columns absent from tables of dblock 0.1.0.dev before them: the queue mark, and the
+        # queue entry's lease for hand-overs
+        added = (
+            (
+                self._names[0],
+                "queued_until",
+                f"ALTER TABLE {self._main} ADD COLUMN queued_until DATETIME(6)",
+            ),
+            (self._names[2], "lease", f"ALTER TABLE {self._holders} ADD COLUMN lease DOUBLE"),
+            (self._names[2], "bell", f"ALTER TABLE {self._holders} ADD COLUMN bell BIGINT"),
+        )
+        missing_sql = (
+            "SELECT t.name, t.col FROM (SELECT %s AS name, %s AS col UNION ALL SELECT %s, %s "
+            "UNION ALL SELECT %s, %s) t "
+            "WHERE NOT EXISTS (SELECT 1 FROM information_schema.columns c WHERE "
+            "c.table_schema = COALESCE(%s, DATABASE()) AND c.table_name = t.name AND "
+            "c.column_name = t.col)"
+        )
+        missing_args = (*[x for name, col, _ in added for x in (name, col)], self._schema)
+
+        def missing(cur: Any) -> set[tuple[str, str]]:
+            cur.execute(missing_sql, missing_args)
+            return {(row[0], row[1]) for row in cur.fetchall()}
+
         def op(conn: Any) -> None:
             with conn.cursor() as cur:
-                # the queue mark's column: absent from tables of dblock 0.1.0.dev before it
-                marked = (
-                    "SELECT COUNT(*) FROM information_schema.columns WHERE table_schema = "
-                    "COALESCE(%s, DATABASE()) AND table_name = %s AND column_name = 'queued_until'"
-                )
-                where = (self._schema, self._names[0])
                 cur.execute(
-                    f"SELECT COUNT(*), ({marked}) FROM information_schema.tables WHERE "
+                    "SELECT COUNT(*) FROM information_schema.tables WHERE "
                     "table_schema = COALESCE(%s, DATABASE()) AND table_name IN (%s, %s, %s)",
-                    (*where, self._schema, *self._names),
+                    (self._schema, *self._names),
                 )
-                tables, has_mark = cur.fetchone()
-                if tables == len(self._names) and has_mark:
+                if cur.fetchone()[0] == len(self._names) and not missing(cur):
                     return
                 if not create:
                     raise ConfigurationError(
@@ -382,10 +489,11 @@ class MysqlBackend(HoldersMixin[Any]):
                 try:
                     for statement in self._ddl:
                         cur.execute(statement)
-                    # looked at again under the lock: another process may have added it
-                    cur.execute(marked, where)
-                    if not cur.fetchone()[0]:
-                        cur.execute(f"ALTER TABLE {self._main} ADD COLUMN queued_until DATETIME(6)")
+                    # looked at again under the lock: another process may have added them
+                    absent = missing(cur)
+                    for name, column, alter in added:
+                        if (name, column) in absent:
+                            cur.execute(alter)
                 finally:
                     cur.execute("SELECT RELEASE_LOCK(%s)", (self._ddl_lock,))
 
@@ -401,10 +509,13 @@ class MysqlBackend(HoldersMixin[Any]):
         bell = self._bells.ringing(key, owner)
         if bell is not None:
             # Next in line (the server hands the bell to its waiters in order): take the lock
-            # at once if the bell was just rung by a release, else only once it is free.
+            # at once if the bell was just rung by a release, else only once it is free (or
+            # handed to us: a hand-over that committed after the bell's look).
             rung, bell.rung = bell.rung, False
-            if not rung and not self.probe(key, owner)[0]:
-                return None
+            if not rung:
+                free, _, _, mine = self._look(key, owner)
+                if not (free or mine):
+                    return None
             # the queue entry goes in the same commit: left to the release, a holder that froze
             # would keep the head of the queue, and its waiters, until the entry's lease ends
             token = self._take(self._acquire, key, owner, ttl, "lock", dequeue=True)
@@ -414,7 +525,11 @@ class MysqlBackend(HoldersMixin[Any]):
         # read under REPEATABLE READ, whose next-key locks on the queue rows stall the other
         # waiters' queue writes at every hand-off. So it is a plain (non-locking) read first,
         # then the ordinary acquire; a newcomer slipping in between is rare and harmless.
-        free, ahead, left = self._look(key, owner)
+        free, ahead, left, mine = self._look(key, owner)
+        if mine:
+            # handed to us by a release whose news did not reach us (our bell failed, or we
+            # were not at it): take it again, with a lease that starts now
+            return self._take(self._acquire, key, owner, ttl, "lock", dequeue=True)
         if not free or ahead:
             # a waiter asleep at a bell that nobody may ring (its holder froze or died with
             # it) wakes when this lease ends, not a whole RING_WAIT later
@@ -423,32 +538,65 @@ class MysqlBackend(HoldersMixin[Any]):
         return self._take(self._acquire, key, owner, ttl, "lock", dequeue=queued)
 
     def _look_statement(self) -> str:
-        """key owner -> probe()'s (free, waiters ahead), and microseconds left of the lease."""
+        """key owner -> probe()'s (free, waiters ahead), microseconds left of the lease, and
+        whether owner holds it."""
         return (
             f"{self._probe_sql},\n    (SELECT TIMESTAMPDIFF(MICROSECOND, {NOW}, expires_at) "
             f"FROM {self._main} WHERE lock_key = %(key)s AND owner IS NOT NULL "
-            f"AND expires_at > {NOW})"
+            f"AND expires_at > {NOW}),\n"
+            f"    EXISTS (SELECT 1 FROM {self._main} WHERE lock_key = %(key)s "
+            f"AND owner = %(owner)s AND expires_at > {NOW})"
         )
 
-    def _look(self, key: str, owner: str) -> tuple[bool, int, float]:
-        """Read-only: like probe(), and the seconds left of the holder's lease (0 if free)."""
+    def _look(self, key: str, owner: str) -> tuple[bool, int, float, bool]:
+        """Read-only: like probe(), the seconds left of the holder's lease (0 if free), and
+        whether ``owner`` holds it (a release handed it over)."""
         params = {"key": key, "owner": owner}
         row = self.run("probe", lambda conn: self._exec(conn, self._look_sql, params), key=key)
-        free, ahead, left_us = row[1][0]
-        return bool(free), int(ahead), max(0, int(left_us or 0)) / 1_000_000
+        free, ahead, left_us, mine = row[1][0]
+        return bool(free), int(ahead), max(0, int(left_us or 0)) / 1_000_000, bool(mine)
 
     def enqueue(
         self, key: str, owner: str, kind: str, ttl: float, lease: float | None = None
     ) -> None:
         """Mark the key's queue busy (first, so the mark outlives the entry), then make or
         refresh ``owner``'s queue entry."""
-        params = {"key": key, "owner": owner, "kind": kind, "ttl": ttl, "token": 0, "waiting": 1}
+        bell = self._bells.connection_id(key, owner) if lease is not None else None
+        params = {"key": key, "owner": owner, "kind": kind, "ttl": ttl, "lease": lease}
+        params["bell"] = bell
 
         def op(conn: Any) -> None:
             self._exec(conn, self._mark_queued, params)
-            self._exec(conn, self._upsert_holder, params)
+            self._exec(conn, self._enqueue_entry, params)
 
         self.run("queueing", op, key=key)
+
+    def requeue(self, key: str, owner: str, kind: str, ttl: float) -> bool:
+        """Refresh ``owner``'s queue entry; False if it is gone (handed the lock, or expired)."""
+        bell = self._bells.connection_id(key, owner)
+        params = {"key": key, "owner": owner, "ttl": ttl, "bell": bell}
+
+        def op(conn: Any) -> bool:
+            self._exec(conn, self._mark_queued, params)
+            return self._exec(conn, self._requeue_entry, params)[0] == 1
+
+        return self.run("queueing", op, key=key)
+
+    def dequeue(self, key: str, owner: str) -> None:
+        """Leave the queue; a lock handed to ``owner`` meanwhile is handed on."""
+        params = {"key": key, "owner": owner}
+
+        def op(conn: Any) -> int | None:
+            if self._exec(conn, self._dequeue_sql, params)[0]:
+                return None
+            rows = self._exec(conn, self._handed_to, params)[1]
+            return int(rows[0][0]) if rows else None
+
+        token = self.run("leaving the queue", op, key=key)
+        if token is not None:
+            bell = self._bells.name(key)
+            hand_on: dict[str, Any] = {"key": key, "owner": owner, "token": token, "bell": bell}
+            self._release_lease(hand_on, hand_over=True)
 
     def _take(
         self,
@@ -481,47 +629,47 @@ class MysqlBackend(HoldersMixin[Any]):
         return self.run("acquire", op, key=key)
 
     def release(self, key: str, owner: str, token: int) -> bool:
-        try:
-            return self._release_lease(key, owner, token)
-        finally:
-            self._bells.ring(key, owner)  # if not rung yet: wakes the next waiter
+        """End the hold. A holder that keeps the key's bell (it waited, so others may wait
+        behind it) hands the lock to the head of the queue, on the bell's connection, which
+        rings the bell inside that transaction (see _build_hand_over)."""
+        params: dict[str, Any] = {"key": key, "owner": owner, "token": token}
 
-    def _release_lease(self, key: str, owner: str, token: int) -> bool:
+        def hand_over(conn: Any) -> int:
+            return _batch(conn, self._hand_over, {**params, "bell": self._bells.name(key)})[_HANDED]
+
+        handed = self._bells.release_holding(key, owner, hand_over)
+        if handed is None or handed is FAILED:
+            # no bell; or the hand-over failed, which closed its connection (rolling back what
+            # it had not committed, and freeing the bell): the plain release, which first
+            # checks whether the hand-over committed
+            return self._release_lease(params, after_failure=handed is FAILED)
+        return bool(handed)
+
+    def _release_lease(
+        self, params: dict[str, Any], *, after_failure: bool = False, hand_over: bool = False
+    ) -> bool:
         calls = 0
+        token = params["token"]
 
         def op(conn: Any) -> bool:
             nonlocal calls
             calls += 1
-            args = (key, owner, token)
-            with conn.cursor() as cur:
-                if calls == 1 and self._bells.holding(key, owner):
-                    released = self._ringing(conn, cur.mogrify(self._release, args), key, owner)
-                else:
-                    released = cur.execute(self._release, args)
-                if released == 1:
-                    return True
-                # After a retry the first attempt may have committed: released by us is success.
-                if calls == 1 or not cur.execute(self._owner_token, {"key": key}):
-                    return False
-                row = cur.fetchone()
-                return bool(row[0] is None and row[1] == token)
+            if calls == 1 and hand_over:
+                released = _batch(conn, self._hand_over, params)[_HANDED]
+            else:
+                released = self._exec(conn, self._release_plain, params)[0]
+            if released:
+                return True
+            # After a failure the first attempt may have committed: released by us is success.
+            if calls == 1 and not after_failure:
+                return False
+            rows = self._exec(conn, self._owner_token, params)[1]
+            if not rows:
+                return False
+            holder, last, note = rows[0]
+            return bool((holder is None and last == token) or note == str(token))
 
-        return self.run("release", op, key=key)
-
-    def _ringing(self, conn: Any, sql: str, key: str, owner: str) -> int:
-        """Run the autocommitted ``sql`` that ends (key, owner)'s lease, ringing its bell while
-        the server commits it; its affected rows.
-
-        Once sent, the statement commits whatever becomes of this process, so ringing then is
-        as safe as ringing after the reply (a frozen releaser cannot keep the row locked), and
-        the next waiter's wake-up overlaps the commit's disk flush: its take waits for the row
-        lock and then finds the lease ended. A take that beats the statement to the row finds
-        the lock still held, and the waiter, next in line, tries again at its next poll.
-        PyMySQL has no public call to send a statement and read its reply later.
-        """
-        conn._execute_command(COMMAND.COM_QUERY, sql.encode(conn.encoding))
-        self._bells.ring(key, owner)
-        return int(conn._read_query_result())
+        return self.run("release", op, key=params["key"])
 
     def subscribe(self, key: str, owner: str, queue: str | None = None) -> Subscription:
         """A doorbell for a plain lock's waiter (see _doorbell.py); others poll."""
@@ -643,6 +791,15 @@ class MysqlBackend(HoldersMixin[Any]):
                 return count
 
         return self.run("purge", op, deadline=MAINTENANCE_DEADLINE)
+
+
+def _batch(conn: Any, sql: str, params: dict[str, Any]) -> list[int]:
+    """Run the statements ``sql`` (one packet); the rows each affected."""
+    with conn.cursor() as cur:
+        counts = [cur.execute(sql, params)]
+        while cur.nextset():
+            counts.append(cur.rowcount)
+        return counts
 
 
 def _us(params: dict[str, Any]) -> dict[str, Any]:
