@@ -9,6 +9,7 @@ waiters than bells) costs time only, never mutual exclusion or progress.
 from __future__ import annotations
 
 import json
+import select
 import signal
 import subprocess
 import threading
@@ -309,6 +310,49 @@ def test_a_release_hands_the_lock_to_the_waiter_at_the_bell_in_its_own_commit(
     waiter.release.set()
     waiter.join(15)
     assert _bell_user(raw, table, key) is None
+
+
+def test_a_waiter_frozen_at_the_bell_is_handed_the_lock_and_holds_up_the_rest_no_longer(
+    table: str, raw: Any
+) -> None:
+    """The release hands the lock to a SIGSTOPped waiter (the server wakes its connection all
+    the same): the waiter behind it gets the lock once that hand-over's lease (no longer than
+    the frozen waiter's queue entry) ends, and the frozen one, thawed, does not hold it then."""
+    key = "k-" + uuid.uuid4().hex
+    holder = _taken_at_the_bell(table, key, raw)
+    frozen = worker("hold", MYSQL_URL, table, key, "30", stdin=subprocess.PIPE)
+    try:
+        _until(lambda: len(_in_get_lock(raw)) == 1, "the worker sleeps at the bell")
+        frozen.send_signal(signal.SIGSTOP)
+        behind = _Waiter(table, key, timeout=40)
+        behind.start()
+        _until(lambda: len(_in_get_lock(raw)) == 2, "a second waiter sleeps at the bell")
+        held = holder.lock.token
+        holder.release.set()
+        holder.join(15)
+        with dblock.connect(MYSQL_URL, table=table) as client:
+            _until(lambda: client.info(key) is not None, "the lock is handed over")
+            info = client.info(key)
+            assert info is not None and held is not None and info.token == held + 1
+            assert not behind.acquired.is_set(), "handed to the frozen waiter, not the next"
+            lease = (info.expires_at - info.acquired_at).total_seconds()
+            assert lease <= 9.5, "no longer than the frozen waiter's queue entry"
+        assert behind.acquired.wait(30) and behind.got, "the next waiter got it after that lease"
+        taken = behind.lock.token
+        assert taken is not None and taken > info.token
+        frozen.send_signal(signal.SIGCONT)
+        assert frozen.stdout is not None and frozen.stdin is not None
+        early, _, _ = select.select([frozen.stdout], [], [], 1.5)
+        assert not early, "the thawed waiter believes it holds the lock the next one holds"
+        behind.release.set()
+        behind.join(15)
+        got = json.loads(frozen.stdout.readline())
+        assert got["token"] > taken, "the thawed waiter took it only after"
+        frozen.stdin.write("go\n")
+        frozen.stdin.flush()
+        assert json.loads(frozen.stdout.readline()) == {"renew": "ok", "release": "ok"}
+    finally:
+        finish(frozen)
 
 
 def _queue(backend: MysqlBackend, key: str, owner: str, bell: int, ttl: float = 9.0) -> None:
