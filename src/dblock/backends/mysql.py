@@ -337,8 +337,8 @@ class MysqlBackend(HoldersMixin[Any]):
         self._ddl_lock = f"dblock_ddl_{digest}"
 
     def _build_hand_over(self, t: str, holders: str) -> None:
-        """The statements of the hand-over: a release that gives the lock to the head of its
-        queue, and what its waiters read."""
+        """The statements of the hand-over: a release that gives the lock to the waiter its
+        doorbell wakes, the queue entries that let it find that waiter, and what waiters read."""
         # key owner kind ttl lease bell -> make or refresh a queue entry (a refresh keeps its
         # place); a waiter with a ``lease`` (seconds) takes hand-overs, told by the doorbell it
         # waits at on connection ``bell`` (its id)
@@ -512,6 +512,7 @@ class MysqlBackend(HoldersMixin[Any]):
             # at once if the bell was just rung by a release, else only once it is free (or
             # handed to us: a hand-over that committed after the bell's look).
             rung, bell.rung = bell.rung, False
+            bell.won = False  # a hand-over the acquire could not use (its lease ran out) is gone
             if not rung:
                 free, _, _, mine = self._look(key, owner)
                 if not (free or mine):
