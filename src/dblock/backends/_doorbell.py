@@ -344,23 +344,28 @@ class Doorbell:
     def connection_id(self) -> int | None:
         """The id of this waiter's connection (made if it has none), or None if it fails."""
         try:
-            if self._conn is None:
-                self._conn = self._bells.checkout()
-            return int(self._conn.thread_id())
+            return int(self._connection().thread_id())
         except Exception:  # noqa: BLE001 - no bell then: the waiter polls, as without one
             return None
 
     def _get_lock(self, seconds: float) -> Any:
         """GET_LOCK(bell, seconds) on this waiter's connection (made if it has none)."""
-        return self._run("SELECT GET_LOCK(%(name)s, %(s)s)", {"name": self.name, "s": seconds})
+        sql = "SELECT GET_LOCK(%(name)s, %(s)s)"
+        return self._run(sql, {"name": self.name, "s": seconds}, seconds=seconds)
 
-    def _run(self, sql: str, params: dict[str, Any], *, fetch: bool = True) -> Any:
-        """One statement on this waiter's connection (made if it has none); its first row."""
-        bells = self._bells
+    def _connection(self) -> Any:
+        """This waiter's connection, made if it has none."""
         if self._conn is None:
-            self._conn = bells.checkout()
-        conn = self._conn
-        seconds = float(params.get("s", 0))
+            self._conn = self._bells.checkout()
+        return self._conn
+
+    def _run(
+        self, sql: str, params: dict[str, Any], *, seconds: float = 0.0, fetch: bool = True
+    ) -> Any:
+        """One statement on this waiter's connection, which may take ``seconds`` (plus the
+        watchdog's slack); its first row."""
+        bells = self._bells
+        conn = self._connection()
         ident, _ = bells.watchdog.watch(seconds + _STATEMENT_SLACK, lambda: bells.abort(conn))
         try:
             self._busy = True

@@ -304,11 +304,6 @@ class MysqlBackend(HoldersMixin[Any]):
             f"expires_at = GREATEST({least}, {NOW}) WHERE {mine}"
         )
         live = f"lock_key = %s AND owner = %s AND token = %s AND expires_at > {NOW}"
-        # key owner token -> 1 row changed if the live hold was ended
-        self._release_plain = (
-            f"UPDATE {t} SET owner = NULL, expires_at = {NOW} WHERE lock_key = %(key)s AND "
-            f"owner = %(owner)s AND token = %(token)s AND expires_at > {NOW}"
-        )
         # ttl_us key owner token -> 1 row changed if the live hold was extended
         self._renew = f"UPDATE {t} SET expires_at = {NOW} + INTERVAL %s MICROSECOND WHERE {live}"
         cols = "lock_key, owner, token, acquired_at, expires_at, kind"
@@ -375,6 +370,8 @@ class MysqlBackend(HoldersMixin[Any]):
         live = (
             f"lock_key = %(key)s AND owner = %(owner)s AND token = %(token)s AND expires_at > {NOW}"
         )
+        # key owner token -> 1 row changed if the live hold was ended (freed, not handed over)
+        self._release_plain = f"UPDATE {t} SET owner = NULL, expires_at = {NOW} WHERE {live}"
         given = "@dblock_h IS NOT NULL"
         self._hand_over = (
             "START TRANSACTION;\n"
@@ -563,8 +560,14 @@ class MysqlBackend(HoldersMixin[Any]):
         """Mark the key's queue busy (first, so the mark outlives the entry), then make or
         refresh ``owner``'s queue entry."""
         bell = self._bells.connection_id(key, owner) if lease is not None else None
-        params = {"key": key, "owner": owner, "kind": kind, "ttl": ttl, "lease": lease}
-        params["bell"] = bell
+        params = {
+            "key": key,
+            "owner": owner,
+            "kind": kind,
+            "ttl": ttl,
+            "lease": lease,
+            "bell": bell,
+        }
 
         def op(conn: Any) -> None:
             self._exec(conn, self._mark_queued, params)
@@ -595,9 +598,7 @@ class MysqlBackend(HoldersMixin[Any]):
 
         token = self.run("leaving the queue", op, key=key)
         if token is not None:
-            bell = self._bells.name(key)
-            hand_on: dict[str, Any] = {"key": key, "owner": owner, "token": token, "bell": bell}
-            self._release_lease(hand_on, hand_over=True)
+            self._release_lease({**params, "token": token}, hand_over=True)
 
     def _take(
         self,
@@ -631,14 +632,12 @@ class MysqlBackend(HoldersMixin[Any]):
 
     def release(self, key: str, owner: str, token: int) -> bool:
         """End the hold. A holder that keeps the key's bell (it waited, so others may wait
-        behind it) hands the lock to the head of the queue, on the bell's connection, which
-        rings the bell inside that transaction (see _build_hand_over)."""
+        behind it) hands the lock to the waiter the bell wakes, on the bell's connection,
+        which lets go of the bell inside that transaction (see _build_hand_over)."""
         params: dict[str, Any] = {"key": key, "owner": owner, "token": token}
-
-        def hand_over(conn: Any) -> int:
-            return _batch(conn, self._hand_over, {**params, "bell": self._bells.name(key)})[_HANDED]
-
-        handed = self._bells.release_holding(key, owner, hand_over)
+        handed = self._bells.release_holding(
+            key, owner, lambda conn: self._hand_over_on(conn, params)
+        )
         if handed is None or handed is FAILED:
             # no bell; or the hand-over failed, which closed its connection (rolling back what
             # it had not committed, and freeing the bell): the plain release, which first
@@ -656,7 +655,7 @@ class MysqlBackend(HoldersMixin[Any]):
             nonlocal calls
             calls += 1
             if calls == 1 and hand_over:
-                released = _batch(conn, self._hand_over, params)[_HANDED]
+                released = self._hand_over_on(conn, params)
             else:
                 released = self._exec(conn, self._release_plain, params)[0]
             if released:
@@ -671,6 +670,11 @@ class MysqlBackend(HoldersMixin[Any]):
             return bool((holder is None and last == token) or note == str(token))
 
         return self.run("release", op, key=params["key"])
+
+    def _hand_over_on(self, conn: Any, params: dict[str, Any]) -> int:
+        """Run the hand-over release (key owner token) on ``conn``; 1 if the hold was ended."""
+        bell = self._bells.name(params["key"])
+        return _batch(conn, self._hand_over, {**params, "bell": bell})[_HANDED]
 
     def subscribe(self, key: str, owner: str, queue: str | None = None) -> Subscription:
         """A doorbell for a plain lock's waiter (see _doorbell.py); others poll."""
