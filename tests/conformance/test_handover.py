@@ -262,6 +262,54 @@ def test_a_newcomers_release_hands_over_to_who_joined_meanwhile(
     assert _owner(client, "k") == "b", "b joined while a held it: handed over"
 
 
+def _joining(backend: PostgresBackend, key: str, waiter: str) -> Any:
+    """A connection whose open transaction has made ``waiter``'s queue entry (and counted
+    the join on the lock's row, if there is one): commit it to finish the join."""
+    joiner = raw_connect(POSTGRESQL_URL)
+    joiner.autocommit = False
+    params = {"key": key, "owner": waiter, "kind": "lock", "ttl": QUEUE_TTL, "lease": 30}
+    joiner.execute(backend._enqueue, {**params, "channel": None})
+    return joiner
+
+
+def test_a_newcomer_that_waited_for_a_join_hands_over_to_it(
+    pg: tuple[dblock.Client, PostgresBackend],
+) -> None:
+    """b's join commits while a newcomer's acquisition waits for the lock's row: a's snapshot
+    missed b's entry, so a takes the lock, and its join count already includes b. a's release
+    must still hand over to b (b saw the lock held and waits to be told)."""
+    client, backend = pg
+    key = "k"
+    first = backend.acquire_fair(key, "x", 30, queued=True)  # the row exists, free
+    assert first is not None and backend.release(key, "x", first)
+    joiner = _joining(backend, key, "b")
+    try:
+        token = _blocked(lambda: backend.acquire_fair(key, "a", 30, queued=False), joiner.commit)
+    finally:
+        joiner.close()
+    assert token is not None, "a's snapshot predates b's entry"
+    assert backend.release(key, "a", token)
+    assert _owner(client, key) == "b", "handed over to b, not freed with nobody told"
+
+
+def test_a_newcomer_that_made_the_row_hands_over_to_who_joined_meanwhile(
+    pg: tuple[dblock.Client, PostgresBackend],
+) -> None:
+    """The first acquisition of a key makes its row: a join meanwhile had no row to count
+    itself on, so a's release must hand over rather than trust an unchanged count."""
+    client, backend = pg
+    key = "k"
+    joiner = _joining(backend, key, "b")
+    try:
+        token = backend.acquire_fair(key, "a", 30, queued=False)
+        joiner.commit()
+    finally:
+        joiner.close()
+    assert token is not None, "a's snapshot predates b's entry"
+    assert backend.release(key, "a", token)
+    assert _owner(client, key) == "b", "handed over to b, not freed with nobody told"
+
+
 def test_a_hand_over_is_told_on_the_waiting_clients_own_channel(
     pg: tuple[dblock.Client, PostgresBackend],
 ) -> None:

@@ -154,6 +154,16 @@ class PostgresBackend(HoldersMixin[psycopg.Connection[Any]]):
 
         # key kind owner ttl -> one row (the new token) if taken, no row if held. A live row is
         # taken only by its own owner (an idempotent retry); a `once` record never by a lock.
+        # The key's join count, if no join came between the statement's snapshot and its row
+        # lock: a join that committed meanwhile is counted in the row it updates (it waited
+        # for the join's row lock) but its queue entry was invisible to the fairness clause;
+        # for a new row, a join found nothing to count itself on. NULL then: the release will
+        # not trust the count (see release) and hands over to whoever queued.
+        unchanged_joins = (
+            f"CASE WHEN joins = (SELECT s.joins FROM {t} s WHERE s.lock_key = %(key)s) "
+            "THEN joins END AS joins"
+        )
+
         def acquire_sql(fair: str = "") -> str:
             # the casts settle the parameter types, which the queue clause uses too
             values = (
@@ -175,7 +185,7 @@ class PostgresBackend(HoldersMixin[psycopg.Connection[Any]]):
                 "    acquired_at = EXCLUDED.acquired_at, expires_at = EXCLUDED.expires_at,\n"
                 "    state = NULL, note = NULL\n"
                 f"WHERE (l.expires_at <= {NOW} AND l.kind <> 'once') OR l.owner = EXCLUDED.owner\n"
-                "RETURNING token, joins"
+                f"RETURNING token, {unchanged_joins}"
             )
 
         # The fairness clause is tested once, in the SELECT: the ON CONFLICT condition would
@@ -538,9 +548,12 @@ class PostgresBackend(HoldersMixin[psycopg.Connection[Any]]):
 
         return self.run("acquire", op, key=key)
 
-    def _taken_quietly(self, key: str, owner: str, joins: int) -> None:
+    def _taken_quietly(self, key: str, owner: str, joins: int | None) -> None:
         """``owner`` took ``key`` as a newcomer, so nobody waited for it then: remember the
-        key's join count, so that its release can tell whether anyone has come since."""
+        key's join count, so that its release can tell whether anyone has come since. None:
+        someone may have joined as it took the lock (see unchanged_joins): nothing to trust."""
+        if joins is None:
+            return
         with self._quiet_lock:
             if len(self._quiet) >= _QUIET_MEMORY:  # holds never released: forget them
                 self._quiet.clear()
