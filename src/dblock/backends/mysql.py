@@ -354,6 +354,11 @@ class MysqlBackend(HoldersMixin[Any]):
             f"WHERE lock_key = %(key)s AND holder = %(owner)s AND waiting = 1 "
             f"AND expires_at > {NOW}"
         )
+        live = (
+            f"lock_key = %(key)s AND owner = %(owner)s AND token = %(token)s AND expires_at > {NOW}"
+        )
+        # key owner token -> 1 row changed if the live hold was ended (freed, not handed over)
+        self._release_plain = f"UPDATE {t} SET owner = NULL, expires_at = {NOW} WHERE {live}"
         # key owner token bell -> one transaction, sent as one packet, whose UPDATE (statement
         # _HANDED) changes one row if the live hold was ended (handed over or freed). It locks
         # the lock's row, then lets go of the bell: the server gives the bell to the waiter
@@ -367,11 +372,6 @@ class MysqlBackend(HoldersMixin[Any]):
         # and tells a waiter at the bell that the holder was handed the lock (so it waits for
         # the bell). Otherwise the lock is freed. The SELECTs aggregate so that they always
         # set their variables, even where no row matches.
-        live = (
-            f"lock_key = %(key)s AND owner = %(owner)s AND token = %(token)s AND expires_at > {NOW}"
-        )
-        # key owner token -> 1 row changed if the live hold was ended (freed, not handed over)
-        self._release_plain = f"UPDATE {t} SET owner = NULL, expires_at = {NOW} WHERE {live}"
         given = "@dblock_h IS NOT NULL"
         self._hand_over = (
             "START TRANSACTION;\n"
@@ -454,9 +454,9 @@ class MysqlBackend(HoldersMixin[Any]):
             (self._names[2], "lease", f"ALTER TABLE {self._holders} ADD COLUMN lease DOUBLE"),
             (self._names[2], "bell", f"ALTER TABLE {self._holders} ADD COLUMN bell BIGINT"),
         )
+        wanted = " UNION ALL ".join(["SELECT %s AS name, %s AS col"] * len(added))
         missing_sql = (
-            "SELECT t.name, t.col FROM (SELECT %s AS name, %s AS col UNION ALL SELECT %s, %s "
-            "UNION ALL SELECT %s, %s) t "
+            f"SELECT t.name, t.col FROM ({wanted}) t "
             "WHERE NOT EXISTS (SELECT 1 FROM information_schema.columns c WHERE "
             "c.table_schema = COALESCE(%s, DATABASE()) AND c.table_name = t.name AND "
             "c.column_name = t.col)"

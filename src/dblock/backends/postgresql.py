@@ -154,17 +154,18 @@ class PostgresBackend(HoldersMixin[psycopg.Connection[Any]]):
 
         # key kind owner ttl -> one row (the new token) if taken, no row if held. A live row is
         # taken only by its own owner (an idempotent retry); a `once` record never by a lock.
-        # The key's join count, if no join came between the statement's snapshot and its row
-        # lock: a join that committed meanwhile is counted in the row it updates (it waited
-        # for the join's row lock) but its queue entry was invisible to the fairness clause;
-        # for a new row, a join found nothing to count itself on. NULL then: the release will
-        # not trust the count (see release) and hands over to whoever queued.
+        # A newcomer's also returns the key's join count, if no join came between the
+        # statement's snapshot and its row lock: a join that committed meanwhile is counted in
+        # the row it updates (it waited for the join's row lock) but its queue entry was
+        # invisible to the fairness clause; for a new row, a join found nothing to count
+        # itself on. NULL then: the release will not trust the count (see release) and hands
+        # over to whoever queued.
         unchanged_joins = (
             f"CASE WHEN joins = (SELECT s.joins FROM {t} s WHERE s.lock_key = %(key)s) "
             "THEN joins END AS joins"
         )
 
-        def acquire_sql(fair: str = "") -> str:
+        def acquire_sql(fair: str = "", *, newcomer: bool = False) -> str:
             # the casts settle the parameter types, which the queue clause uses too
             values = (
                 "%(key)s::text, %(kind)s::varchar, %(owner)s::varchar, "
@@ -185,7 +186,7 @@ class PostgresBackend(HoldersMixin[psycopg.Connection[Any]]):
                 "    acquired_at = EXCLUDED.acquired_at, expires_at = EXCLUDED.expires_at,\n"
                 "    state = NULL, note = NULL\n"
                 f"WHERE (l.expires_at <= {NOW} AND l.kind <> 'once') OR l.owner = EXCLUDED.owner\n"
-                f"RETURNING token, {unchanged_joins}"
+                f"RETURNING token{', ' + unchanged_joins if newcomer else ''}"
             )
 
         # The fairness clause is tested once, in the SELECT: the ON CONFLICT condition would
@@ -198,7 +199,7 @@ class PostgresBackend(HoldersMixin[psycopg.Connection[Any]]):
             f"EXISTS (SELECT 1 FROM {t} m WHERE m.lock_key = %(key)s AND "
             f"m.owner = %(owner)s AND m.expires_at > {NOW})"
         )
-        newcomer = acquire_sql(f"({self._nobody_queued} OR {mine})")
+        newcomer = acquire_sql(f"({self._nobody_queued} OR {mine})", newcomer=True)
         in_turn = acquire_sql(f"({self._queue_clause} OR {mine})")
         self._acquire_or_enqueue = self._join_sql(newcomer)
         # a queued waiter's success also deletes its queue entry, in the same statement
