@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import pytest
 
 import dblock
-from tests._servers import BACKENDS, drop_tables, require_server, server_url
+from tests._servers import BACKENDS, POSTGRESQL_URL, drop_tables, require_server, server_url
 
 
 @pytest.fixture(params=BACKENDS)
@@ -54,3 +54,12 @@ def server_db_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempP
     url = server_url(str(request.param), str(tmp_path_factory.mktemp("db")))
     require_server(str(request.param), url)
     return url
+
+
+@pytest.fixture
+def pg_table() -> Iterator[str]:
+    """A fresh lock table name on the PostgreSQL server, dropped afterwards."""
+    require_server("postgresql", POSTGRESQL_URL)
+    name = "t_" + uuid.uuid4().hex[:16]
+    yield name
+    drop_tables(POSTGRESQL_URL, name)

@@ -8,24 +8,12 @@ latest releases, which leaves their locks held until their leases end.
 from __future__ import annotations
 
 import time
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
 import dblock
-from tests._servers import POSTGRESQL_URL, drop_tables, raw_connect, require_server
+from tests._servers import POSTGRESQL_URL, raw_connect
 
 PAIRS = 200
-
-
-@pytest.fixture
-def pg_table() -> Iterator[str]:
-    require_server("postgresql", POSTGRESQL_URL)
-    name = "t_" + uuid.uuid4().hex[:16]
-    yield name
-    drop_tables(POSTGRESQL_URL, name)
 
 
 def _wal_syncs(conn: object) -> int:

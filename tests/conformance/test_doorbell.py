@@ -485,3 +485,47 @@ def test_a_bell_connection_that_died_idle_is_replaced_not_given_up(table: str, r
         holder.release.set()
         waiter.join(30)
         assert got == [True]
+
+
+def _waiting(cur: Any, table: str) -> int:
+    cur.execute(f"SELECT count(*) FROM `{table}_holders` WHERE waiting = 1")
+    return int(cur.fetchone()[0])
+
+
+def test_a_newcomer_to_a_busy_key_joins_its_queue_without_waiting_for_its_row(
+    table: str, raw: Any
+) -> None:
+    # On a busy key every hand-over keeps the key's row locked until its commit is on disk. A
+    # client that found the key busy looks (a plain read) before it tries, and leaves the queue
+    # mark alone while it holds: neither its tries nor its mark queue for that row lock.
+    key = "k-" + uuid.uuid4().hex
+    with dblock.connect(MYSQL_URL, table=table) as a, dblock.connect(MYSQL_URL, table=table) as b:
+        held = a.lock(key, ttl=30)
+        assert held.acquire()
+        first = _Waiter(table, key)  # its entry marks the key's queue busy
+        first.start()
+        _until(lambda: _waiting(raw, table) == 1, "the first waiter queued")
+        newcomer = b.lock(key, ttl=30, timeout=30)
+        assert not newcomer.acquire(blocking=False), "the key is held"
+        got: list[bool] = []
+
+        def wait_for_it() -> None:
+            got.append(newcomer.acquire())
+            newcomer.release()
+
+        blocker = raw_connect(MYSQL_URL)
+        waiting = threading.Thread(target=wait_for_it, daemon=True)
+        try:
+            cur = blocker.cursor()
+            cur.execute("START TRANSACTION")
+            cur.execute(f"SELECT owner FROM `{table}` WHERE lock_key = %s FOR UPDATE", (key,))
+            waiting.start()
+            _until(lambda: _waiting(raw, table) == 2, "the newcomer queued, the row still locked")
+        finally:
+            blocker.rollback()
+            blocker.close()
+        held.release()  # to the first waiter, then to the newcomer
+        assert first.acquired.wait(15) and first.got
+        first.release.set()
+        waiting.join(30)
+        assert got == [True]

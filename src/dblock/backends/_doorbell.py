@@ -10,10 +10,11 @@ order they asked. dblock uses one user lock per key as a doorbell, never as the 
   the lease, which wakes the next waiter at the bell, and only that one, and hands the lock
   to that waiter in the same commit (the lease row gets the new owner and token) if its queue
   entry names its bell's connection (see MysqlBackend._build_hand_over).
-- Whoever gets the bell reads the lease row (a locking read: it waits for a release that is
-  committing). Handed the lock, it holds it, and keeps the bell for as long as it does. Free,
-  it tries at once. Handed to another waiter (whose bell's connection changed, say), it passes
-  the bell on and waits for it again, a little later each time.
+- Whoever gets the bell reads the lease row, a statement sent with its GET_LOCK in one packet
+  (a locking read: it waits for a release that is committing). Handed the lock, it holds it,
+  and keeps the bell for as long as it does. Free, it tries at once. Handed to another waiter
+  (whose bell's connection changed, say), it passes the bell on and waits for it again, a
+  little later each time.
 - A holder that took a free lock without waiting has no bell: the first waiter gets the bell
   at once and polls the table, paced like the head of a queue; the waiters behind it sleep.
 
@@ -27,8 +28,8 @@ a client keeps at most ``MAX_BELLS`` bells; waiters beyond that poll.
 from __future__ import annotations
 
 import hashlib
-import logging
 import os
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -296,37 +297,33 @@ class Doorbell:
     def _ring_wait(self, seconds: float) -> bool:
         started = time.monotonic()
         try:
-            row = self._get_lock(seconds)
+            rang, row = self._get_lock(seconds)
         except Exception:  # noqa: BLE001 - the doorbell is a hint: poll instead
             self._drop()
             # a pooled connection that fails at once died idle (a server restart): one more
-            # try on a new one; a failure after that, or a slow one, makes this waiter poll
+            # try on a new one; a failure after that, or a slow one, makes this waiter poll.
+            # (A failure after GET_LOCK, in the read, lets go of the bell with the connection.)
             try:
                 if time.monotonic() - started > FAST_FAILURE:
                     raise
-                row = self._get_lock(seconds)
+                rang, row = self._get_lock(seconds)
             except Exception:  # noqa: BLE001
                 self._drop()
                 self._broken = True
                 return False
-        if row is None or row[0] != 1:
+        if rang is None or rang[0] != 1:
             return False  # timed out (0), or an error (NULL): poll once, then sleep again
         self.has_bell = True
-        return self._answer()
+        return self._answer(row)
 
-    def _answer(self) -> bool:
-        """Having the bell: was the lock handed to us, is it free, or whose turn is it?"""
-        try:
-            row = self._run(self._bells.granted_sql, {"key": self.key, "owner": self.owner})
-        except Exception:  # noqa: BLE001 - the bell went with its connection: ask again
-            self._drop()
-            self.has_bell = False
-            return False
+    def _answer(self, row: Any) -> bool:
+        """Having the bell, and ``row`` from the granted read: was the lock handed to us, is
+        it free, or whose turn is it?"""
         if row is not None and row[0] == 0 and row[1] == 1:
             # handed to a waiter behind us at the bell (its bell's connection changed since it
             # queued, say): pass the bell on, to it
             try:
-                self._run("DO RELEASE_LOCK(%(name)s)", {"name": self.name}, fetch=False)
+                self._run("DO RELEASE_LOCK(%(name)s)", {"name": self.name}, results=0)
             except Exception:  # noqa: BLE001 - a dead connection frees its bell anyway
                 self._drop()
             self.has_bell = False
@@ -348,10 +345,16 @@ class Doorbell:
         except Exception:  # noqa: BLE001 - no bell then: the waiter polls, as without one
             return None
 
-    def _get_lock(self, seconds: float) -> Any:
-        """GET_LOCK(bell, seconds) on this waiter's connection (made if it has none)."""
-        sql = "SELECT GET_LOCK(%(name)s, %(s)s)"
-        return self._run(sql, {"name": self.name, "s": seconds}, seconds=seconds)
+    def _get_lock(self, seconds: float) -> tuple[Any, Any]:
+        """GET_LOCK(bell, seconds) on this waiter's connection (made if it has none), and the
+        granted read, sent in the same packet: the server runs the read the moment GET_LOCK
+        returns, without a round trip to the client between them (whose result is ignored
+        unless GET_LOCK returned 1). Each statement is a transaction of its own, reading the
+        clock when it starts."""
+        sql = "SELECT GET_LOCK(%(name)s, %(s)s);\n" + self._bells.granted_sql
+        params = {"name": self.name, "s": seconds, "key": self.key, "owner": self.owner}
+        rang, row = self._run(sql, params, seconds=seconds, results=2)
+        return rang, row
 
     def _connection(self) -> Any:
         """This waiter's connection, made if it has none."""
@@ -360,20 +363,24 @@ class Doorbell:
         return self._conn
 
     def _run(
-        self, sql: str, params: dict[str, Any], *, seconds: float = 0.0, fetch: bool = True
-    ) -> Any:
-        """One statement on this waiter's connection, which may take ``seconds`` (plus the
-        watchdog's slack); its first row."""
+        self, sql: str, params: dict[str, Any], *, seconds: float = 0.0, results: int = 1
+    ) -> list[Any]:
+        """Statements on this waiter's connection, which may take ``seconds`` (plus the
+        watchdog's slack); the first row of each of the first ``results`` results."""
         bells = self._bells
         conn = self._connection()
         ident, _ = bells.watchdog.watch(seconds + _STATEMENT_SLACK, lambda: bells.abort(conn))
         try:
             self._busy = True
+            rows: list[Any] = []
             with conn.cursor() as cur:
                 cur.execute(sql, params)
-                row = cur.fetchone() if fetch else None
+                while len(rows) < results:
+                    rows.append(cur.fetchone())
+                    if not cur.nextset():
+                        break
             self._busy = False
-            return row
+            return rows + [None] * (results - len(rows))
         finally:
             bells.watchdog.done(ident)
 

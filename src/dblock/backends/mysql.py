@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import socket
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
@@ -50,6 +51,11 @@ NOW = "UTC_TIMESTAMP(6)"
 _DISCONNECT = {2006, 2013, 2055, 1927, 1053, 4031, 2014, 0}
 _TRANSIENT = {1213, 1205}  # deadlock, lock wait timeout (PITFALLS 6)
 _HANDED = 4  # the statement of MysqlBackend._hand_over whose affected rows tell the outcome
+#: keys this client remembers having found busy (forgotten all at once beyond this many)
+_BUSY_KEYS = 1024
+#: a queue mark seen this much longer than a new entry needs is left alone (clock drift,
+#: and the time between the look and the entry)
+_MARK_MARGIN = 1.0
 _INT_PARAMS = {"connect_timeout", "read_timeout", "write_timeout"}
 _STR_PARAMS = {"unix_socket", "ssl_ca", "ssl_cert", "ssl_key", "init_command"}
 
@@ -118,6 +124,9 @@ class MysqlBackend(HoldersMixin[Any]):
         self._build_statements(schema, table)
         self._build_hand_over(self._main, self._holders)
         self._look_sql = self._look_statement()
+        #: keys whose last try by this client found them busy -> until when (monotonic) their
+        #: queue mark was last seen to hold (0: not seen)
+        self._busy: dict[str, float] = {}
         # doorbells: a session of their own, which the server closes when left idle (a frozen
         # holder's bell is freed after BELL_IDLE s); they run no statement on the tables
         bell_kwargs = {**kwargs, "init_command": f"SET SESSION wait_timeout = {BELL_IDLE}"}
@@ -214,6 +223,13 @@ class MysqlBackend(HoldersMixin[Any]):
         self._mark_queued = (
             f"UPDATE {t} SET queued_until = {soon} + INTERVAL %(ttl_us)s MICROSECOND\n"
             f"WHERE lock_key = %(key)s AND (queued_until IS NULL OR queued_until < {soon})"
+        )
+        # key -> (the lock is held, microseconds left of the queue mark); no row: free. A
+        # plain read, which waits for no row lock: a newcomer to a busy key asks it before it
+        # tries (see _take_as_newcomer)
+        self._busy_look = (
+            f"SELECT owner IS NOT NULL AND expires_at > {NOW}, "
+            f"TIMESTAMPDIFF(MICROSECOND, {NOW}, queued_until) FROM {t} WHERE lock_key = %(key)s"
         )
 
         def update_sql(fair: str = "") -> str:
@@ -501,8 +517,8 @@ class MysqlBackend(HoldersMixin[Any]):
         return self._take(self._acquire, key, owner, ttl, kind)
 
     def acquire_fair(self, key: str, owner: str, ttl: float, queued: bool) -> int | None:
-        if not queued:  # one UPDATE where the key is quiet (see _build_statements)
-            return self._take(self._acquire_newcomer, key, owner, ttl, "lock")
+        if not queued:
+            return self._take_as_newcomer(key, owner, ttl)
         bell = self._bells.ringing(key, owner)
         if bell is not None:
             # Next in line (the server hands the bell to its waiters in order): take the lock
@@ -534,6 +550,33 @@ class MysqlBackend(HoldersMixin[Any]):
             self._bells.lease_left(key, owner, left)
             return None
         return self._take(self._acquire, key, owner, ttl, "lock", dequeue=queued)
+
+    def _take_as_newcomer(self, key: str, owner: str, ttl: float) -> int | None:
+        """One UPDATE where the key is quiet (see _build_statements). Where this client last
+        found it busy, a plain read first: the tries, and a waiter's queue mark, lock the key's
+        row, which every hand-over holds locked until its commit is on disk, so on a busy key
+        they would queue for it behind the hand-over, and ahead of the woken waiter's read."""
+        if key in self._busy:
+            row = self.run(
+                "probe", lambda conn: self._exec(conn, self._busy_look, {"key": key}), key=key
+            )[1]
+            held, mark_us = row[0] if row else (0, None)
+            mark = max(0, int(mark_us or 0)) / 1_000_000
+            if held:
+                self._note_busy(key, time.monotonic() + mark)
+                return None
+        token = self._take(self._acquire_newcomer, key, owner, ttl, "lock")
+        if token is None:
+            self._note_busy(key, 0.0)
+        else:
+            self._busy.pop(key, None)
+        return token
+
+    def _note_busy(self, key: str, mark_ends: float) -> None:
+        """Remember ``key`` as busy, its queue mark seen to hold until ``mark_ends``."""
+        if len(self._busy) >= _BUSY_KEYS and key not in self._busy:
+            self._busy.clear()
+        self._busy[key] = mark_ends
 
     def _look_statement(self) -> str:
         """key owner -> probe()'s (free, waiters ahead), microseconds left of the lease, and
@@ -569,8 +612,17 @@ class MysqlBackend(HoldersMixin[Any]):
             "bell": bell,
         }
 
+        # the mark is left alone where this client's look (see _take_as_newcomer) just saw it
+        # outlive the new entry; what the look saw serves this entry only (a mark misjudged
+        # would let a newcomer pass this waiter: fairness, never exclusion)
+        seen = self._busy.get(key)
+        marked = seen is not None and seen - time.monotonic() > ttl + 1 + _MARK_MARGIN
+        if seen:
+            self._busy[key] = 0.0
+
         def op(conn: Any) -> None:
-            self._exec(conn, self._mark_queued, params)
+            if not marked:
+                self._exec(conn, self._mark_queued, params)
             self._exec(conn, self._enqueue_entry, params)
 
         self.run("queueing", op, key=key)
