@@ -69,6 +69,21 @@ def test_keys_differing_by_case_are_different_locks(client: dblock.Client) -> No
         assert {i.key for i in client.list()} == {"Key", "key"}
 
 
+def test_keys_differing_by_trailing_spaces_are_different_locks(client: dblock.Client) -> None:
+    # MySQL's utf8mb4_bin pads with spaces: 'k' and 'k ' compared equal and shared one row
+    keys = ["k", "k ", "k  ", "k\t"]
+    locks = [client.lock(k, timeout=0) for k in keys]
+    for lock in locks:
+        assert lock.acquire(), f"{lock.key!r} is free: no other key holds it"
+    assert [i.key for i in client.list("k")] == sorted(keys)
+    assert [i.key for i in client.list("k ")] == ["k ", "k  "]
+    for lock in locks:
+        info = client.info(lock.key)
+        assert info is not None and info.key == lock.key and info.token == lock.token
+        lock.release()
+    assert client.list("k") == []
+
+
 def test_lease_is_measured_on_the_database_clock(client: dblock.Client, key: str) -> None:
     with client.lock(key, ttl=12.5):
         info = client.info(key)
@@ -383,6 +398,12 @@ def test_create_schema_upgrades_a_table_of_an_earlier_version(server_db_url: str
             cur.execute(
                 f"ALTER TABLE {aux_name(table, suffix) if suffix else table} DROP COLUMN {column}"
             )
+        if dialect == "mysql":  # the key collation of earlier versions, which pads
+            for name in (table, aux_name(table, "_holders")):
+                cur.execute(
+                    f"ALTER TABLE {name} MODIFY lock_key VARCHAR(255) CHARACTER SET utf8mb4 "
+                    "COLLATE utf8mb4_bin NOT NULL"
+                )
         with pytest.raises(dblock.ConfigurationError, match="dblock schema"):
             dblock.connect(server_db_url, table=table, create_schema=False)
         with dblock.connect(server_db_url, table=table) as client:
@@ -392,6 +413,8 @@ def test_create_schema_upgrades_a_table_of_an_earlier_version(server_db_url: str
             holder.release()
             assert waiter.acquire(timeout=5)
             waiter.release()
+            with client.lock(key, timeout=0), client.lock(key + " ", timeout=0):
+                pass  # two keys: the upgraded key columns do not pad
         dblock.connect(server_db_url, table=table, create_schema=False).close()
     finally:
         conn.close()

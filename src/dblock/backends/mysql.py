@@ -56,6 +56,12 @@ _BUSY_KEYS = 1024
 #: a queue mark seen this much longer than a new entry needs is left alone (clock drift,
 #: and the time between the look and the entry)
 _MARK_MARGIN = 1.0
+#: Keys compare character for character: 'a' and 'a ' are two keys. Under utf8mb4_bin (PAD
+#: SPACE) they compare equal and share one row; these collations do not pad. The DDL names
+#: MariaDB's; connecting to MySQL 8 swaps in its own.
+NOPAD_MARIADB, NOPAD_MYSQL = "utf8mb4_nopad_bin", "utf8mb4_0900_bin"
+KEY_TYPE = f"VARCHAR(255) CHARACTER SET utf8mb4 COLLATE {NOPAD_MARIADB} NOT NULL"
+KEY_NOTE = f"MySQL 8: {NOPAD_MYSQL}; utf8mb4_bin pads ('a' = 'a ')"
 _INT_PARAMS = {"connect_timeout", "read_timeout", "write_timeout"}
 _STR_PARAMS = {"unix_socket", "ssl_ca", "ssl_cert", "ssl_key", "init_command"}
 
@@ -149,7 +155,7 @@ class MysqlBackend(HoldersMixin[Any]):
         holders = qualify(schema, aux_name(table, "_holders"), "`")
         self._ddl = [
             f"CREATE TABLE IF NOT EXISTS {t} (\n"
-            "    lock_key    VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,\n"
+            f"    lock_key    {KEY_TYPE},  -- {KEY_NOTE}\n"
             "    kind        VARCHAR(16) NOT NULL DEFAULT 'lock',\n"
             "    owner       VARCHAR(255),\n"
             "    token       BIGINT NOT NULL,\n"
@@ -166,7 +172,7 @@ class MysqlBackend(HoldersMixin[Any]):
             ") ENGINE=InnoDB",
             f"INSERT IGNORE INTO {meta} (id, hwm) VALUES (1, 0)",
             f"CREATE TABLE IF NOT EXISTS {holders} (\n"
-            "    lock_key    VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,\n"
+            f"    lock_key    {KEY_TYPE},  -- {KEY_NOTE}\n"
             "    holder      VARCHAR(255) NOT NULL,  -- the owner of a hold or queue entry\n"
             "    kind        VARCHAR(16) NOT NULL,\n"
             "    waiting     SMALLINT NOT NULL DEFAULT 0,  -- 1: a queue entry, not a hold\n"
@@ -459,8 +465,9 @@ class MysqlBackend(HoldersMixin[Any]):
         return list(self._ddl)
 
     def ensure_schema(self, create: bool) -> None:
-        # columns absent from tables of dblock 0.1.0.dev before them: the queue mark, and the
-        # queue entry's lease for hand-overs
+        # what tables of dblock 0.1.0.dev before them lack: the queue mark, the queue entry's
+        # lease for hand-overs (columns added), and keys that compare trailing spaces (the key
+        # columns once had a collation that pads)
         added = (
             (
                 self._names[0],
@@ -470,43 +477,61 @@ class MysqlBackend(HoldersMixin[Any]):
             (self._names[2], "lease", f"ALTER TABLE {self._holders} ADD COLUMN lease DOUBLE"),
             (self._names[2], "bell", f"ALTER TABLE {self._holders} ADD COLUMN bell BIGINT"),
         )
+        padded = {
+            name: f"ALTER TABLE {table} MODIFY lock_key {KEY_TYPE}"
+            for name, table in ((self._names[0], self._main), (self._names[2], self._holders))
+        }
         wanted = " UNION ALL ".join(["SELECT %s AS name, %s AS col"] * len(added))
-        missing_sql = (
+        outdated_sql = (
             f"SELECT t.name, t.col FROM ({wanted}) t "
             "WHERE NOT EXISTS (SELECT 1 FROM information_schema.columns c WHERE "
             "c.table_schema = COALESCE(%s, DATABASE()) AND c.table_name = t.name AND "
-            "c.column_name = t.col)"
+            "c.column_name = t.col) "
+            "UNION ALL SELECT table_name, NULL FROM information_schema.columns WHERE "
+            "table_schema = COALESCE(%s, DATABASE()) AND table_name IN (%s, %s) AND "
+            "column_name = 'lock_key' AND collation_name NOT IN (%s, %s)"
         )
-        missing_args = (*[x for name, col, _ in added for x in (name, col)], self._schema)
+        outdated_args = (
+            *[x for name, col, _ in added for x in (name, col)],
+            self._schema,
+            self._schema,
+            *padded,
+            NOPAD_MARIADB,
+            NOPAD_MYSQL,
+        )
 
-        def missing(cur: Any) -> set[tuple[str, str]]:
-            cur.execute(missing_sql, missing_args)
-            return {(row[0], row[1]) for row in cur.fetchall()}
+        def outdated(cur: Any, mysql8: bool) -> list[str]:
+            """The ALTER statements that bring the tables up to date."""
+            cur.execute(outdated_sql, outdated_args)
+            found = {(row[0], row[1]) for row in cur.fetchall()}
+            alters = [alter for name, col, alter in added if (name, col) in found]
+            alters += [alter for name, alter in padded.items() if (name, None) in found]
+            return [_for_server(alter, mysql8) for alter in alters]
 
         def op(conn: Any) -> None:
             with conn.cursor() as cur:
                 cur.execute(
-                    "SELECT COUNT(*) FROM information_schema.tables WHERE "
-                    "table_schema = COALESCE(%s, DATABASE()) AND table_name IN (%s, %s, %s)",
+                    "SELECT COUNT(*), VERSION() NOT LIKE '%%MariaDB%%' "
+                    "FROM information_schema.tables WHERE table_schema = COALESCE(%s, DATABASE()) "
+                    "AND table_name IN (%s, %s, %s)",
                     (self._schema, *self._names),
                 )
-                if cur.fetchone()[0] == len(self._names) and not missing(cur):
+                count, mysql8 = cur.fetchone()
+                if count == len(self._names) and not outdated(cur, mysql8):
                     return
                 if not create:
                     raise ConfigurationError(
-                        f"the lock table {self.table} does not exist in {self.safe_url}; "
-                        "create it with connect(create_schema=True) or apply `dblock schema "
-                        "--dialect mysql`"
+                        f"the lock table {self.table} does not exist in {self.safe_url}, or is "
+                        "of an earlier dblock; create it with connect(create_schema=True) or "
+                        "apply `dblock schema --dialect mysql`"
                     )
                 cur.execute("SELECT GET_LOCK(%s, 60)", (self._ddl_lock,))
                 try:
                     for statement in self._ddl:
-                        cur.execute(statement)
-                    # looked at again under the lock: another process may have added them
-                    absent = missing(cur)
-                    for name, column, alter in added:
-                        if (name, column) in absent:
-                            cur.execute(alter)
+                        cur.execute(_for_server(statement, mysql8))
+                    # looked at again under the lock: another process may have done them
+                    for alter in outdated(cur, mysql8):
+                        cur.execute(alter)
                 finally:
                     cur.execute("SELECT RELEASE_LOCK(%s)", (self._ddl_lock,))
 
@@ -848,6 +873,11 @@ class MysqlBackend(HoldersMixin[Any]):
                 return count
 
         return self.run("purge", op, deadline=MAINTENANCE_DEADLINE)
+
+
+def _for_server(ddl: str, mysql8: bool) -> str:
+    """``ddl`` with the key collation of the server (MariaDB's as written, or MySQL 8's)."""
+    return ddl.replace(NOPAD_MARIADB, NOPAD_MYSQL) if mysql8 else ddl
 
 
 def _batch(conn: Any, sql: str, params: dict[str, Any]) -> list[int]:
