@@ -103,6 +103,38 @@ class DblockAdapter:
         self.client.close()
 
 
+class DblockStatementsByHand:
+    """dblock's own acquire and release statements, sent by hand on one of its pooled MySQL
+    connections with one cursor: what dblock costs over them is its Python around them."""
+
+    def __init__(self, t: Targets, key: str) -> None:
+        import dblock
+
+        self.client = dblock.connect(t.mysql, table=t.table)
+        backend: Any = self.client._backend
+        self.conn = backend._checkout()
+        self.cur = self.conn.cursor()
+        self.acquire_sqls: tuple[str, ...] = backend._acquire_newcomer
+        self.release_sql: str = backend._release_plain
+        owner = f"by-hand:{uuid.uuid4().hex}"
+        self.params = {"key": key, "kind": "lock", "owner": owner, "ttl_us": 60_000_000}
+        self.token = 0
+
+    def acquire(self) -> None:
+        for sql in self.acquire_sqls:
+            if self.cur.execute(sql, self.params) in (1, 2):
+                self.token = int(self.cur.lastrowid)
+                return
+        raise RuntimeError("the key is held: (a) measures an uncontended key")
+
+    def release(self) -> None:
+        self.cur.execute(self.release_sql, {**self.params, "token": self.token})
+
+    def close(self) -> None:
+        self.conn.close()
+        self.client.close()
+
+
 def _dblock_for(backend: str, **options: Any) -> Factory:
     def make(t: Targets, key: str) -> LockAdapter:
         return DblockAdapter(t.url(backend), t.table, key, **options)
@@ -502,6 +534,16 @@ def all_contenders() -> list[Contender]:
         Contender("postgresql", "pg_advisory_lock", "floor", PgAdvisory, note="raw, psycopg 3")
     )
     c.append(Contender("mysql", "GET_LOCK", "floor", MyGetLock, note="raw, PyMySQL"))
+    c.append(
+        Contender(
+            "mysql",
+            "floor: dblock's SQL by hand",
+            "floor",
+            DblockStatementsByHand,
+            is_lock=False,
+            note="dblock's two statements without its Python",
+        )
+    )
     c.append(Contender("postgresql", "tooz", "peer", _tooz("postgresql"), note="psycopg2"))
     c.append(
         Contender(
