@@ -28,8 +28,8 @@ a client keeps at most ``MAX_BELLS`` bells; waiters beyond that poll.
 from __future__ import annotations
 
 import hashlib
-import os
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
