@@ -2,16 +2,28 @@
 
 A release issues no token, and the commit of any later acquisition, which waits for the disk,
 makes the release durable first (the log is written in order); a crash may undo only the
-latest releases, which leaves their locks held until their leases end.
+latest releases, which leaves their locks held until their leases end. A token a waiter is
+handed is on disk before the waiter has it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
+import select
+import subprocess
+import threading
 import time
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 import dblock
+from tests._private_mariadb import SLOW_MS, private_mariadb
 from tests._servers import POSTGRESQL_URL, raw_connect
+from tests._waiting import until
+from tests.conformance.test_processes import finish, worker
 
 PAIRS = 200
 
@@ -102,3 +114,78 @@ def test_sqlite_release_relaxes_sync_for_its_own_commit_only(tmp_path: Path) -> 
             written += 1
     assert (released, mode) == (3, "FULL")
     assert written >= 4
+
+
+@pytest.mark.slow
+def test_mysql_a_handed_over_token_survives_the_server_dying_as_the_waiter_gets_it(
+    tmp_path: Path,
+) -> None:
+    """InnoDB lets other sessions read a commit before it has written it to its log. A waiter
+    woken by a hand-over that took the lock from such a read could be left, after a crash,
+    holding a token the database no longer knows, and would see it issued again (a hold and a
+    token the server restart undid). Here each log write waits SLOW_MS while the holder
+    releases; the server is killed the moment the waiter has the lock."""
+    key = "k"
+    with private_mariadb(tmp_path) as db:
+        raw = raw_connect(db.url)
+        cur = raw.cursor()
+        cur.execute("CREATE TABLE slow_check (id INT PRIMARY KEY) ENGINE=InnoDB")
+        with db.slow_redo():
+            started = time.monotonic()
+            cur.execute("INSERT INTO slow_check VALUES (1)")
+            assert time.monotonic() - started >= SLOW_MS / 1000 * 0.9, "commits wait for the log"
+
+        with dblock.connect(db.url) as client:
+            first, holder = client.lock(key, ttl=30), client.lock(key, ttl=30)
+            assert first.acquire()
+            # the holder waits for the lock, and so keeps the key's bell: its release hands over
+            waited = threading.Thread(target=holder.acquire, daemon=True)
+            waited.start()
+            until(lambda: _queued(cur, 1), "the holder-to-be waits")
+            first.release()
+            waited.join(15)
+            held = holder.token
+            assert held is not None
+
+            waiter = worker("hold", db.url, "dblock_locks", key, "2", stdin=subprocess.PIPE)
+            try:
+                until(lambda: _queued(cur, 1), "the waiter waits")
+                time.sleep(0.5)  # asleep at the bell
+                with db.slow_redo():
+                    releasing = threading.Thread(target=_release_quietly, args=(holder,))
+                    releasing.start()
+                    assert waiter.stdout is not None
+                    ready, _, _ = select.select([waiter.stdout], [], [], 15)
+                    assert ready, "the waiter never got the lock"
+                    db.kill()
+                    told = json.loads(waiter.stdout.readline())
+                    handed, waiter_owner = told["token"], told["owner"]
+                releasing.join(15)
+            finally:
+                finish(waiter)
+        raw.close()
+        assert handed == held + 1
+
+        db.start()
+        raw = raw_connect(db.url)
+        cur = raw.cursor()
+        cur.execute("SELECT owner, token, note FROM dblock_locks WHERE lock_key = %s", (key,))
+        owner, token, note = cur.fetchone()
+        raw.close()
+        assert (owner, token) == (waiter_owner, handed), "the hand-over the waiter had is on disk"
+        assert note == str(held), "and was a hand-over"
+        with dblock.connect(db.url) as client:
+            after = client.lock(key, ttl=30)
+            assert after.acquire(timeout=10)  # once the waiter's 2 s lease has ended
+            assert after.token is not None and after.token > handed
+
+
+def _queued(cur: Any, n: int) -> bool:
+    cur.execute("SELECT count(*) FROM dblock_locks_holders WHERE waiting = 1")
+    return int(cur.fetchone()[0]) >= n
+
+
+def _release_quietly(lock: dblock.Lock) -> None:
+    """Release; the server may be killed meanwhile."""
+    with contextlib.suppress(dblock.DBLockError):
+        lock.release()

@@ -15,7 +15,7 @@ import subprocess
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from functools import cache
 from typing import Any
 
@@ -26,6 +26,7 @@ from dblock._url import parse_url
 from dblock.backends import _doorbell
 from dblock.backends.mysql import _HANDED, MysqlBackend, _batch
 from tests._servers import MYSQL_URL, drop_tables, raw_connect, require_server
+from tests._waiting import until
 from tests.conformance.test_processes import finish, worker
 
 pytestmark = pytest.mark.slow
@@ -89,17 +90,11 @@ def test_bells_of_equal_tables_in_two_databases_differ(table: str) -> None:
         qualified.close()
 
 
-def _until(predicate: Callable[[], bool], what: str, seconds: float = 15.0) -> None:
-    deadline = time.monotonic() + seconds
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting until {what}"
-        time.sleep(0.01)
-
-
 def _in_get_lock(cur: Any) -> list[int]:
     """Server sessions sleeping in a doorbell's GET_LOCK."""
     cur.execute(
-        "SELECT id FROM information_schema.processlist WHERE info LIKE 'SELECT GET_LOCK(%%'"
+        "SELECT id FROM information_schema.processlist WHERE info LIKE 'SELECT GET_LOCK(%%' "
+        "OR info LIKE 'SELECT IF(GET_LOCK(%%'"
     )
     return [int(row[0]) for row in cur.fetchall()]
 
@@ -151,7 +146,7 @@ def _taken_at_the_bell(table: str, key: str, raw: Any) -> _Waiter:
         first = client.lock(key, ttl=30)
         assert first.acquire()
         holder.start()
-        _until(lambda: _bell_user(raw, table, key) is not None, "the holder-to-be has the bell")
+        until(lambda: _bell_user(raw, table, key) is not None, "the holder-to-be has the bell")
         first.release()
     assert holder.acquired.wait(15) and holder.got
     return holder
@@ -163,7 +158,7 @@ def _holder_and_sleeping_waiter(table: str, raw: Any, timeout: float) -> tuple[_
     holder = _taken_at_the_bell(table, key, raw)
     waiter = _Waiter(table, key, timeout=timeout)
     waiter.start()
-    _until(lambda: bool(_in_get_lock(raw)), "the waiter sleeps at the bell")
+    until(lambda: bool(_in_get_lock(raw)), "the waiter sleeps at the bell")
     return holder, waiter
 
 
@@ -173,7 +168,7 @@ def _hold_at_the_bell(table: str, key: str, raw: Any, ttl: float) -> subprocess.
         first = client.lock(key, ttl=30)
         assert first.acquire(timeout=10)
         proc = worker("hold", MYSQL_URL, table, key, str(ttl), stdin=subprocess.PIPE)
-        _until(lambda: _bell_user(raw, table, key) is not None, "the worker waits at the bell")
+        until(lambda: _bell_user(raw, table, key) is not None, "the worker waits at the bell")
         first.release()
     return proc
 
@@ -186,7 +181,7 @@ def test_a_hold_taken_at_the_bell_keeps_it_until_released(table: str, raw: Any) 
         assert _bell_user(raw, table, key) is None, "a lock taken without waiting rings no bell"
         waiter = _Waiter(table, key)
         waiter.start()
-        _until(lambda: _bell_user(raw, table, key) is not None, "the waiter has the bell")
+        until(lambda: _bell_user(raw, table, key) is not None, "the waiter has the bell")
         first.release()
         assert waiter.acquired.wait(15) and waiter.got
         assert _bell_user(raw, table, key) is not None, "the hold let go of its bell"
@@ -205,7 +200,7 @@ def test_waiters_sleep_in_the_server_and_are_served_in_order(table: str, raw: An
     for n in range(1, 5):
         waiters.append(_Waiter(table, key, timeout=60))
         waiters[-1].start()
-        _until(lambda n=n: len(_in_get_lock(raw)) == n, "the waiter sleeps")
+        until(lambda n=n: len(_in_get_lock(raw)) == n, "the waiter sleeps")
     before = _questions(raw)
     time.sleep(3.0)
     asked = _questions(raw) - before - 1  # minus our own SHOW STATUS
@@ -235,7 +230,7 @@ def test_sigkilled_bell_holder_frees_the_bell_and_its_lease_still_binds(
         assert bell is not None
         waiter = _Waiter(table, key, ttl=30, timeout=30)
         waiter.start()
-        _until(lambda: bool(_in_get_lock(raw)), "the waiter sleeps at the bell")
+        until(lambda: bool(_in_get_lock(raw)), "the waiter sleeps at the bell")
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
         with dblock.connect(MYSQL_URL, table=table) as client:
@@ -266,7 +261,7 @@ def test_sigstopped_bell_holder_is_taken_over_after_its_lease(table: str, raw: A
         proc.stdin.write("go\n")
         proc.stdin.flush()
         assert json.loads(proc.stdout.readline()) == {"renew": "LockLost", "release": "LockLost"}
-        _until(lambda: _bell_user(raw, table, key) is None, "the thawed holder lets go")
+        until(lambda: _bell_user(raw, table, key) is None, "the thawed holder lets go")
         waiter.release.set()
         waiter.join(15)
     finally:
@@ -322,16 +317,16 @@ def test_a_waiter_frozen_at_the_bell_is_handed_the_lock_and_holds_up_the_rest_no
     holder = _taken_at_the_bell(table, key, raw)
     frozen = worker("hold", MYSQL_URL, table, key, "30", stdin=subprocess.PIPE)
     try:
-        _until(lambda: len(_in_get_lock(raw)) == 1, "the worker sleeps at the bell")
+        until(lambda: len(_in_get_lock(raw)) == 1, "the worker sleeps at the bell")
         frozen.send_signal(signal.SIGSTOP)
         behind = _Waiter(table, key, timeout=40)
         behind.start()
-        _until(lambda: len(_in_get_lock(raw)) == 2, "a second waiter sleeps at the bell")
+        until(lambda: len(_in_get_lock(raw)) == 2, "a second waiter sleeps at the bell")
         held = holder.lock.token
         holder.release.set()
         holder.join(15)
         with dblock.connect(MYSQL_URL, table=table) as client:
-            _until(lambda: client.info(key) is not None, "the lock is handed over")
+            until(lambda: client.info(key) is not None, "the lock is handed over")
             info = client.info(key)
             assert info is not None and held is not None and info.token == held + 1
             assert not behind.acquired.is_set(), "handed to the frozen waiter, not the next"
@@ -385,7 +380,7 @@ def test_the_hand_over_goes_to_the_waiter_the_bell_wakes_not_the_queues_head(
                 target=lambda: rang.append(_get_lock(b_conn, bell)), daemon=True
             )
             sleeper.start()
-            _until(lambda: bool(_in_get_lock(raw)), "b sleeps at the bell")
+            until(lambda: bool(_in_get_lock(raw)), "b sleeps at the bell")
             params = {"key": key, "owner": "a", "token": held, "bell": bell}
             counts = _batch(a_conn, backend._hand_over, params)
             assert counts[_HANDED] == 1
@@ -477,11 +472,11 @@ def test_a_bell_connection_that_died_idle_is_replaced_not_given_up(table: str, r
         idle = [conn.thread_id() for conn, _ in backend._bells._idle]
         assert len(idle) == 1
         raw.execute(f"KILL {idle[0]}")  # as a server restart would
-        _until(lambda: not _session_alive(raw, idle[0]), "the killed session is gone")
+        until(lambda: not _session_alive(raw, idle[0]), "the killed session is gone")
         got: list[bool] = []
         waiter = threading.Thread(target=lambda: got.append(client.lock(key).acquire(timeout=30)))
         waiter.start()
-        _until(lambda: bool(_in_get_lock(raw)), "the next waiter sleeps at the bell again")
+        until(lambda: bool(_in_get_lock(raw)), "the next waiter sleeps at the bell again")
         holder.release.set()
         waiter.join(30)
         assert got == [True]
@@ -504,7 +499,7 @@ def test_a_newcomer_to_a_busy_key_joins_its_queue_without_waiting_for_its_row(
         assert held.acquire()
         first = _Waiter(table, key)  # its entry marks the key's queue busy
         first.start()
-        _until(lambda: _waiting(raw, table) == 1, "the first waiter queued")
+        until(lambda: _waiting(raw, table) == 1, "the first waiter queued")
         newcomer = b.lock(key, ttl=30, timeout=30)
         assert not newcomer.acquire(blocking=False), "the key is held"
         got: list[bool] = []
@@ -520,7 +515,7 @@ def test_a_newcomer_to_a_busy_key_joins_its_queue_without_waiting_for_its_row(
             cur.execute("START TRANSACTION")
             cur.execute(f"SELECT owner FROM `{table}` WHERE lock_key = %s FOR UPDATE", (key,))
             waiting.start()
-            _until(lambda: _waiting(raw, table) == 2, "the newcomer queued, the row still locked")
+            until(lambda: _waiting(raw, table) == 2, "the newcomer queued, the row still locked")
         finally:
             blocker.rollback()
             blocker.close()

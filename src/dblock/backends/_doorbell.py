@@ -10,9 +10,12 @@ order they asked. dblock uses one user lock per key as a doorbell, never as the 
   the lease, which wakes the next waiter at the bell, and only that one, and hands the lock
   to that waiter in the same commit (the lease row gets the new owner and token) if its queue
   entry names its bell's connection (see MysqlBackend._build_hand_over).
-- Whoever gets the bell reads the lease row, a statement sent with its GET_LOCK in one packet
-  (a locking read: it waits for a release that is committing). Handed the lock, it holds it,
-  and keeps the bell for as long as it does. Free, it tries at once. Handed to another waiter
+- Whoever gets the bell first passes the key's gate, then reads the lease row: statements sent
+  with its GET_LOCK in one packet. A release holds the gate from before it lets go of the bell
+  until its commit is on disk: InnoDB lets others read a commit before that (it releases row
+  locks before it writes the log), and a hand-over read then could be undone by a server crash,
+  and its token issued again. Handed the lock, it holds it, and keeps the bell for as long as
+  it does. Free, it tries at once. Handed to another waiter
   (whose bell's connection changed, say), it passes the bell on and waits for it again, a
   little later each time.
 - A holder that took a free lock without waiting has no bell: the first waiter gets the bell
@@ -51,6 +54,11 @@ _STATEMENT_SLACK = 5.0  # the watchdog's margin over a GET_LOCK's own timeout
 LEASE_MARGIN = 0.02  # a waiter wakes this long after the lease it saw should have ended
 FAST_FAILURE = 0.5  # a GET_LOCK that fails sooner found its connection dead, not the server
 PASS_PAUSE = 0.001  # the first pause before asking again for a bell passed on
+#: the key's gate is the user lock named by its bell's name and this (SQL: CONCAT(bell, GATE))
+GATE = ":durable"
+#: the longest a waiter that has the bell waits at the gate (a commit's disk write); beyond it,
+#: it takes a lock handed to it with a write of its own, whose commit follows that one's
+GATE_WAIT = 2.0
 T = TypeVar("T")
 
 
@@ -311,14 +319,15 @@ class Doorbell:
                 self._drop()
                 self._broken = True
                 return False
-        if rang is None or rang[0] != 1:
-            return False  # timed out (0), or an error (NULL): poll once, then sleep again
+        if rang is None or rang[0] not in (1, 2):
+            return False  # timed out (0), or an error: poll once, then sleep again
         self.has_bell = True
-        return self._answer(row)
+        return self._answer(row, durable=rang[0] == 2)
 
-    def _answer(self, row: Any) -> bool:
+    def _answer(self, row: Any, *, durable: bool) -> bool:
         """Having the bell, and ``row`` from the granted read: was the lock handed to us, is
-        it free, or whose turn is it?"""
+        it free, or whose turn is it? ``durable``: the read came after the gate, so a
+        hand-over it saw is on disk."""
         if row is not None and row[0] == 0 and row[1] == 1:
             # handed to a waiter behind us at the bell (its bell's connection changed since it
             # queued, say): pass the bell on, to it
@@ -331,9 +340,13 @@ class Doorbell:
                 self._passing = Backoff(PASS_PAUSE, self._bells.max_poll)
             return False
         self._passing = None
-        if row is not None and row[0] == 1:
+        if row is not None and row[0] == 1 and durable:
             self.granted = int(row[1])
             self.won = True  # the bell stays with the hold (the acquire takes the grant)
+        elif row is not None and row[0] == 1:
+            # handed to us, but maybe not on disk yet: the acquire looks, and takes it again
+            # with a commit of its own (which the server writes after the hand-over's)
+            self.rung = False
         else:
             self.rung = row is None  # free: try at once; taken: look before trying
         return True
@@ -346,14 +359,27 @@ class Doorbell:
             return None
 
     def _get_lock(self, seconds: float) -> tuple[Any, Any]:
-        """GET_LOCK(bell, seconds) on this waiter's connection (made if it has none), and the
-        granted read, sent in the same packet: the server runs the read the moment GET_LOCK
-        returns, without a round trip to the client between them (whose result is ignored
-        unless GET_LOCK returned 1). Each statement is a transaction of its own, reading the
-        clock when it starts."""
-        sql = "SELECT GET_LOCK(%(name)s, %(s)s);\n" + self._bells.granted_sql
-        params = {"name": self.name, "s": seconds, "key": self.key, "owner": self.owner}
-        rang, row = self._run(sql, params, seconds=seconds, results=2)
+        """GET_LOCK(bell, seconds) on this waiter's connection (made if it has none), then,
+        if it got the bell, a pass through the gate (GET_LOCK and RELEASE_LOCK of the gate,
+        waiting at most GATE_WAIT), and the granted read: sent in one packet, so the server
+        runs each the moment the one before returns, without a round trip to the client
+        between them. The first result is 2 if the bell was had and the gate passed, 1 if
+        only the bell, 0 if neither (the read's result is ignored then). Each statement is a
+        transaction of its own, reading the clock when it starts."""
+        gate = f"CONCAT(%(name)s, '{GATE}')"
+        sql = (
+            "SELECT IF(GET_LOCK(%(name)s, %(s)s) = 1,\n"
+            f"    1 + IF(GET_LOCK({gate}, %(g)s) = 1, RELEASE_LOCK({gate}), 0), 0);\n"
+            + self._bells.granted_sql
+        )
+        params = {
+            "name": self.name,
+            "s": seconds,
+            "g": GATE_WAIT,
+            "key": self.key,
+            "owner": self.owner,
+        }
+        rang, row = self._run(sql, params, seconds=seconds + GATE_WAIT, results=2)
         return rang, row
 
     def _connection(self) -> Any:

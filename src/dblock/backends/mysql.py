@@ -39,7 +39,7 @@ from pymysql.constants import CLIENT
 from .._errors import ConfigurationError
 from .._types import Kind, LockInfo
 from .._url import DatabaseURL
-from ._doorbell import BELL_IDLE, FAILED, Bells
+from ._doorbell import BELL_IDLE, FAILED, GATE, Bells
 from ._holders import HoldersMixin, Rows
 from ._names import aux_name, qualify
 from ._protocol import Subscription
@@ -50,7 +50,7 @@ NOW = "UTC_TIMESTAMP(6)"
 # (MySQL 4031), commands out of sync after an interrupted read
 _DISCONNECT = {2006, 2013, 2055, 1927, 1053, 4031, 2014, 0}
 _TRANSIENT = {1213, 1205}  # deadlock, lock wait timeout (PITFALLS 6)
-_HANDED = 4  # the statement of MysqlBackend._hand_over whose affected rows tell the outcome
+_HANDED = 5  # the statement of MysqlBackend._hand_over whose affected rows tell the outcome
 #: keys this client remembers having found busy (forgotten all at once beyond this many)
 _BUSY_KEYS = 1024
 #: a queue mark seen this much longer than a new entry needs is left alone (clock drift,
@@ -383,28 +383,34 @@ class MysqlBackend(HoldersMixin[Any]):
         self._release_plain = f"UPDATE {t} SET owner = NULL, expires_at = {NOW} WHERE {live}"
         # key owner token bell -> one transaction, sent as one packet, whose UPDATE (statement
         # _HANDED) changes one row if the live hold was ended (handed over or freed). It locks
-        # the lock's row, then lets go of the bell: the server gives the bell to the waiter
-        # that asked for it first, at once, and that waiter's read of the lease row waits for
-        # this commit, whose disk flush its wake-up overlaps. The lock goes to that waiter,
-        # found by its bell's connection id (IS_USED_LOCK; ids are compared in 32 bits, as the
-        # connection handshake gives them), if it has a live queue entry that takes hand-overs:
-        # the next token, and a lease of its own, but no longer than its queue entry's (a
-        # waiter that died or froze holds it up no longer than its place in the queue would);
-        # its entry goes. `note` keeps the token that handed it over, for a retried release,
-        # and tells a waiter at the bell that the holder was handed the lock (so it waits for
-        # the bell). Otherwise the lock is freed. The SELECTs aggregate so that they always
-        # set their variables, even where no row matches.
+        # the lock's row, takes the key's gate (see _doorbell.py), then lets go of the bell:
+        # the server gives the bell to the waiter that asked for it first, at once, and that
+        # waiter's pass through the gate waits for this commit to be on disk (InnoDB lets
+        # other sessions read a commit, and releases its row locks, before it writes the log:
+        # a hand-over read sooner could be undone by a server crash, and its token issued
+        # again); its wake-up overlaps the rest of the transaction. The lock goes to that
+        # waiter, found by its bell's connection id (IS_USED_LOCK; ids are compared in 32 bits,
+        # as the connection handshake gives them), if it has a live queue entry that takes
+        # hand-overs, and the gate was had: the next token, and a lease of its own, but no
+        # longer than its queue entry's (a waiter that died or froze holds it up no longer
+        # than its place in the queue would); its entry goes. `note` keeps the token that
+        # handed it over, for a retried release, and tells a waiter at the bell that the
+        # holder was handed the lock (so it waits for the bell). Otherwise the lock is freed.
+        # The SELECTs aggregate so that they always set their variables, even where no row
+        # matches. The gate is let go of after the COMMIT, which returns once on disk.
         given = "@dblock_h IS NOT NULL"
+        gate = f"CONCAT(%(bell)s, '{GATE}')"
         self._hand_over = (
             "START TRANSACTION;\n"
             "SELECT COALESCE(MAX(IF(kind = 'lock', 2, 1)), 0) INTO @dblock_r\n"
             f"FROM {t} WHERE {live} FOR UPDATE;\n"
+            f"SELECT GET_LOCK({gate}, 0) INTO @dblock_g;\n"
             "DO RELEASE_LOCK(%(bell)s);\n"
             "SELECT MAX(holder), MAX(LEAST("
             f"{NOW} + INTERVAL ROUND(lease * 1000000) MICROSECOND, expires_at))\n"
             f"INTO @dblock_h, @dblock_until FROM {holders} WHERE @dblock_r = 2 AND\n"
-            "    lock_key = %(key)s AND waiting = 1 AND kind = 'lock' AND lease IS NOT NULL AND\n"
-            f"    holder <> %(owner)s AND expires_at > {NOW} AND\n"
+            "    @dblock_g = 1 AND lock_key = %(key)s AND waiting = 1 AND kind = 'lock' AND\n"
+            f"    lease IS NOT NULL AND holder <> %(owner)s AND expires_at > {NOW} AND\n"
             "    bell = IS_USED_LOCK(%(bell)s) & 4294967295 FOR UPDATE;\n"
             f"UPDATE {t} SET owner = @dblock_h,\n"
             f"    token = IF({given}, token + 1, token),\n"
@@ -414,8 +420,10 @@ class MysqlBackend(HoldersMixin[Any]):
             "WHERE @dblock_r > 0 AND lock_key = %(key)s;\n"
             f"DELETE FROM {holders} WHERE lock_key = %(key)s AND holder = @dblock_h\n"
             "    AND waiting = 1;\n"
-            "COMMIT"
+            "COMMIT;\n"
+            f"DO RELEASE_LOCK({gate})"
         )
+        self._let_go_gate = f"DO RELEASE_LOCK({gate})"
         # key owner -> the token of owner's live plain-lock hold (a waiter leaving the queue
         # finds whether a release handed the lock to it)
         self._handed_to = (
@@ -749,9 +757,16 @@ class MysqlBackend(HoldersMixin[Any]):
         return self.run("release", op, key=params["key"])
 
     def _hand_over_on(self, conn: Any, params: dict[str, Any]) -> int:
-        """Run the hand-over release (key owner token) on ``conn``; 1 if the hold was ended."""
+        """Run the hand-over release (key owner token) on ``conn``; 1 if the hold was ended.
+        A failure partway leaves the gate held by ``conn``: it is let go of (a connection
+        that cannot is closed by the caller, which frees it)."""
         bell = self._bells.name(params["key"])
-        return _batch(conn, self._hand_over, {**params, "bell": bell})[_HANDED]
+        try:
+            return _batch(conn, self._hand_over, {**params, "bell": bell})[_HANDED]
+        except Exception:
+            with contextlib.suppress(Exception):
+                _batch(conn, self._let_go_gate, {"bell": bell})
+            raise
 
     def subscribe(self, key: str, owner: str, queue: str | None = None) -> Subscription:
         """A doorbell for a plain lock's waiter (see _doorbell.py); others poll."""

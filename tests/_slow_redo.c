@@ -1,0 +1,45 @@
+/* LD_PRELOAD shim for a private MariaDB server in tests (see tests/_private_mariadb.py): while
+ * the file named by $SLOW_REDO_FLAG exists, every write to the InnoDB redo log (ib_logfile*)
+ * waits $SLOW_REDO_MS milliseconds first. A commit then sits in memory, visible to the other
+ * sessions, long enough for a test to kill the server before the commit reaches the log file:
+ * what a crash at that instant would lose. */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/types.h>
+#include <sys/uio.h>
+#include <time.h>
+#include <unistd.h>
+
+static int is_redo(int fd) {
+    char link[64], path[1024];
+    snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+    ssize_t n = readlink(link, path, sizeof path - 1);
+    if (n <= 0) return 0;
+    path[n] = 0;
+    return strstr(path, "ib_logfile") != NULL;
+}
+
+static void maybe_wait(int fd) {
+    const char *flag = getenv("SLOW_REDO_FLAG");
+    const char *ms = getenv("SLOW_REDO_MS");
+    if (flag == NULL || access(flag, F_OK) != 0 || !is_redo(fd)) return;
+    long wait_ms = ms ? atol(ms) : 300;
+    struct timespec ts = {wait_ms / 1000, (wait_ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+#define WRAP(name, ret, params, args)                                \
+    ret name params {                                                \
+        static ret(*real) params;                                    \
+        if (!real) real = (ret(*) params)dlsym(RTLD_NEXT, #name);    \
+        maybe_wait(fd);                                              \
+        return real args;                                            \
+    }
+
+WRAP(write, ssize_t, (int fd, const void *buf, size_t n), (fd, buf, n))
+WRAP(pwrite, ssize_t, (int fd, const void *buf, size_t n, off_t off), (fd, buf, n, off))
+WRAP(pwrite64, ssize_t, (int fd, const void *buf, size_t n, off_t off), (fd, buf, n, off))
+WRAP(pwritev, ssize_t, (int fd, const struct iovec *iov, int cnt, off_t off), (fd, iov, cnt, off))
