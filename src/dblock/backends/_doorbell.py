@@ -100,8 +100,10 @@ class Bells:
         self.watchdog = watchdog
         self.abort = abort
         self.max_poll = max_poll
-        #: one GET_LOCK's sleep: within the driver's read timeout, which would end it early
-        self.ring_wait = min(RING_WAIT, read_timeout / 2)
+        #: one GET_LOCK's sleep, and the wait at the gate after it: together within the
+        #: driver's read timeout, which would end them early
+        self.ring_wait = min(RING_WAIT, read_timeout / 3)
+        self.gate_wait = min(GATE_WAIT, read_timeout / 3)
         self._mutex = _forksafe.lock()
         self._idle: list[tuple[Any, float]] = []  # (connection, when it was put back)
         self._waiting: dict[tuple[str, str], Doorbell] = {}
@@ -361,7 +363,7 @@ class Doorbell:
     def _get_lock(self, seconds: float) -> tuple[Any, Any]:
         """GET_LOCK(bell, seconds) on this waiter's connection (made if it has none), then,
         if it got the bell, a pass through the gate (GET_LOCK and RELEASE_LOCK of the gate,
-        waiting at most GATE_WAIT), and the granted read: sent in one packet, so the server
+        waiting at most ``gate_wait``), and the granted read: sent in one packet, so the server
         runs each the moment the one before returns, without a round trip to the client
         between them. The first result is 2 if the bell was had and the gate passed, 1 if
         only the bell, 0 if neither (the read's result is ignored then). Each statement is a
@@ -375,11 +377,11 @@ class Doorbell:
         params = {
             "name": self.name,
             "s": seconds,
-            "g": GATE_WAIT,
+            "g": self._bells.gate_wait,
             "key": self.key,
             "owner": self.owner,
         }
-        rang, row = self._run(sql, params, seconds=seconds + GATE_WAIT, results=2)
+        rang, row = self._run(sql, params, seconds=seconds + self._bells.gate_wait, results=2)
         return rang, row
 
     def _connection(self) -> Any:
