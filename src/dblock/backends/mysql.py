@@ -432,7 +432,8 @@ class MysqlBackend(HoldersMixin[Any]):
         )
         # key owner -> (1, token) if owner holds the lock, (0, handed) if another does: handed
         # is 1 if a release handed it to that one; no row if it is free. A locking read: it
-        # waits for a release that is committing, and reads what it committed.
+        # waits for a release that is committing, and reads what it committed (a waiter asks
+        # it after the gate, which also waits for that commit to be on disk).
         self._granted = (
             f"SELECT owner = %(owner)s, IF(owner = %(owner)s, token, note IS NOT NULL) FROM {t} "
             f"WHERE lock_key = %(key)s AND owner IS NOT NULL AND expires_at > {NOW} "
