@@ -22,7 +22,7 @@ import pytest
 from tests._servers import REQUIRE_SERVERS, raw_connect, reachable
 
 SHIM_SOURCE = Path(__file__).with_name("_slow_redo.c")
-#: how long each redo log write waits while the server is slow, milliseconds
+#: how long each redo log write waits while the server is slow, milliseconds (by default)
 SLOW_MS = 300
 
 
@@ -62,7 +62,6 @@ class PrivateMariaDB:
             **os.environ,
             "LD_PRELOAD": str(self._shim),
             "SLOW_REDO_FLAG": str(self._flag),
-            "SLOW_REDO_MS": str(SLOW_MS),
         }
         user = ["--user=root"] if os.geteuid() == 0 else []
         self._proc = subprocess.Popen(
@@ -96,9 +95,9 @@ class PrivateMariaDB:
             self._proc.wait(30)
 
     @contextlib.contextmanager
-    def slow_redo(self) -> Iterator[None]:
-        """Within: every redo log write waits SLOW_MS first."""
-        self._flag.touch()
+    def slow_redo(self, ms: int = SLOW_MS) -> Iterator[None]:
+        """Within: every redo log write waits ``ms`` milliseconds first."""
+        self._flag.write_text(str(ms))
         try:
             yield
         finally:

@@ -1,8 +1,8 @@
 /* LD_PRELOAD shim for a private MariaDB server in tests (see tests/_private_mariadb.py): while
  * the file named by $SLOW_REDO_FLAG exists, every write to the InnoDB redo log (ib_logfile*)
- * waits $SLOW_REDO_MS milliseconds first. A commit then sits in memory, visible to the other
- * sessions, long enough for a test to kill the server before the commit reaches the log file:
- * what a crash at that instant would lose. */
+ * waits first, as many milliseconds as the file says. A commit then sits in memory, visible to
+ * the other sessions, long enough for a test to kill the server before the commit reaches the
+ * log file: what a crash at that instant would lose. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <stdio.h>
@@ -24,9 +24,12 @@ static int is_redo(int fd) {
 
 static void maybe_wait(int fd) {
     const char *flag = getenv("SLOW_REDO_FLAG");
-    const char *ms = getenv("SLOW_REDO_MS");
-    if (flag == NULL || access(flag, F_OK) != 0 || !is_redo(fd)) return;
-    long wait_ms = ms ? atol(ms) : 300;
+    if (flag == NULL || !is_redo(fd)) return;
+    FILE *f = fopen(flag, "r");
+    if (f == NULL) return;
+    long wait_ms = 0;
+    if (fscanf(f, "%ld", &wait_ms) != 1) wait_ms = 0;
+    fclose(f);
     struct timespec ts = {wait_ms / 1000, (wait_ms % 1000) * 1000000L};
     nanosleep(&ts, NULL);
 }
