@@ -120,6 +120,7 @@ def scenario_a(cs: list[Contender], t: Targets, b: Budget) -> dict[str, Any]:
         v["pairs_per_s"] = workload.median(rates)
         v["min"] = min(rates) if rates else math.nan
         v["max"] = max(rates) if rates else math.nan
+        v["cpu_us_per_pair"] = workload.median([x["cpu_us_per_pair"] for x in v["repeats"]])
     return out
 
 
@@ -462,9 +463,9 @@ def markdown(report: dict[str, Any]) -> str:
         lines += ["### (a) uncontended acquire+release, one process", ""]
         lines.append(
             "| backend | contender | pairs/s | range | vs 2×SELECT 1 | vs 1×SELECT 1 "
-            "| vs lock-table floor |"
+            "| vs lock-table floor | client CPU µs/pair |"
         )
-        lines.append("|---|---|---:|---:|---:|---:|---:|")
+        lines.append("|---|---|---:|---:|---:|---:|---:|---:|")
         for cid, v in _ordered(res["a"], kinds):
             backend, name = cid.split("/", 1)
             x2 = _by_name(
@@ -490,7 +491,7 @@ def markdown(report: dict[str, Any]) -> str:
             )
             lines.append(
                 f"| {backend} | {name} | {_f(rate)} | {rng} | {ratio(x2)} | {ratio(x1)} "
-                f"| {ratio(fl)} |"
+                f"| {ratio(fl)} | {_f(v.get('cpu_us_per_pair', math.nan))} |"
             )
         lines.append("")
     if "b" in res:

@@ -44,7 +44,8 @@ def uncontended_interleaved(
 ) -> dict[str, dict[str, Any]]:
     """(a) for several contenders in one process, interleaved in short slices (order rotated
     every slice), so that the machine's slow drifts (a neighbour's load, CPU frequency) fall on
-    every contender alike. ``duration`` seconds of measurement per contender."""
+    every contender alike. ``duration`` seconds of measurement per contender. Each contender's
+    pairs/s, and the process CPU time it spent per pair."""
     adapters: dict[str, LockAdapter] = {}
     out: dict[str, dict[str, Any]] = {}
     for c in cs:
@@ -54,7 +55,7 @@ def uncontended_interleaved(
                 adapter.acquire()
                 adapter.release()
             adapters[c.id] = adapter
-            out[c.id] = {"ops": 0, "seconds": 0.0}
+            out[c.id] = {"ops": 0, "seconds": 0.0, "cpu_seconds": 0.0}
         except Exception as exc:  # reported per contender
             out[c.id] = {"error": f"{type(exc).__name__}: {exc}".splitlines()[0]}
     try:
@@ -63,7 +64,7 @@ def uncontended_interleaved(
                 adapter, res = adapters[cid], out[cid]
                 if res["ops"] >= max_ops:
                     continue
-                n, start = 0, time.perf_counter()
+                n, cpu, start = 0, time.process_time(), time.perf_counter()
                 end = start + slice_s
                 while True:
                     adapter.acquire()
@@ -73,12 +74,16 @@ def uncontended_interleaved(
                         break
                 res["ops"] += n
                 res["seconds"] += time.perf_counter() - start
+                res["cpu_seconds"] += time.process_time() - cpu
     finally:
         for adapter in adapters.values():
             _close(adapter)
     for res in out.values():
         if "error" not in res:
             res["pairs_per_s"] = res["ops"] / res["seconds"]
+            # the client process's CPU time (all its threads), per pair: where a contender
+            # spends its time when it is not waiting for the server
+            res["cpu_us_per_pair"] = res["cpu_seconds"] / res["ops"] * 1e6
     return out
 
 
