@@ -145,13 +145,18 @@ def test_mysql_a_handed_over_token_survives_the_server_dying_as_the_waiter_gets_
         with dblock.connect(db.url) as client:
             first, holder = client.lock(key, ttl=30), client.lock(key, ttl=30)
             assert first.acquire()
-            # the holder waits for the lock, and so keeps the key's bell: its release hands over
-            waited = threading.Thread(target=holder.acquire, daemon=True)
-            waited.start()
+            # the holder waits for the lock, and so keeps the key's bell: its release (in the
+            # thread that acquired, as a hold is its thread's) hands over
+            tokens: list[int | None] = []
+            release = threading.Event()
+            holding = threading.Thread(
+                target=_hold_until, args=(holder, release, tokens), daemon=True
+            )
+            holding.start()
             until(lambda: _queued(cur, 1), "the holder-to-be waits")
             first.release()
-            waited.join(15)
-            held = holder.token
+            until(lambda: bool(tokens), "the holder has the lock")
+            held = tokens[0]
             assert held is not None
 
             url = db.url + waiter_query
@@ -160,15 +165,14 @@ def test_mysql_a_handed_over_token_survives_the_server_dying_as_the_waiter_gets_
                 until(lambda: _queued(cur, 1), "the waiter waits")
                 time.sleep(0.5)  # asleep at the bell
                 with db.slow_redo(slow_ms):
-                    releasing = threading.Thread(target=_release_quietly, args=(holder,))
-                    releasing.start()
+                    release.set()
                     assert waiter.stdout is not None
                     ready, _, _ = select.select([waiter.stdout], [], [], 15)
                     assert ready, "the waiter never got the lock"
                     db.kill()
                     told = json.loads(waiter.stdout.readline())
                     handed, waiter_owner = told["token"], told["owner"]
-                releasing.join(15)
+                holding.join(15)
             finally:
                 finish(waiter)
         raw.close()
@@ -194,7 +198,10 @@ def _queued(cur: Any, n: int) -> bool:
     return int(cur.fetchone()[0]) >= n
 
 
-def _release_quietly(lock: dblock.Lock) -> None:
-    """Release; the server may be killed meanwhile."""
-    with contextlib.suppress(dblock.DBLockError):
+def _hold_until(lock: dblock.Lock, release: threading.Event, tokens: list[int | None]) -> None:
+    """Acquire, tell the token, release once told to (the server may be killed meanwhile)."""
+    assert lock.acquire(timeout=15)
+    tokens.append(lock.token)
+    release.wait(30)
+    with contextlib.suppress(dblock.BackendError, dblock.LockLost):
         lock.release()
