@@ -1,6 +1,7 @@
-/* LD_PRELOAD shim for a private MariaDB server in tests (see tests/_private_mariadb.py): while
- * the file named by $SLOW_REDO_FLAG exists, every write to the InnoDB redo log (ib_logfile*)
- * waits first, as many milliseconds as the file says. A commit then sits in memory, visible to
+/* LD_PRELOAD shim for the private database servers of tests (see tests/_private_servers.py):
+ * while the file named by $SLOW_REDO_FLAG exists, every write to a file whose path contains
+ * $SLOW_REDO_MATCH (the server's log: "ib_logfile", "pg_wal/") waits first, as many
+ * milliseconds as the file says. A commit then sits in memory, visible to
  * the other sessions, long enough for a test to kill the server before the commit reaches the
  * log file: what a crash at that instant would lose. */
 #define _GNU_SOURCE
@@ -19,7 +20,8 @@ static int is_redo(int fd) {
     ssize_t n = readlink(link, path, sizeof path - 1);
     if (n <= 0) return 0;
     path[n] = 0;
-    return strstr(path, "ib_logfile") != NULL;
+    const char *match = getenv("SLOW_REDO_MATCH");
+    return match != NULL && strstr(path, match) != NULL;
 }
 
 static void maybe_wait(int fd) {

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 import dblock
-from tests._private_mariadb import SLOW_MS, private_mariadb
+from tests._private_servers import SLOW_MS, PrivateServer, private_mariadb, private_postgresql
 from tests._servers import POSTGRESQL_URL, raw_connect
 from tests._waiting import until
 from tests.conformance.test_processes import finish, worker
@@ -128,69 +128,87 @@ def test_mysql_a_handed_over_token_survives_the_server_dying_as_the_waiter_gets_
     """InnoDB lets other sessions read a commit before it has written it to its log. A waiter
     woken by a hand-over that took the lock from such a read could be left, after a crash,
     holding a token the database no longer knows, and would see it issued again (a hold and a
-    token the server restart undid). Here each log write waits ``slow_ms`` while the holder
-    releases; the server is killed the moment the waiter has the lock. A waiter whose wait at
-    the gate runs out first (a third of its read timeout: 1 s) must not take the hand-over it
-    reads: it takes the lock again with a commit of its own."""
-    key = "k"
+    token the server restart undid). A waiter whose wait at the gate runs out first (a third
+    of its read timeout: 1 s) must not take the hand-over it reads: it takes the lock again
+    with a commit of its own."""
     with private_mariadb(tmp_path) as db:
-        raw = raw_connect(db.url)
-        cur = raw.cursor()
-        cur.execute("CREATE TABLE slow_check (id INT PRIMARY KEY) ENGINE=InnoDB")
-        with db.slow_redo(slow_ms):
-            started = time.monotonic()
-            cur.execute("INSERT INTO slow_check VALUES (1)")
-            assert time.monotonic() - started >= slow_ms / 1000 * 0.9, "commits wait for the log"
+        held, handed, note = _crash_as_the_waiter_gets_it(db, slow_ms, waiter_query)
+    # handed over; or handed over, then taken again by the waiter's own write
+    assert handed == held + (1 if gated else 2)
+    assert note == (str(held) if gated else None), "the hold on disk came by a hand-over"
 
-        with dblock.connect(db.url) as client:
-            first, holder = client.lock(key, ttl=30), client.lock(key, ttl=30)
-            assert first.acquire()
-            # the holder waits for the lock, and so keeps the key's bell: its release (in the
-            # thread that acquired, as a hold is its thread's) hands over
-            tokens: list[int | None] = []
-            release = threading.Event()
-            holding = threading.Thread(
-                target=_hold_until, args=(holder, release, tokens), daemon=True
-            )
-            holding.start()
-            until(lambda: _queued(cur, 1), "the holder-to-be waits")
-            first.release()
-            until(lambda: bool(tokens), "the holder has the lock")
-            held = tokens[0]
-            assert held is not None
 
-            url = db.url + waiter_query
-            waiter = worker("hold", url, "dblock_locks", key, "2", stdin=subprocess.PIPE)
-            try:
-                until(lambda: _queued(cur, 1), "the waiter waits")
-                time.sleep(0.5)  # asleep at the bell
-                with db.slow_redo(slow_ms):
-                    release.set()
-                    assert waiter.stdout is not None
-                    ready, _, _ = select.select([waiter.stdout], [], [], 15)
-                    assert ready, "the waiter never got the lock"
-                    db.kill()
-                    told = json.loads(waiter.stdout.readline())
-                    handed, waiter_owner = told["token"], told["owner"]
-                holding.join(15)
-            finally:
-                finish(waiter)
-        raw.close()
-        # handed over; or handed over, then taken again by the waiter's own write
-        assert handed == held + (1 if gated else 2)
+@pytest.mark.slow
+def test_postgresql_a_handed_over_token_survives_the_server_dying_as_the_waiter_gets_it() -> None:
+    """PostgreSQL shows a commit to other sessions, and sends its NOTIFY, only once it is on
+    disk (dblock's token-issuing statements commit with synchronous_commit=on)."""
+    with private_postgresql() as db:
+        held, handed, _ = _crash_as_the_waiter_gets_it(db, SLOW_MS, "")
+    assert handed == held + 1
 
-        db.start()
-        raw = raw_connect(db.url)
-        cur = raw.cursor()
-        cur.execute("SELECT owner, token, note FROM dblock_locks WHERE lock_key = %s", (key,))
-        owner, token, note = cur.fetchone()
-        raw.close()
-        assert (owner, token) == (waiter_owner, handed), "the hold the waiter had is on disk"
-        assert note == (str(held) if gated else None)
-        with dblock.connect(db.url) as client:
-            after = client.lock(key, ttl=30)
-            assert after.acquire(timeout=10)  # once the waiter's 2 s lease has ended
-            assert after.token is not None and after.token > handed
+
+def _crash_as_the_waiter_gets_it(
+    db: PrivateServer, slow_ms: int, waiter_query: str
+) -> tuple[int, int, str | None]:
+    """A holder that waited for the lock (on MySQL it keeps the key's bell) releases it to a
+    waiter in another process while each log write waits ``slow_ms``; the server is killed
+    the moment the waiter has the lock, and started again. Checks that the hold the waiter
+    was told of is the one on disk, and that the next token is higher; returns the holder's
+    token, the waiter's, and the lease row's ``note``."""
+    key = "k"
+    raw = raw_connect(db.url)
+    cur = raw.cursor()
+    cur.execute("CREATE TABLE slow_check (id INT PRIMARY KEY)")
+    with db.slow_redo(slow_ms):
+        started = time.monotonic()
+        cur.execute("INSERT INTO slow_check VALUES (1)")
+        assert time.monotonic() - started >= slow_ms / 1000 * 0.9, "commits wait for the log"
+
+    with dblock.connect(db.url) as client:
+        first, holder = client.lock(key, ttl=30), client.lock(key, ttl=30)
+        assert first.acquire()
+        # the holder waits for the lock; it releases in the thread that acquired (a hold is
+        # its thread's)
+        tokens: list[int | None] = []
+        release = threading.Event()
+        holding = threading.Thread(target=_hold_until, args=(holder, release, tokens), daemon=True)
+        holding.start()
+        until(lambda: _queued(cur, 1), "the holder-to-be waits")
+        first.release()
+        until(lambda: bool(tokens), "the holder has the lock")
+        held = tokens[0]
+        assert held is not None
+
+        url = db.url + waiter_query
+        waiter = worker("hold", url, "dblock_locks", key, "2", stdin=subprocess.PIPE)
+        try:
+            until(lambda: _queued(cur, 1), "the waiter waits")
+            time.sleep(0.5)  # asleep (MySQL: at the bell)
+            with db.slow_redo(slow_ms):
+                release.set()
+                assert waiter.stdout is not None
+                ready, _, _ = select.select([waiter.stdout], [], [], 15)
+                assert ready, "the waiter never got the lock"
+                db.kill()
+                told = json.loads(waiter.stdout.readline())
+                handed, waiter_owner = told["token"], told["owner"]
+            holding.join(15)
+        finally:
+            finish(waiter)
+    raw.close()
+
+    db.start()
+    raw = raw_connect(db.url)
+    cur = raw.cursor()
+    cur.execute("SELECT owner, token, note FROM dblock_locks WHERE lock_key = %s", (key,))
+    owner, token, note = cur.fetchone()
+    raw.close()
+    assert (owner, token) == (waiter_owner, handed), "the hold the waiter had is on disk"
+    with dblock.connect(db.url) as client:
+        after = client.lock(key, ttl=30)
+        assert after.acquire(timeout=10)  # once the waiter's 2 s lease has ended
+        assert after.token is not None and after.token > handed
+    return held, handed, note
 
 
 def _queued(cur: Any, n: int) -> bool:

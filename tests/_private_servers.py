@@ -1,0 +1,216 @@
+"""Database servers of a test's own, whose log writes can be made slow, and which the test may
+kill (SIGKILL to the whole server) and start again: for what a server crash loses.
+
+Each runs the machine's server binaries on a fresh data directory and a free port, with
+``_slow_redo.c`` (compiled with the machine's C compiler) preloaded: while the server is slow,
+every write to its log (MariaDB's redo log, PostgreSQL's WAL) waits first.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests._servers import REQUIRE_SERVERS, raw_connect, reachable
+
+SHIM_SOURCE = Path(__file__).with_name("_slow_redo.c")
+#: how long each log write waits while the server is slow, milliseconds (by default)
+SLOW_MS = 300
+
+
+def _tool(name: str, *dirs: str) -> str | None:
+    return shutil.which(name) or shutil.which(name, path=":".join(dirs or ("/usr/sbin",)))
+
+
+def _missing(what: str) -> None:
+    message = f"a private database server needs {what}"
+    if REQUIRE_SERVERS:
+        pytest.fail(message + " (DBLOCK_REQUIRE_SERVERS=1)")
+    pytest.skip(message)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class PrivateServer:
+    """A server in ``root``, started by ``command``; ``url`` names its database ``test``."""
+
+    def __init__(
+        self, root: Path, command: list[str], url: str, system_url: str, log_files: str
+    ) -> None:
+        self._root = root
+        self._command = command
+        self._flag = root / "slow"
+        self._log_files = log_files
+        self.url = url
+        #: the same server's system database, there from the start
+        self.system_url = system_url
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        env = {
+            **os.environ,
+            "LD_PRELOAD": str(self._root / "slow_redo.so"),
+            "SLOW_REDO_FLAG": str(self._flag),
+            "SLOW_REDO_MATCH": self._log_files,
+        }
+        with (self._root / "server.log").open("ab") as log:
+            self._proc = subprocess.Popen(
+                self._command,
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=log,
+                start_new_session=True,  # the server and every process it starts: one group
+            )
+        deadline = time.monotonic() + 60
+        while reachable(self.system_url) is not None:
+            if self._proc.poll() is not None or time.monotonic() > deadline:
+                log = (self._root / "server.log").read_text(errors="replace")[-2000:]
+                raise RuntimeError(f"the private server did not start:\n{log}")
+            time.sleep(0.1)
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[PrivateServer]:
+        """Started, with an empty database ``test``; killed on the way out."""
+        self.start()
+        try:
+            conn = raw_connect(self.system_url)
+            conn.cursor().execute("CREATE DATABASE test")
+            conn.close()
+            yield self
+        finally:
+            self.kill()
+
+    def kill(self) -> None:
+        """SIGKILL to every process of the server: what it had not written to its files is
+        lost."""
+        if self._proc is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self._proc.pid, signal.SIGKILL)
+        self._proc.wait(30)
+        # the server's own processes too are gone (a new one refuses to start beside them)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(self._proc.pid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.05)
+        raise RuntimeError("the private server's processes outlived SIGKILL")
+
+    @contextlib.contextmanager
+    def slow_redo(self, ms: int = SLOW_MS) -> Iterator[None]:
+        """Within: every log write waits ``ms`` milliseconds first."""
+        self._flag.write_text(str(ms))
+        self._flag.chmod(0o644)
+        try:
+            yield
+        finally:
+            self._flag.unlink(missing_ok=True)
+
+
+def _compile_shim(root: Path) -> None:
+    cc = _tool("cc", "/usr/bin")
+    if cc is None:
+        _missing("a C compiler (cc)")
+    assert cc is not None
+    shim = root / "slow_redo.so"
+    subprocess.run(
+        [cc, "-shared", "-fPIC", "-O2", "-o", str(shim), str(SHIM_SOURCE), "-ldl"], check=True
+    )
+    shim.chmod(0o755)
+
+
+def _quiet(command: list[str]) -> None:
+    subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+@contextlib.contextmanager
+def private_mariadb(root: Path) -> Iterator[PrivateServer]:
+    """A private MariaDB server in ``root``, running, with an empty database ``test``."""
+    server, install = _tool("mariadbd"), _tool("mariadb-install-db", "/usr/bin")
+    if server is None or install is None:
+        _missing("mariadbd and mariadb-install-db")
+    assert server is not None and install is not None
+    _compile_shim(root)
+    user = ["--user=root"] if os.geteuid() == 0 else []
+    data = f"--datadir={root / 'data'}"
+    _quiet(
+        [
+            install,
+            "--no-defaults",
+            data,
+            *user,
+            "--auth-root-authentication-method=normal",
+            "--skip-test-db",
+        ]
+    )
+    port = _free_port()
+    command = [
+        server,
+        "--no-defaults",
+        data,
+        *user,
+        f"--port={port}",
+        "--bind-address=127.0.0.1",
+        f"--socket={root / 'sock'}",
+        "--skip-log-bin",
+        "--innodb-buffer-pool-size=32M",
+    ]
+    url = f"mysql://root@127.0.0.1:{port}"
+    with PrivateServer(root, command, f"{url}/test", f"{url}/mysql", "ib_logfile").running() as db:
+        yield db
+
+
+@contextlib.contextmanager
+def private_postgresql() -> Iterator[PrivateServer]:
+    """A private PostgreSQL cluster, running, with an empty database ``test``. Its directory
+    is of its own (the server runs as ``postgres`` when the tests run as root, and may not
+    enter pytest's)."""
+    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
+    initdb = shutil.which("initdb") or (found[-1] if found else None)
+    if initdb is None:
+        _missing("PostgreSQL's initdb and postgres")
+    assert initdb is not None
+    postgres = str(Path(initdb).with_name("postgres"))
+    as_user = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+    root = Path(tempfile.mkdtemp(prefix="dblock-pg-"))
+    try:
+        if as_user:
+            shutil.chown(root, "postgres")
+        _compile_shim(root)
+        _quiet([*as_user, initdb, "-D", str(root / "data"), "-U", "postgres", "--auth=trust", "-N"])
+        port = _free_port()
+        command = [
+            *as_user,
+            postgres,
+            "-D",
+            str(root / "data"),
+            "-p",
+            str(port),
+            "-k",
+            str(root),
+            "-c",
+            "listen_addresses=127.0.0.1",
+        ]
+        url = f"postgresql://postgres@127.0.0.1:{port}"
+        server = PrivateServer(root, command, f"{url}/test", f"{url}/postgres", "pg_wal/")
+        with server.running() as db:
+            yield db
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
