@@ -11,6 +11,7 @@ import os
 import sqlite3
 import subprocess
 import time
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
@@ -284,11 +285,26 @@ def stop_server(dialect: str) -> None:
             60,
         )
         return
+    pid = _mariadb_pid()
     _run(["mariadb-admin", "-uroot", "-h127.0.0.1", "shutdown"], 60)
     for _ in range(300):  # wait until the process is gone before starting a new one
-        if _run(["pidof", "mariadbd"], 5).returncode != 0:
+        if pid is None or not Path(f"/proc/{pid}").exists():
             return
         time.sleep(0.1)
+
+
+#: the pid file of the machine's MariaDB server (Debian's default). Its pid, not any process
+#: named mariadbd, is the server's: another one (a test's private server) may run beside it.
+MARIADB_PIDFILE = "/run/mysqld/mysqld.pid"
+
+
+def _mariadb_pid() -> int | None:
+    """The running server's pid, from its pid file; None if it is not running."""
+    try:
+        pid = int(Path(MARIADB_PIDFILE).read_text().strip())
+    except (OSError, ValueError):
+        return None
+    return pid if Path(f"/proc/{pid}").exists() else None
 
 
 def start_server(dialect: str, wait: float = 60) -> bool:
@@ -299,13 +315,15 @@ def start_server(dialect: str, wait: float = 60) -> bool:
             ctl = ["pg_ctlcluster", "--skip-systemctl-redirect", pg_cluster(), "main", "start"]
             if _run(["pg_isready", "-q", "-h", "127.0.0.1"], 10).returncode != 0:
                 _run(ctl, 60)
-        elif _run(["pidof", "mariadbd"], 5).returncode != 0:
+        elif _mariadb_pid() is None:
             _run(
                 [
                     "start-stop-daemon",
                     "--start",
                     "--oknodo",
                     "--background",
+                    "--pidfile",
+                    MARIADB_PIDFILE,
                     "--exec",
                     "/usr/sbin/mariadbd",
                 ],
