@@ -288,7 +288,7 @@ def stop_server(dialect: str) -> None:
     pid = _mariadb_pid()
     _run(["mariadb-admin", "-uroot", "-h127.0.0.1", "shutdown"], 60)
     for _ in range(300):  # wait until the process is gone before starting a new one
-        if pid is None or not Path(f"/proc/{pid}").exists():
+        if pid is None or not _alive(pid):
             return
         time.sleep(0.1)
 
@@ -304,7 +304,11 @@ def _mariadb_pid() -> int | None:
         pid = int(Path(MARIADB_PIDFILE).read_text().strip())
     except (OSError, ValueError):
         return None
-    return pid if Path(f"/proc/{pid}").exists() else None
+    return pid if _alive(pid) else None
+
+
+def _alive(pid: int) -> bool:
+    return Path(f"/proc/{pid}").exists()
 
 
 def start_server(dialect: str, wait: float = 60) -> bool:

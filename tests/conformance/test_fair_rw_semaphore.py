@@ -14,6 +14,7 @@ import dblock
 from dblock._lock import QUEUE_TTL
 from dblock.backends._names import aux_name
 from tests._servers import raw_connect
+from tests._waiting import until
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
@@ -57,13 +58,6 @@ def queued(db_url: str, table: str, key: str) -> int:
         conn.close()
 
 
-def wait_until(predicate: object, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():  # type: ignore[operator]
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.05)
-
-
 def overlaps(intervals: list[tuple[int, int]]) -> int:
     """The largest number of intervals open at one moment."""
     events = sorted([(s, 1) for s, _ in intervals] + [(e, -1) for _, e in intervals])
@@ -84,7 +78,7 @@ def test_fair_waiters_acquire_in_the_order_they_started_waiting(
         procs = []
         for idx in range(5):
             procs.append(spawn("fair", db_url, table, key, str(idx), "60"))
-            wait_until(lambda n=idx + 1: queued(db_url, table, key) == n)
+            until(lambda n=idx + 1: queued(db_url, table, key) == n, f"{idx + 1} waiters queue", 30)
         holder.release()
         outs = finish(procs)
     order = [int(idx) for idx, _ in sorted((o.split() for o in outs), key=lambda p: int(p[1]))]
@@ -96,11 +90,11 @@ def test_a_killed_waiter_does_not_stall_the_queue(db_url: str, table: str, key: 
         holder = client.lock(key, fair=True)
         holder.acquire()
         doomed = spawn("fair", db_url, table, key, "0", "60")
-        wait_until(lambda: queued(db_url, table, key) == 1)
+        until(lambda: queued(db_url, table, key) == 1, "a waiter queues", 30)
         procs = []
         for idx in (1, 2):
             procs.append(spawn("fair", db_url, table, key, str(idx), str(QUEUE_TTL + 30)))
-            wait_until(lambda n=idx + 1: queued(db_url, table, key) == n)
+            until(lambda n=idx + 1: queued(db_url, table, key) == n, f"{idx + 1} waiters queue", 30)
         doomed.send_signal(signal.SIGKILL)
         finish([doomed])
         holder.release()

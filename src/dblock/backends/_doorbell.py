@@ -54,12 +54,17 @@ _STATEMENT_SLACK = 5.0  # the watchdog's margin over a GET_LOCK's own timeout
 LEASE_MARGIN = 0.02  # a waiter wakes this long after the lease it saw should have ended
 FAST_FAILURE = 0.5  # a GET_LOCK that fails sooner found its connection dead, not the server
 PASS_PAUSE = 0.001  # the first pause before asking again for a bell passed on
-#: the key's gate is the user lock named by its bell's name and this (SQL: CONCAT(bell, GATE))
+#: the key's gate is the user lock named by its bell's name and this (see gate_sql)
 GATE = ":durable"
 #: the longest a waiter that has the bell waits at the gate (a commit's disk write); beyond it,
 #: it takes a lock handed to it with a write of its own, whose commit follows that one's
 GATE_WAIT = 2.0
 T = TypeVar("T")
+
+
+def gate_sql(bell_param: str) -> str:
+    """SQL for the name of the gate of the bell named by the parameter ``bell_param``."""
+    return f"CONCAT(%({bell_param})s, '{GATE}')"
 
 
 class Outcome(Enum):
@@ -368,7 +373,7 @@ class Doorbell:
         between them. The first result is 2 if the bell was had and the gate passed, 1 if
         only the bell, 0 if neither (the read's result is ignored then). Each statement is a
         transaction of its own, reading the clock when it starts."""
-        gate = f"CONCAT(%(name)s, '{GATE}')"
+        gate = gate_sql("name")
         sql = (
             "SELECT IF(GET_LOCK(%(name)s, %(s)s) = 1,\n"
             f"    1 + IF(GET_LOCK({gate}, %(g)s) = 1, RELEASE_LOCK({gate}), 0), 0);\n"

@@ -39,7 +39,7 @@ from pymysql.constants import CLIENT
 from .._errors import ConfigurationError
 from .._types import Kind, LockInfo
 from .._url import DatabaseURL
-from ._doorbell import BELL_IDLE, FAILED, GATE, Bells
+from ._doorbell import BELL_IDLE, FAILED, Bells, gate_sql
 from ._holders import HoldersMixin, Rows
 from ._names import aux_name, qualify
 from ._protocol import Subscription
@@ -399,7 +399,8 @@ class MysqlBackend(HoldersMixin[Any]):
         # The SELECTs aggregate so that they always set their variables, even where no row
         # matches. The gate is let go of after the COMMIT, which returns once on disk.
         given = "@dblock_h IS NOT NULL"
-        gate = f"CONCAT(%(bell)s, '{GATE}')"
+        gate = gate_sql("bell")
+        self._let_go_gate = f"DO RELEASE_LOCK({gate})"
         self._hand_over = (
             "START TRANSACTION;\n"
             "SELECT COALESCE(MAX(IF(kind = 'lock', 2, 1)), 0) INTO @dblock_r\n"
@@ -420,10 +421,8 @@ class MysqlBackend(HoldersMixin[Any]):
             "WHERE @dblock_r > 0 AND lock_key = %(key)s;\n"
             f"DELETE FROM {holders} WHERE lock_key = %(key)s AND holder = @dblock_h\n"
             "    AND waiting = 1;\n"
-            "COMMIT;\n"
-            f"DO RELEASE_LOCK({gate})"
+            "COMMIT;\n" + self._let_go_gate
         )
-        self._let_go_gate = f"DO RELEASE_LOCK({gate})"
         # key owner -> the token of owner's live plain-lock hold (a waiter leaving the queue
         # finds whether a release handed the lock to it)
         self._handed_to = (
