@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import secrets
 import socket
 import threading
@@ -201,7 +200,7 @@ class Client:
 
     # -- owner identity and re-entrant holds ----------------------------------------------
     def _identity(self) -> str:
-        return f"{_HOST}:{os.getpid()}:{threading.get_ident()}"
+        return f"{_HOST}:{_forksafe.pid()}:{threading.get_ident()}"
 
     def _new_owner(self) -> str:
         return f"{self._identity()}:{secrets.token_hex(8)}"

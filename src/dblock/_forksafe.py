@@ -1,4 +1,4 @@
-"""Thread locks that a forked child gets unlocked.
+"""Thread locks that a forked child gets unlocked, and the current process id.
 
 ``fork()`` copies a lock in whatever state it is in. If another thread of the parent held
 it at that moment (a renewal, a checkout from the pool, ...), nothing in the child would
@@ -14,6 +14,14 @@ import weakref
 from typing import Any
 
 _made: weakref.WeakSet[Any] = weakref.WeakSet()
+_pid = os.getpid()
+
+
+def pid() -> int:
+    """``os.getpid()`` without its system call (hot paths ask on every statement), set anew in
+    a forked child by the hook that resets the locks: a child that skipped it (a fork from C
+    that never calls ``PyOS_AfterFork_Child``) would have the parent's locks held as well."""
+    return _pid
 
 
 def lock() -> threading.Lock:
@@ -31,6 +39,8 @@ def condition() -> threading.Condition:
 
 
 def _reset_in_child() -> None:
+    global _pid  # noqa: PLW0603 - the one place the cached id changes
+    _pid = os.getpid()
     for made in list(_made):
         reset = getattr(made, "_at_fork_reinit", None)  # CPython >= 3.9: what logging uses
         if reset is not None:

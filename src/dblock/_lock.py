@@ -17,7 +17,6 @@ Timeline of the race fencing protects against::
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -136,14 +135,14 @@ class Hold:
         self.mutex = _forksafe.lock()
         self.job: Job | None = None
         #: the process that took it: in a child forked while it was held, it is the parent's
-        self.pid = os.getpid()
+        self.pid = _forksafe.pid()
 
     def live(self) -> bool:
         return not self.lost and self.ours() and time.monotonic() < self.expires_by
 
     def ours(self) -> bool:
         """False in a forked child: the parent holds it, renews it and releases it."""
-        return self.pid == os.getpid()
+        return self.pid == _forksafe.pid()
 
     def renewed(self, sent_at: float, ttl: float) -> None:
         """The database extended the lease to ``ttl`` by a request sent at ``sent_at``."""

@@ -5,7 +5,6 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -38,19 +37,19 @@ class Scheduler:
         self._cond = _forksafe.condition()
         self._thread: threading.Thread | None = None
         self._stopped = False
-        self._pid = os.getpid()
+        self._pid = _forksafe.pid()
 
     def at(self, when: float, fn: Callable[[], None]) -> Job:
         """Run ``fn`` at ``time.monotonic() >= when``."""
         job = Job(fn)
         with self._cond:
-            if self._pid != os.getpid():
+            if self._pid != _forksafe.pid():
                 # a forked child: the parent's renewals and watches are the parent's to run
                 # (renewing them here would keep its leases alive after it died), and its
                 # thread does not exist here
                 self._heap.clear()
                 self._thread = None
-                self._pid = os.getpid()
+                self._pid = _forksafe.pid()
             if self._stopped:
                 return job
             entry = (when, next(self._seq), job)

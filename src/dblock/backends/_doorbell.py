@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -114,7 +113,7 @@ class Bells:
         self._waiting: dict[tuple[str, str], Doorbell] = {}
         self._held: dict[tuple[str, str], Any] = {}  # (key, owner) of a hold -> its bell's conn
         self._count = 0
-        self._pid = os.getpid()
+        self._pid = _forksafe.pid()
         self._closed = False
 
     def name(self, key: str) -> str:
@@ -124,12 +123,12 @@ class Bells:
 
     def _forked(self) -> None:
         """In a forked child: forget the parent's connections without touching them."""
-        if self._pid != os.getpid():
+        if self._pid != _forksafe.pid():
             self._idle.clear()
             self._waiting.clear()
             self._held.clear()
             self._count = 0
-            self._pid = os.getpid()
+            self._pid = _forksafe.pid()
 
     # -- waiters ----------------------------------------------------------------------------
     def doorbell(self, key: str, owner: str) -> Doorbell | None:
@@ -174,7 +173,7 @@ class Bells:
 
     def checkin(self, conn: Any) -> None:
         with self._mutex:
-            if not self._closed and self._pid == os.getpid() and len(self._idle) < POOL_SIZE:
+            if not self._closed and self._pid == _forksafe.pid() and len(self._idle) < POOL_SIZE:
                 self._idle.append((conn, time.monotonic()))
                 return
         self._close(conn)
@@ -182,7 +181,7 @@ class Bells:
     def closed(self, bell: Doorbell, conn: Any | None, won: bool) -> None:
         """A waiter is done: keep its bell with its hold (``won``), else let go of it."""
         with self._mutex:
-            if self._pid != os.getpid():
+            if self._pid != _forksafe.pid():
                 return
             if self._waiting.get((bell.key, bell.owner)) is bell:
                 del self._waiting[(bell.key, bell.owner)]
@@ -203,7 +202,7 @@ class Bells:
         connection is closed then, which frees the bell and rolls back what it had not
         committed)."""
         with self._mutex:
-            if self._pid != os.getpid():
+            if self._pid != _forksafe.pid():
                 return None
             conn = self._held.pop((key, owner), None)
             if conn is None:
@@ -248,7 +247,7 @@ class Bells:
     def close(self) -> None:
         with self._mutex:
             self._closed = True
-            if self._pid != os.getpid():
+            if self._pid != _forksafe.pid():
                 return
             conns = [conn for conn, _ in self._idle] + list(self._held.values())
             self._idle.clear()

@@ -14,7 +14,6 @@ connection's socket down, and the caller gets BackendError.
 
 from __future__ import annotations
 
-import os
 import random
 import threading
 import time
@@ -81,7 +80,7 @@ class SqlBackend(ABC, Generic[C]):
         self._password = password
         self._idle: list[C] = []
         self._pool_lock = _forksafe.lock()
-        self._pid = os.getpid()
+        self._pid = _forksafe.pid()
         self._closed = False
         self._watchdog = Watchdog(f"dblock-watchdog[{table}]", STATEMENT_DEADLINE)
 
@@ -110,18 +109,18 @@ class SqlBackend(ABC, Generic[C]):
         with self._pool_lock:
             if self._closed:
                 raise BackendError(f"the dblock client for {self.safe_url} is closed")
-            if self._pid != os.getpid():
+            if self._pid != _forksafe.pid():
                 # Forked: the parent's sockets are not ours. Forget them without closing, as
                 # closing would send a goodbye on the parent's connection.
                 self._idle.clear()
-                self._pid = os.getpid()
+                self._pid = _forksafe.pid()
             if self._idle:
                 return self._idle.pop()
         return self._connect()
 
     def _checkin(self, conn: C) -> None:
         with self._pool_lock:
-            if not self._closed and self._pid == os.getpid() and len(self._idle) < POOL_SIZE:
+            if not self._closed and self._pid == _forksafe.pid() and len(self._idle) < POOL_SIZE:
                 self._idle.append(conn)
                 return
         self._close_connection(conn)
@@ -136,7 +135,7 @@ class SqlBackend(ABC, Generic[C]):
         """Close every idle connection (after a disconnect they are likely dead too)."""
         with self._pool_lock:
             idle, self._idle = self._idle, []
-        if self._pid == os.getpid():
+        if self._pid == _forksafe.pid():
             for conn in idle:
                 self._close_connection(conn)
 

@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import itertools
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable
+
+from .. import _forksafe
 
 log = logging.getLogger("dblock")
 
@@ -55,7 +56,7 @@ class Watchdog:
 
     def watch(self, seconds: float, abort: Callable[[], None]) -> tuple[int, Watch]:
         """Register a statement that must end within ``seconds`` (at least ``shortest``)."""
-        if self._pid != os.getpid():  # first use, or a forked child without the thread
+        if self._pid != _forksafe.pid():  # first use, or a forked child without the thread
             self._start()
         item = Watch(time.monotonic() + max(seconds, self._shortest), abort)
         ident = next(self._ids)
@@ -74,7 +75,7 @@ class Watchdog:
     def _start(self) -> None:
         # a forked child's copy holds the parent's statements, on sockets it must not touch
         self._watches.clear()
-        self._pid = os.getpid()
+        self._pid = _forksafe.pid()
         self._thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
         self._thread.start()
 
