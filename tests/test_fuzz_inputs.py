@@ -1,9 +1,10 @@
-"""Bad-input fuzzing (hypothesis): keys, ttls, timeouts, table names and URLs.
+"""Bad-input fuzzing (hypothesis): keys, notes, ttls, timeouts, table names and URLs.
 
 No input may make dblock hang, raise outside its hierarchy (TypeError / ValueError only where
 API.md says so; ConfigurationError is a ValueError, LockTimeout a TimeoutError), or put a
-password into a message. Servers are reached on loopback only: unreachable ports are closed
-loopback ports, and every connect URL carries a short connect_timeout.
+secret (the password, or the value of a query parameter such as ``sslpassword``) into a
+message, ``repr(client)`` or ``client.url``. Servers are reached on loopback only: unreachable
+ports are closed loopback ports, and every connect URL carries a short connect_timeout.
 
 The bugs it found are fixed; the tests that found them stay as regression tests:
 surrogate keys, a password cut out of a malformed URL, and MySQL endpoints that accept TCP but
@@ -22,7 +23,7 @@ import traceback
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, quote_plus
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -240,6 +241,79 @@ def _timeout_scenario(client: dblock.Client, wait: Any) -> None:
     lock.release()
 
 
+# -- notes and purge ages ---------------------------------------------------------------------
+notes = st.one_of(
+    st.none(),
+    st.text(max_size=20),  # lone surrogates included
+    st.text(st.sampled_from(["\x00", "a", "\ud800", "\udfff", "é", "\U0010ffff"]), max_size=8),
+    st.integers(min_value=4090, max_value=4100).map(lambda n: "n" * n),
+    st.integers(),
+    st.binary(max_size=4),
+)
+
+
+def _note_oracle(note: object) -> type[BaseException] | None:
+    if note is None:
+        return None
+    if not isinstance(note, str):
+        return TypeError
+    if len(note) > 4096 or "\x00" in note or any(0xD800 <= ord(c) <= 0xDFFF for c in note):
+        return ValueError
+    return None
+
+
+@FUZZ
+@given(note=notes)
+def test_notes(client: dblock.Client, note: Any) -> None:
+    bounded(lambda: _note_scenario(client, note))
+
+
+def _note_scenario(client: dblock.Client, note: Any) -> None:
+    key = "fuzz-" + uuid.uuid4().hex
+    expected = _note_oracle(note)
+    once, exc = capture(lambda: client.once(key, ttl=5, note=note))
+    if expected is not None:
+        assert isinstance(exc, expected), f"note {note!r}: expected {expected.__name__}, {exc!r}"
+        assert not isinstance(exc, UnicodeError), f"note {note!r}: a codec's error, {exc!r}"
+        return
+    assert exc is None, f"valid note {note!r} refused: {exc!r}"
+    _, exc = capture(once.__enter__)
+    assert exc is None, f"once(note={note!r}) raised {exc!r}"
+    once.__exit__(None, None, None)
+    assert client.state(key) == "succeeded"
+
+
+@FUZZ
+@given(older_than=numbers)
+def test_purge_ages(client: dblock.Client, older_than: Any) -> None:
+    expected = _seconds_oracle(older_than, ttl=False) if older_than is not None else TypeError
+    purged, exc = timed(lambda: client.purge(older_than))
+    if expected is not None:
+        assert isinstance(exc, expected), f"purge({older_than!r}): got {exc!r}"
+        return
+    assert exc is None, f"purge({older_than!r}) raised {exc!r}"
+    assert isinstance(purged, int)
+    assert purged >= 0
+
+
+@settings(FUZZ, max_examples=30)
+@given(value=st.one_of(numbers, st.integers(min_value=-2, max_value=12)))
+def test_max_connections_values(tmp_path_factory: Any, value: Any) -> None:
+    url = f"sqlite:///{tmp_path_factory.mktemp('p')}/p.db"
+    valid = value is None or (type(value) is int and 1 <= value <= 10_000)
+    client, exc = timed(lambda: dblock.connect(url, max_connections=value))
+    if not valid:
+        assert isinstance(exc, dblock.ConfigurationError), f"{value!r}: got {exc!r}"
+        return
+    assert exc is None, f"max_connections={value!r} refused: {exc!r}"
+    try:
+        lock = client.lock("k", ttl=5)
+        assert lock.acquire(blocking=False)
+        lock.release()
+    finally:
+        client.close()
+
+
 # -- table names ------------------------------------------------------------------------------
 def _table_ok(name: object) -> bool:
     if not isinstance(name, str):
@@ -307,12 +381,29 @@ no_nul = st.characters(exclude_characters=["\x00"], exclude_categories=["Cs"])
 #: passwords start with a marker so the leak check does not match ordinary words
 passwords = st.builds(lambda s: "Pw9" + s, st.text(no_nul, min_size=5, max_size=16))
 query_values = st.one_of(
-    st.sampled_from(["1", "0", "-1", "abc", "", "1.5", "99999999999"]), st.text(no_nul, max_size=5)
+    st.sampled_from(
+        ["1", "0", "-1", "abc", "", "1.5", "99999999999", "nan", "inf", "-5", "1e300", "1e-300"]
+    ),
+    st.text(no_nul, max_size=5),
 )
+#: query parameters that carry secrets: libpq's, PyMySQL's, and names that look like one
+SECRET_PARAMS = [
+    "password",
+    "sslpassword",
+    "passwd",
+    "pwd",
+    "PASSWORD",
+    "sslkey",
+    "ssl_key",
+    "passfile",
+    "auth_token",
+    "api_key",
+    "client_secret",
+]
 
 
 @st.composite
-def urls(draw: st.DrawFn, closed_port: int) -> tuple[str, str]:
+def urls(draw: st.DrawFn, closed_port: int) -> tuple[str, list[str]]:
     scheme = draw(
         st.sampled_from(
             [
@@ -351,6 +442,7 @@ def urls(draw: st.DrawFn, closed_port: int) -> tuple[str, str]:
                     "sslmode",
                     "foo",
                     "init_command",
+                    "max_connections",
                 ]
             ),
             query_values,
@@ -358,37 +450,58 @@ def urls(draw: st.DrawFn, closed_port: int) -> tuple[str, str]:
         )
     )
     params.setdefault("connect_timeout", "1")
-    if params["connect_timeout"] not in ("1", "abc", "x", "-1", "0"):
+    if params["connect_timeout"] not in ("1", "abc", "x", "-1", "0", "nan"):
         params["connect_timeout"] = "1"  # never wait long on loopback
     query = "&".join(f"{quote(k)}={quote(v, safe='')}" for k, v in params.items())
-    return f"{scheme}://{netloc}/{db}?{query}", password
+    secrets = [password]
+    for name in draw(st.lists(st.sampled_from(SECRET_PARAMS), max_size=3, unique=True)):
+        secret = draw(passwords)
+        if draw(st.booleans()):
+            value = quote(secret, safe="")
+        else:  # raw, minus what ends a query value ('+' stays: it reads as a space)
+            secret = secret.translate({ord(c): None for c in "&#%"})
+            value = secret
+        secrets.append(secret)
+        query += f"&{name}={value}"
+    if not draw(st.booleans()):  # no password in the user part: only the query's
+        netloc = f"{user}@{host}" + (f":{port}" if port else "")
+        secrets.remove(password)
+    return f"{scheme}://{netloc}/{db}?{query}", secrets
 
 
-def _check_no_leak(exc: BaseException, password: str) -> None:
-    forms = {password, quote(password, safe=""), quote(password)}
+def _check_no_leak(exc: BaseException, password: str | list[str]) -> None:
     texts = [str(exc), repr(exc), getattr(exc, "message", "")]
     # the whole chain, as a logged traceback would show it
     texts.append("".join(traceback.format_exception(exc)))
-    for text in texts:
-        for form in forms:
-            assert form not in text, f"password {password!r} in message: {text[:300]!r}"
+    _check_texts(texts, password)
+
+
+def _check_texts(texts: list[str], secrets: str | list[str]) -> None:
+    for secret in [secrets] if isinstance(secrets, str) else secrets:
+        forms = {secret, quote(secret, safe=""), quote(secret), quote_plus(secret)}
+        for text in texts:
+            for form in forms:
+                assert form not in text, f"secret {secret!r} shown: {text[:300]!r}"
 
 
 @settings(FUZZ, max_examples=80)
 @given(data=st.data())
 def test_urls(closed_port: int, data: st.DataObject, tmp_path_factory: Any) -> None:
-    url, password = data.draw(urls(closed_port))
+    url, secrets = data.draw(urls(closed_port))
     create = data.draw(st.booleans())
     if url.lower().startswith("sqlite"):
         # a file URL: keep it inside a temporary directory
         url = "sqlite:///" + str(tmp_path_factory.mktemp("u")) + "/f.db?" + url.partition("?")[2]
     client, exc = timed(lambda: dblock.connect(url, table="fuzz_urls", create_schema=create))
     if client is not None:
-        client.close()
+        try:
+            _check_texts([client.url, repr(client)], secrets)
+        finally:
+            client.close()
         return
     assert exc is not None
     assert in_hierarchy(exc), f"{url!r}: {type(exc).__name__}: {exc}"
-    _check_no_leak(exc, password)
+    _check_no_leak(exc, secrets)
 
 
 @pytest.mark.parametrize(

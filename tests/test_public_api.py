@@ -52,7 +52,10 @@ def test_errors_pickle_with_their_key(cls: type[dblock.DBLockError]) -> None:
 
 def test_signatures() -> None:
     connect = inspect.signature(dblock.connect)
-    assert list(connect.parameters) == ["url", "table", "create_schema"]
+    assert list(connect.parameters)[:3] == ["url", "table", "create_schema"]
+    # options added since are keyword-only, after the contract's
+    assert list(connect.parameters)[3:] == ["max_connections"]
+    assert connect.parameters["max_connections"].kind is inspect.Parameter.KEYWORD_ONLY
     assert connect.parameters["table"].default == "dblock_locks"
     lock = inspect.signature(dblock.Client.lock)
     assert list(lock.parameters)[1:] == [

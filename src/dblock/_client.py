@@ -8,6 +8,7 @@ import secrets
 import socket
 import threading
 from collections.abc import Callable
+from dataclasses import replace
 from types import TracebackType
 from typing import ParamSpec, TypeVar
 
@@ -18,7 +19,7 @@ from ._renewer import Scheduler
 from ._rwlock import RWLock, Semaphore
 from ._types import LockInfo, State
 from ._url import parse_url
-from ._validate import check_key, check_table
+from ._validate import MAX_PURGE_AGE, check_key, check_max_connections, check_table
 from .backends import Backend, open_backend
 
 log = logging.getLogger("dblock")
@@ -28,7 +29,11 @@ _HOST = socket.gethostname()[:64] or "localhost"
 
 
 def connect(
-    url: str | None = None, *, table: str = "dblock_locks", create_schema: bool = True
+    url: str | None = None,
+    *,
+    table: str = "dblock_locks",
+    create_schema: bool = True,
+    max_connections: int | None = None,
 ) -> Client:
     """Open a client on the lock table ``table`` of the database at ``url``.
 
@@ -37,12 +42,18 @@ def connect(
     ``create_schema=True`` missing tables are created (idempotent, safe under concurrency);
     with False a missing table raises ConfigurationError.
 
+    ``max_connections`` bounds the client's pool of statement connections (default: the URL's
+    ``?max_connections=``, else 10); a thread that finds them all in use waits for one, within
+    its acquire's timeout. Waiting threads may use a few more (see the README, "Connections").
+
     >>> with dblock.connect("postgresql://app@db/app") as client:
     ...     with client.lock("nightly-report", ttl=60):
     ...         run_report()
     """
     schema, name = check_table(table)
     parsed = parse_url(url)
+    if max_connections is not None:
+        parsed = replace(parsed, max_connections=check_max_connections(max_connections))
     backend = open_backend(parsed, schema, name)
     try:
         backend.ensure_schema(create=bool(create_schema))
@@ -196,7 +207,9 @@ class Client:
             raise TypeError("older_than must be a number of seconds")
         if not math.isfinite(older_than) or older_than < 0:
             raise ValueError(f"older_than must be a finite number >= 0, got {older_than!r}")
-        return self._backend.purge(float(older_than), bool(include_once))
+        # no row is older than that: a larger age means the same, and overflows the
+        # database's date arithmetic (or Python's int conversion)
+        return self._backend.purge(min(float(older_than), MAX_PURGE_AGE), bool(include_once))
 
     # -- owner identity and re-entrant holds ----------------------------------------------
     def _identity(self) -> str:

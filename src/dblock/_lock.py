@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 from . import _forksafe
 from ._errors import BackendError, LockLost, LockTimeout, NotHeld
 from ._renewer import Job
-from ._timing import HEAD_POLL, Backoff, head_backoff
+from ._timing import HEAD_POLL, Backoff, DeadlinePassed, head_backoff, reset_deadline, set_deadline
 from ._validate import check_key, check_timeout, check_ttl
 
 if TYPE_CHECKING:
@@ -242,7 +242,10 @@ class Lock:
                         shared.count += 1
                         self._push(tid, shared)
                         return True
-        hold = self._acquire_new(blocking, wait)
+        try:
+            hold = self._acquire_new(blocking, wait)
+        except DeadlinePassed:  # the database file or the pool stayed busy: not had in time
+            hold = None
         if hold is None:
             return False
         self._push(tid, hold)
@@ -265,6 +268,9 @@ class Lock:
         should_try = True
         ahead = -1  # waiters ahead of us, as last probed (-1: not known)
         pacer = _TurnPacer(client._poll_cap)  # polls by queue position where nothing is pushed
+        # what waits inside a statement (a busy SQLite file, a free pooled connection) waits no
+        # longer than this acquire may; leaving the queue afterwards is not bounded by it
+        bound = set_deadline(deadline if blocking else time.monotonic())
         try:
             if blocking and self._queue_kind == "lock" and (timeout is None or timeout > 0):
                 hold, subscription, sent = self._take_or_join(owner)
@@ -309,6 +315,7 @@ class Lock:
                     owner, subscription, entry.written_at is not None
                 )
         finally:
+            reset_deadline(bound)
             if subscription is not None:
                 subscription.close()
             if entry.made and not (acquired and self._dequeues_itself):

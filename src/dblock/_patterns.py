@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from ._errors import AlreadyDone, ConfigurationError, InProgress
 from ._lock import Hold, Lock
-from ._validate import check_seconds, check_ttl
+from ._validate import check_note, check_seconds, check_ttl
 
 if TYPE_CHECKING:
     from ._client import Client
@@ -41,9 +41,7 @@ class OnceLock(Lock):
         self, client: Client, key: str, *, ttl: float, note: str | None, auto_renew: bool
     ) -> None:
         super().__init__(client, key, ttl=ttl, reentrant=False, auto_renew=auto_renew, kind="once")
-        if note is not None and not isinstance(note, str):
-            raise TypeError("note must be a str or None")
-        self._note = note
+        self._note = check_note(note)
         self._outcome = "failed"
 
     _queue_kind = None  # once() never waits

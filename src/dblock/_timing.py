@@ -1,8 +1,12 @@
-"""Waiting schedules (pure): capped exponential backoff with jitter."""
+"""Waiting schedules (pure): capped exponential backoff with jitter; the caller's deadline."""
 
 from __future__ import annotations
 
 import random
+import time
+from contextvars import ContextVar, Token
+
+from ._errors import LockTimeout
 
 _SHARED = random.Random()
 
@@ -47,3 +51,41 @@ def head_backoff(cap: float) -> Backoff:
     """Polls for the head of a queue: every ``HEAD_POLL`` s for ``HEAD_PLATEAU`` polls, then
     less and less often up to ``cap``."""
     return Backoff(HEAD_POLL, cap, plateau=HEAD_PLATEAU)
+
+
+# -- the caller's deadline, for the waits inside one statement --------------------------------
+#: a try-once, or a wait whose time is up, may still wait this long for a busy database file
+#: or a free pooled connection: a commit or a statement in progress takes milliseconds, and
+#: failing a try-once for that alone would report a free lock as busy
+DEADLINE_SLACK = 0.25
+
+_deadline: ContextVar[float | None] = ContextVar("dblock_deadline", default=None)
+
+
+class DeadlinePassed(LockTimeout):
+    """A wait inside a statement (a busy SQLite file, no free pooled connection) outlasted the
+    caller's deadline; nothing was done in the database. Lock.acquire turns it into False."""
+
+
+def set_deadline(deadline: float | None) -> Token[float | None]:
+    """Bound the waits of this thread's (task's) statements by ``deadline`` (monotonic)."""
+    return _deadline.set(deadline)
+
+
+def reset_deadline(token: Token[float | None]) -> None:
+    _deadline.reset(token)
+
+
+def time_left() -> float | None:
+    """Seconds to the caller's deadline (negative once it passed), or None if there is none."""
+    deadline = _deadline.get()
+    return None if deadline is None else deadline - time.monotonic()
+
+
+def bounded_wait(wait: float) -> tuple[float, bool]:
+    """(how long a wait of at most ``wait`` s may last, whether the caller's deadline cut it);
+    never less than ``DEADLINE_SLACK`` because of the deadline."""
+    left = time_left()
+    if left is None or max(left, 0.0) + DEADLINE_SLACK >= wait:
+        return wait, False
+    return max(left, 0.0) + DEADLINE_SLACK, True

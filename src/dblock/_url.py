@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
+import math
 import os
+import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import parse_qsl, unquote, urlsplit
+from typing import Final
+from urllib.parse import parse_qsl, quote, quote_plus, unquote, unquote_plus, urlsplit
 
 from ._errors import ConfigurationError
+from ._validate import MAX_CONNECTIONS
+
+#: the longest connect or read timeout a URL may ask for, seconds
+MAX_URL_TIMEOUT: Final = 3600
 
 SCHEMES = {
     "sqlite": "sqlite",
@@ -18,9 +27,21 @@ SCHEMES = {
 }
 
 
+#: A query parameter whose name contains one of these (any case) is a secret: libpq's
+#: ``password``/``sslpassword``/``passfile``, ``sslkey``, and any token or key a driver may take.
+#: Hiding a harmless one (a key file's path) costs nothing; showing a secret cannot be undone.
+SECRET_PARAM: Final = re.compile(r"pass|pwd|secret|token|key|credential|auth", re.IGNORECASE)
+
+
+def is_secret_param(name: str) -> bool:
+    """True if the URL query parameter ``name`` may hold a secret (see ``SECRET_PARAM``)."""
+    return SECRET_PARAM.search(name) is not None
+
+
 @dataclass(frozen=True)
 class DatabaseURL:
-    """A parsed database URL. ``safe`` is the URL with its password replaced by ``***``."""
+    """A parsed database URL. ``safe`` is the URL with every secret (the password, and the
+    value of every query parameter named like a secret) replaced by ``***``."""
 
     raw: str
     dialect: str
@@ -31,6 +52,16 @@ class DatabaseURL:
     password: str | None = None
     database: str = ""
     query: dict[str, str] = field(default_factory=dict)
+    #: ``?max_connections=N``: the pool's bound (taken out of ``query``; None: not given)
+    max_connections: int | None = None
+    #: the embedded default: its directory and files are kept private to this user
+    private: bool = False
+
+    @property
+    def secrets(self) -> tuple[str, ...]:
+        """The secret values this URL carries, to scrub from any text shown to a user."""
+        found = [v for k, v in self.query.items() if is_secret_param(k) and v]
+        return (self.password, *found) if self.password else tuple(found)
 
 
 def default_url() -> str:
@@ -38,24 +69,99 @@ def default_url() -> str:
     env = os.environ.get("DBLOCK_URL")
     if env:
         return env
+    return embedded_url()
+
+
+def embedded_url() -> str:
+    """The embedded default: an SQLite file in the user's state directory (XDG)."""
     state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
     return "sqlite:///" + str(Path(state) / "dblock" / "locks.sqlite3")
 
 
 def redact(url: str) -> str:
-    """The URL with anything that may be a password replaced by ``***``.
+    """The URL with anything that may be a secret replaced by ``***``.
 
     It does not trust a URL parser (malformed URLs are exactly where parsers and drivers
-    disagree): everything between the first ``:`` of the user part and the last ``@`` goes.
+    disagree): everything between the first ``:`` of the user part and the last ``@`` goes,
+    and so does the value of every query parameter named like a secret, up to the next ``&``.
     """
     head, at, tail = url.rpartition("@")
-    if not at:
+    if at:
+        start = head.find("//") + 2 if "//" in head else head.find(":") + 1
+        colon = head.find(":", start)
+        if colon >= 0:
+            url = f"{head[: colon + 1]}***@{tail}"
+    # the query is looked for in what is left ('@' may also stand in a query value)
+    path, question, query = url.partition("?")
+    if not question:
         return url
-    start = head.find("//") + 2 if "//" in head else head.find(":") + 1
-    colon = head.find(":", start)
-    if colon < 0:
-        return url
-    return f"{head[: colon + 1]}***@{tail}"
+    params = []
+    for param in query.split("&"):
+        name, equals, _ = param.partition("=")
+        secret = equals and is_secret_param(unquote_plus(name))
+        params.append(f"{name}=***" if secret else param)
+    return f"{path}?{'&'.join(params)}"
+
+
+def scrub(text: str, secrets: Iterable[str]) -> str:
+    """``text`` with every secret (as given, or percent-encoded as in a URL) replaced by ``***``."""
+    for secret in sorted(set(secrets), key=len, reverse=True):
+        if not secret:
+            continue
+        for form in {secret, quote(secret, safe=""), quote(secret), quote_plus(secret)}:
+            text = text.replace(form, "***")
+    return text
+
+
+def scrub_exception(exc: BaseException, secrets: Iterable[str]) -> None:
+    """Scrub secrets from the string arguments of ``exc`` and of its causes, in place: a
+    driver's exception travels as the ``__cause__`` of dblock's, and a logged traceback
+    shows its text (libpq may quote parts of the connection string)."""
+    values = tuple(s for s in secrets if s)
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while values and current is not None and id(current) not in seen:
+        seen.add(id(current))
+        # an exception type that forbids it is left alone
+        with contextlib.suppress(AttributeError, TypeError):
+            current.args = tuple(
+                scrub(a, values) if isinstance(a, str) else a for a in current.args
+            )
+        if isinstance(current, OSError):  # its message shows the file names (a key file's)
+            for name in ("filename", "filename2"):
+                value = getattr(current, name, None)
+                if isinstance(value, str):
+                    setattr(current, name, scrub(value, values))
+        current = current.__cause__ or current.__context__
+
+
+def url_number(
+    raw: str | None,
+    name: str,
+    default: float,
+    *,
+    safe: str,
+    minimum: float,
+    maximum: float,
+    integer: bool = False,
+) -> float:
+    """The value ``raw`` of the URL query parameter ``name`` as a number in [minimum, maximum]
+    (``default`` if absent); ConfigurationError naming the parameter otherwise (nan, inf,
+    junk, out of range). ``safe`` is the redacted URL, for the message."""
+    if raw is None:
+        return default
+    kind = "a whole number" if integer else "a number"
+    try:
+        value = float(int(raw, 10)) if integer else float(raw)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or not minimum <= value <= maximum:
+        shown = "***" if is_secret_param(name) else raw
+        raise ConfigurationError(
+            f"URL parameter {name}={shown!r} in {safe!r} must be {kind} from {minimum:g} to "
+            f"{maximum:g}"
+        )
+    return value
 
 
 def parse_url(url: str | None) -> DatabaseURL:
@@ -84,6 +190,20 @@ def parse_url(url: str | None) -> DatabaseURL:
             "percent-encode '/', '?', '#', '@' and ':' in the user name and password"
         ) from None
     query = dict(parse_qsl(parts.query, keep_blank_values=True))
+    pool = query.pop("max_connections", None)
+    max_connections = None
+    if pool is not None:
+        max_connections = int(
+            url_number(
+                pool,
+                "max_connections",
+                0,
+                safe=safe,
+                minimum=1,
+                maximum=MAX_CONNECTIONS,
+                integer=True,
+            )
+        )
     if dialect == "sqlite":
         if parts.netloc:
             raise ConfigurationError(
@@ -93,7 +213,15 @@ def parse_url(url: str | None) -> DatabaseURL:
         path = unquote(parts.path[1:]) if parts.path.startswith("/") else ""
         if not path:
             raise ConfigurationError(f"SQLite URL {safe!r} names no file")
-        return DatabaseURL(url, dialect, safe, database=path, query=query)
+        return DatabaseURL(
+            url,
+            dialect,
+            safe,
+            database=path,
+            query=query,
+            max_connections=max_connections,
+            private=url == embedded_url(),
+        )
     return DatabaseURL(
         url,
         dialect,
@@ -104,4 +232,5 @@ def parse_url(url: str | None) -> DatabaseURL:
         password=unquote(parts.password) if parts.password is not None else None,
         database=unquote(parts.path.lstrip("/")),
         query=query,
+        max_connections=max_connections,
     )

@@ -11,6 +11,11 @@ from ._errors import ConfigurationError
 MAX_KEY_LENGTH: Final = 255
 MAX_TTL: Final = 31_536_000.0  # one year, in seconds
 MAX_TABLE_LENGTH: Final = 63
+MAX_NOTE_LENGTH: Final = 4096
+#: the most connections one client's pool may be allowed
+MAX_CONNECTIONS: Final = 10_000
+#: purge(older_than=) beyond this (about a century) means the same as this
+MAX_PURGE_AGE: Final = 3_155_760_000.0
 _IDENTIFIER: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
 
 
@@ -33,6 +38,36 @@ def check_key(key: object) -> str:
             "lock key must be valid Unicode text (it contains a lone surrogate)"
         ) from None
     return key
+
+
+def check_note(note: object) -> str | None:
+    """Return ``note`` (None or text stored beside a once-record) if valid, like a key: a
+    ``str`` (else TypeError) of at most MAX_NOTE_LENGTH characters, no NUL, no lone surrogate
+    (else ValueError)."""
+    if note is None:
+        return None
+    if not isinstance(note, str):
+        raise TypeError(f"note must be a str or None, not {type(note).__name__}")
+    if len(note) > MAX_NOTE_LENGTH:
+        raise ValueError(
+            f"note is {len(note)} characters long; at most {MAX_NOTE_LENGTH} are allowed"
+        )
+    if "\x00" in note:
+        raise ValueError("note must not contain NUL characters (PostgreSQL cannot store them)")
+    try:
+        note.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("note must be valid Unicode text (it contains a lone surrogate)") from None
+    return note
+
+
+def check_max_connections(value: object) -> int:
+    """The pool's bound: a whole number from 1 to MAX_CONNECTIONS (ConfigurationError)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_CONNECTIONS:
+        raise ConfigurationError(
+            f"max_connections must be a whole number from 1 to {MAX_CONNECTIONS}, got {value!r}"
+        )
+    return value
 
 
 def check_seconds(

@@ -25,7 +25,8 @@ The lease row stays the only truth. A bell that is lost (its connection dropped)
 process frozen) or rung early costs time, never safety: waiters fall back to polling. The
 server closes an idle bell connection after ``BELL_IDLE`` s (``wait_timeout``), which frees a
 bell kept by a frozen or forgotten holder. Each waiter uses one connection while it waits, so
-a client keeps at most ``MAX_BELLS`` bells; waiters beyond that poll.
+a client keeps at most ``MAX_BELLS`` bells, and no more than its ``max_connections``;
+waiters beyond that poll.
 """
 
 from __future__ import annotations
@@ -40,7 +41,6 @@ from typing import Any, Literal, TypeVar
 
 from .. import _forksafe
 from .._timing import Backoff, head_backoff
-from ._sql import POOL_SIZE
 from ._watchdog import Watchdog
 
 #: the longest one GET_LOCK sleeps before its waiter polls the table once, seconds
@@ -94,12 +94,14 @@ class Bells:
         max_poll: float,
         read_timeout: float,
         granted: str,
+        limit: int = MAX_BELLS,
     ) -> None:
         self.table = table
         #: key owner -> (1, token): owner was handed the lock; (0, handed): another holds it,
         #: handed over by a release (1) or taken (0); no row: free (a locking read)
         self.granted_sql = granted
         self._connect = connect
+        self._limit = limit  # bells (connections) at once, and idle bell connections kept
         self._close = close
         self.watchdog = watchdog
         self.abort = abort
@@ -135,7 +137,7 @@ class Bells:
         """A doorbell for ``owner`` waiting on ``key``, or None if this client has too many."""
         with self._mutex:
             self._forked()
-            if self._closed or self._count >= MAX_BELLS:
+            if self._closed or self._count >= min(MAX_BELLS, self._limit):
                 return None
             self._count += 1
             bell = Doorbell(self, key, owner)
@@ -173,7 +175,7 @@ class Bells:
 
     def checkin(self, conn: Any) -> None:
         with self._mutex:
-            if not self._closed and self._pid == _forksafe.pid() and len(self._idle) < POOL_SIZE:
+            if not self._closed and self._pid == _forksafe.pid() and len(self._idle) < self._limit:
                 self._idle.append((conn, time.monotonic()))
                 return
         self._close(conn)

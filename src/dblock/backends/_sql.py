@@ -10,21 +10,31 @@ becomes :class:`BackendError` at once.
 No statement may hang: a watchdog aborts one that has not finished within its deadline (a
 frozen server or a network partition that drops packets without a reset), by shutting its
 connection's socket down, and the caller gets BackendError.
+
+The pool holds at most ``max_connections`` connections, idle or in use (``connect()``'s option;
+all of them stay open for reuse). A connection is held only while one statement (or one
+transaction) runs, never while a thread waits for another connection, so a thread that finds
+them all in use waits for one, and is always served: within its caller's deadline (an
+acquire's timeout), else within ``MAINTENANCE_DEADLINE``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import random
 import threading
 import time
 from abc import ABC, abstractmethod
+from collections import deque
 from collections.abc import Callable
 from enum import Enum
 from functools import partial
 from typing import Generic, TypeVar
 
 from .. import _forksafe
-from .._errors import BackendError
+from .._errors import BackendError, DBLockError
+from .._timing import DeadlinePassed, bounded_wait
+from .._url import DatabaseURL, scrub, scrub_exception
 from ._protocol import Subscription
 from ._watchdog import Watchdog
 
@@ -32,8 +42,8 @@ C = TypeVar("C")
 T = TypeVar("T")
 
 _TRANSIENT_ATTEMPTS = 5
-#: idle connections a backend keeps for reuse
-POOL_SIZE = 8
+#: connections (idle or in use) a client's pool holds at most, unless connect() says otherwise
+DEFAULT_MAX_CONNECTIONS = 10
 #: how long one lock statement may take before it is aborted, seconds
 STATEMENT_DEADLINE = 5.0
 #: the same for maintenance over many rows (list, purge, creating the schema)
@@ -67,6 +77,18 @@ class Sleeper:
         self._event.set()
 
 
+class _Turn(Generic[C]):
+    """A thread waiting for a pooled connection: given one, or room to open one."""
+
+    __slots__ = ("conn", "ready", "room")
+
+    def __init__(self) -> None:
+        self.conn: C | None = None
+        self.room = False
+        self.ready = threading.Lock()  # released when served (or the client is closed)
+        self.ready.acquire()
+
+
 class SqlBackend(ABC, Generic[C]):
     """Pool, retries and error wrapping around a DB-API driver. Subclasses supply SQL."""
 
@@ -74,11 +96,15 @@ class SqlBackend(ABC, Generic[C]):
     probe_first = False
     max_poll = 0.25
 
-    def __init__(self, safe_url: str, table: str, password: str | None) -> None:
-        self.safe_url = safe_url
+    def __init__(self, url: DatabaseURL, table: str) -> None:
+        self.safe_url = url.safe
         self.table = table
-        self._password = password
+        self._secrets = url.secrets
+        #: the pool's bound: connections idle or in use
+        self.max_connections = url.max_connections or DEFAULT_MAX_CONNECTIONS
         self._idle: list[C] = []
+        self._open = 0  # connections of the pool, idle or in use (or being opened)
+        self._turns: deque[_Turn[C]] = deque()  # threads waiting for a connection, in order
         self._pool_lock = _forksafe.lock()
         self._pid = _forksafe.pid()
         self._closed = False
@@ -106,28 +132,93 @@ class SqlBackend(ABC, Generic[C]):
 
     # -- pool ---------------------------------------------------------------------------
     def _checkout(self) -> C:
+        """An idle connection, else a new one while fewer than ``max_connections`` are open,
+        else the next one put back (first come, first served): waited for within the caller's
+        deadline (DeadlinePassed, nothing done), or ``MAINTENANCE_DEADLINE`` without one
+        (BackendError)."""
+        turn: _Turn[C] | None = None
         with self._pool_lock:
-            if self._closed:
-                raise BackendError(f"the dblock client for {self.safe_url} is closed")
-            if self._pid != _forksafe.pid():
-                # Forked: the parent's sockets are not ours. Forget them without closing, as
-                # closing would send a goodbye on the parent's connection.
-                self._idle.clear()
-                self._pid = _forksafe.pid()
+            self._check_pool()
             if self._idle:
                 return self._idle.pop()
-        return self._connect()
+            if self._open < self.max_connections:
+                self._open += 1
+            else:
+                turn = _Turn()
+                self._turns.append(turn)
+        if turn is not None:
+            wait, cut = bounded_wait(MAINTENANCE_DEADLINE)
+            turn.ready.acquire(timeout=wait)
+            with self._pool_lock:
+                if turn.conn is not None:
+                    return turn.conn
+                if not turn.room:  # not served in time, or the client was closed
+                    with contextlib.suppress(ValueError):
+                        self._turns.remove(turn)
+                    self._check_pool()
+                    if cut:
+                        raise DeadlinePassed(
+                            f"all {self.max_connections} connections of the dblock client for "
+                            f"{self.safe_url} stayed in use until the caller's deadline"
+                        )
+                    raise BackendError(
+                        f"all {self.max_connections} connections of the dblock client for "
+                        f"{self.safe_url} (table {self.table}) stayed in use for {wait:g} s; "
+                        "raise max_connections"
+                    )
+        try:
+            return self._connect()
+        except BaseException:
+            self._forget(1)
+            raise
+
+    def _check_pool(self) -> None:
+        """Raise if the client is closed; after a fork, forget the parent's connections."""
+        if self._closed:
+            raise BackendError(f"the dblock client for {self.safe_url} is closed")
+        if self._pid != _forksafe.pid():
+            # Forked: the parent's sockets are not ours. Forget them without closing, as
+            # closing would send a goodbye on the parent's connection.
+            self._idle.clear()
+            self._turns.clear()
+            self._open = 0
+            self._pid = _forksafe.pid()
+
+    def _forget(self, count: int) -> None:
+        """``count`` connections of the pool were closed: room for as many new ones, given
+        to the threads waiting first."""
+        with self._pool_lock:
+            self._open = max(0, self._open - count)
+            while self._turns and self._open < self.max_connections:
+                turn = self._turns.popleft()
+                turn.room = True
+                self._open += 1
+                turn.ready.release()
 
     def _checkin(self, conn: C) -> None:
         with self._pool_lock:
-            if not self._closed and self._pid == _forksafe.pid() and len(self._idle) < POOL_SIZE:
-                self._idle.append(conn)
+            if not self._closed and self._pid == _forksafe.pid():
+                if self._turns:  # straight to the thread waiting first
+                    turn = self._turns.popleft()
+                    turn.conn = conn
+                    turn.ready.release()
+                else:
+                    self._idle.append(conn)
                 return
+        self._discard(conn)
+
+    def _discard(self, conn: C) -> None:
+        """Close a connection of the pool (dead, aborted, or the client closed)."""
         self._close_connection(conn)
+        if self._pid == _forksafe.pid():
+            self._forget(1)
 
     def close(self) -> None:
         with self._pool_lock:
             self._closed = True
+            turns, self._turns = self._turns, deque()
+        for turn in turns:  # they find the client closed
+            turn.ready.release()
         self._drain()
         self._watchdog.stop()
 
@@ -138,9 +229,10 @@ class SqlBackend(ABC, Generic[C]):
         if self._pid == _forksafe.pid():
             for conn in idle:
                 self._close_connection(conn)
+            self._forget(len(idle))
 
     # -- running ------------------------------------------------------------------------
-    def run(
+    def run(  # noqa: PLR0912 - the retry policy, in one place
         self,
         what: str,
         fn: Callable[[C], T],
@@ -154,12 +246,14 @@ class SqlBackend(ABC, Generic[C]):
         """
         reconnected = False
         attempt = 0
-        give_up = time.monotonic() + self._transient_for
+        # a busy database is waited for no longer than the caller's deadline allows
+        busy_for, cut = bounded_wait(self._transient_for)
+        give_up = time.monotonic() + busy_for
         while True:
             attempt += 1
             try:
                 conn = self._checkout()
-            except BackendError:
+            except DBLockError:  # dblock's own (a deadline, a refused file): pass it on
                 raise
             except Exception as exc:
                 raise self._wrap(exc, f"cannot connect to {self.safe_url}", key) from exc
@@ -170,17 +264,17 @@ class SqlBackend(ABC, Generic[C]):
                 self._watchdog.done(ident)
                 failure = self._classify(exc)
                 if watch.aborted:
-                    self._close_connection(conn)
+                    self._discard(conn)
                     raise BackendError(
                         f"{what} on {self.safe_url} did not complete within {deadline:g} s "
                         f"(table {self.table}): the server or the network is not answering",
                         key=key,
                     ) from exc
                 if failure is None:
-                    self._close_connection(conn)
+                    self._discard(conn)
                     raise
                 if failure is Failure.DISCONNECT:
-                    self._close_connection(conn)
+                    self._discard(conn)
                     self._drain()
                     if not reconnected:
                         reconnected = True
@@ -192,10 +286,17 @@ class SqlBackend(ABC, Generic[C]):
                     ):
                         time.sleep(self._transient_pause(attempt))
                         continue
+                    if failure is Failure.TRANSIENT and cut:
+                        # busy past the caller's deadline; the statement did nothing
+                        raise DeadlinePassed(
+                            f"{what} on {self.safe_url} (table {self.table}) found the database "
+                            "busy until the caller's deadline",
+                            key=key,
+                        ) from None
                 raise self._wrap(exc, f"{what} failed on {self.safe_url}", key) from exc
             self._watchdog.done(ident)
             if watch.aborted:  # it finished just as it was being aborted
-                self._close_connection(conn)
+                self._discard(conn)
             else:
                 self._checkin(conn)
             return result
@@ -211,14 +312,13 @@ class SqlBackend(ABC, Generic[C]):
         try:
             self._reset(conn)
         except Exception:  # noqa: BLE001 - a connection that cannot reset is dropped
-            self._close_connection(conn)
+            self._discard(conn)
         else:
             self._checkin(conn)
 
     def _wrap(self, exc: BaseException, doing: str, key: str | None) -> BackendError:
-        detail = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        if self._password:
-            detail = detail.replace(self._password, "***")
+        scrub_exception(exc, self._secrets)  # it travels on as the __cause__
+        detail = scrub((str(exc).strip().splitlines() or [type(exc).__name__])[0], self._secrets)
         where = f" (table {self.table})" if key is None else f" (key {key!r}, table {self.table})"
         return BackendError(f"{doing}{where}: {detail}", key=key)
 

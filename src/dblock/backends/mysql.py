@@ -38,7 +38,7 @@ from pymysql.constants import CLIENT
 
 from .._errors import ConfigurationError
 from .._types import Kind, LockInfo
-from .._url import DatabaseURL
+from .._url import MAX_URL_TIMEOUT, DatabaseURL, url_number
 from ._doorbell import BELL_IDLE, FAILED, Bells, gate_sql
 from ._holders import HoldersMixin, Rows
 from ._names import aux_name, qualify
@@ -96,7 +96,7 @@ class MysqlBackend(HoldersMixin[Any]):
     dialect = "mysql"
 
     def __init__(self, url: DatabaseURL, schema: str | None, table: str) -> None:
-        super().__init__(url.safe, f"{schema}.{table}" if schema else table, url.password)
+        super().__init__(url, f"{schema}.{table}" if schema else table)
         unknown = set(url.query) - _INT_PARAMS - _STR_PARAMS
         if unknown:
             raise ConfigurationError(
@@ -117,10 +117,18 @@ class MysqlBackend(HoldersMixin[Any]):
             # INSERT ... SELECT takes shared locks on what it reads only under REPEATABLE READ
             "init_command": "SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ",
         }
-        try:
-            kwargs.update({k: int(v) for k, v in url.query.items() if k in _INT_PARAMS})
-        except ValueError:
-            raise ConfigurationError(f"timeouts in {url.safe!r} must be integers") from None
+        for name in _INT_PARAMS & set(url.query):  # whole seconds, as PyMySQL takes them
+            kwargs[name] = int(
+                url_number(
+                    url.query[name],
+                    name,
+                    0,
+                    safe=url.safe,
+                    minimum=1,
+                    maximum=MAX_URL_TIMEOUT,
+                    integer=True,
+                )
+            )
         kwargs.update({k: v for k, v in url.query.items() if k in _STR_PARAMS})
         # PyMySQL reads the server's greeting with read_timeout: unset, a server that accepts
         # and never greets would block connect() forever
@@ -146,6 +154,7 @@ class MysqlBackend(HoldersMixin[Any]):
             max_poll=self.max_poll,
             read_timeout=kwargs["read_timeout"],
             granted=self._granted,
+            limit=self.max_connections,
         )
 
     def _build_statements(self, schema: str | None, table: str) -> None:

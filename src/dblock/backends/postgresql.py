@@ -38,7 +38,7 @@ import psycopg
 from .. import _forksafe
 from .._errors import ConfigurationError
 from .._types import Kind, LockInfo
-from .._url import DatabaseURL
+from .._url import MAX_URL_TIMEOUT, DatabaseURL, url_number
 from ._holders import HoldersMixin, Rows
 from ._names import aux_name, qualify
 from ._sql import MAINTENANCE_DEADLINE, Failure
@@ -77,7 +77,7 @@ class PostgresBackend(HoldersMixin[psycopg.Connection[Any]]):
     def __init__(  # noqa: PLR0915 - one named SQL constant per operation, built once here
         self, url: DatabaseURL, schema: str | None, table: str
     ) -> None:
-        super().__init__(url.safe, f"{schema}.{table}" if schema else table, url.password)
+        super().__init__(url, f"{schema}.{table}" if schema else table)
         # libpq gets keywords, never the URL: it would parse a malformed URL differently from
         # dblock, and quote it (password included) in its error messages
         self._options: dict[str, Any] = {
@@ -92,8 +92,18 @@ class PostgresBackend(HoldersMixin[psycopg.Connection[Any]]):
             if v is not None
         }
         self._options.update(url.query)
-        if "connect_timeout" not in url.query:
-            self._options["connect_timeout"] = 10
+        # libpq waits forever with 0 or less: a connect is bounded by it alone
+        self._options["connect_timeout"] = int(
+            url_number(
+                url.query.get("connect_timeout"),
+                "connect_timeout",
+                10,
+                safe=url.safe,
+                minimum=1,
+                maximum=MAX_URL_TIMEOUT,
+                integer=True,
+            )
+        )
         if "application_name" not in url.query:
             self._options["application_name"] = "dblock"
         # dblock's own settings for its sessions, after any the URL gives (the last one wins):

@@ -13,8 +13,11 @@ it, so deleting rows never lets a token repeat.
 from __future__ import annotations
 
 import contextlib
+import os
 import random
 import sqlite3
+import stat
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -23,14 +26,19 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import ConfigurationError
+from .._timing import DeadlinePassed, bounded_wait
 from .._types import Kind, LockInfo
-from .._url import DatabaseURL
+from .._url import DatabaseURL, url_number
 from ._holders import HoldersMixin, Rows
 from ._names import aux_name, qualify
 from ._protocol import Subscription
 from ._sql import MAINTENANCE_DEADLINE, Failure, Sleeper
 
 MIN_VERSION = (3, 35, 0)
+#: the longest busy timeout a URL may ask for (``?timeout=``), seconds
+MAX_BUSY_TIMEOUT = 3600.0
+#: the files SQLite keeps beside a database (they take the database file's mode)
+_COMPANIONS = ("", "-wal", "-shm", "-journal")
 NOW = "((julianday('now') - 2440587.5) * 86400.0)"
 _BUSY_CODES = {"SQLITE_BUSY", "SQLITE_LOCKED"}
 
@@ -50,8 +58,9 @@ class _ChangeWatch:
     granted: int | None = None
     interval = 0.002
 
-    def __init__(self, conn: sqlite3.Connection) -> None:
+    def __init__(self, conn: sqlite3.Connection, done: threading.Semaphore) -> None:
         self._conn = conn
+        self._done = done  # released on close: the backend's count of watches
         self._version = self._read()
 
     def _read(self) -> int:
@@ -76,6 +85,7 @@ class _ChangeWatch:
     def close(self) -> None:
         with contextlib.suppress(sqlite3.Error):
             self._conn.close()
+        self._done.release()
 
 
 def _ts(value: float) -> datetime:
@@ -95,18 +105,35 @@ class SqliteBackend(HoldersMixin[sqlite3.Connection]):
                 f"dblock needs SQLite >= 3.35 (upsert with RETURNING); this Python has "
                 f"{sqlite3.sqlite_version}"
             )
-        super().__init__(url.safe, f"{schema}.{table}" if schema else table, None)
+        super().__init__(url, f"{schema}.{table}" if schema else table)
         self.path = url.database
+        if self.path == ":memory:":
+            # every connection of the pool would open a database of its own: locks taken on
+            # one would not exist for the others, nor for any other process
+            raise ConfigurationError(
+                f"{url.safe!r}: an in-memory SQLite database cannot hold dblock's locks (each "
+                "pooled connection would see its own, empty one, and no other process any); "
+                "use a file, e.g. sqlite:////tmp/locks.sqlite3, or the embedded default"
+            )
         unknown = set(url.query) - {"timeout"}
         if unknown:
             raise ConfigurationError(
                 f"unknown SQLite URL parameter(s) {sorted(unknown)} in {url.safe!r}; "
-                "supported: timeout (busy timeout in seconds)"
+                "supported: timeout (busy timeout in seconds), max_connections"
             )
-        try:
-            self.busy_timeout = float(url.query.get("timeout", "10"))
-        except ValueError:
-            raise ConfigurationError(f"timeout in {url.safe!r} must be a number") from None
+        self.busy_timeout = url_number(
+            url.query.get("timeout"),
+            "timeout",
+            10.0,
+            safe=url.safe,
+            minimum=0.0,
+            maximum=MAX_BUSY_TIMEOUT,
+        )
+        #: the embedded default: the directory and files are this user's alone
+        self._private = url.private
+        self._prepared = False
+        # each waiter's change watch has a connection of its own: at most max_connections
+        self._watches = threading.Semaphore(self.max_connections)
         t = qualify(schema, table, '"')
         meta = qualify(schema, aux_name(table, "_meta"), '"')
         holders = qualify(schema, aux_name(table, "_holders"), '"')
@@ -251,9 +278,21 @@ class SqliteBackend(HoldersMixin[sqlite3.Connection]):
         self._names = {"t": table, "m": aux_name(table, "_meta"), "h": aux_name(table, "_holders")}
 
     # -- connections ----------------------------------------------------------------------
+    def _prepare(self) -> None:
+        """Make the database's directory (and, for the embedded default, the file) exist."""
+        path = Path(self.path).expanduser()
+        if self._private:
+            _private_file(path)
+        else:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        self._prepared = True
+
     def _connect(self) -> sqlite3.Connection:
-        if self.path != ":memory:":
-            Path(self.path).expanduser().parent.mkdir(parents=True, exist_ok=True)
+        if not self._prepared:
+            self._prepare()
+        # set-up waits the busy timeout (many processes may open the file at once), but no
+        # longer than the caller's deadline allows
+        setup, cut = bounded_wait(self.busy_timeout)
         conn = sqlite3.connect(
             str(Path(self.path).expanduser()),
             timeout=self._INNER_BUSY_MS / 1000,
@@ -261,24 +300,30 @@ class SqliteBackend(HoldersMixin[sqlite3.Connection]):
             check_same_thread=False,
         )
         try:
-            # set-up waits the whole busy timeout (many processes may open the file at once)
-            conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout * 1000)}")
+            conn.execute(f"PRAGMA busy_timeout = {int(setup * 1000)}")
             # WAL: readers never block the writer. synchronous=FULL: a commit waits for the
             # disk, so a power cut cannot roll back an acquisition whose token a client saw
             # (releases relax it for their own commit: see release).
-            self._set_wal(conn)
+            self._set_wal(conn, setup)
             conn.execute("PRAGMA synchronous = FULL")
             conn.execute(f"PRAGMA busy_timeout = {self._INNER_BUSY_MS}")
+        except sqlite3.OperationalError as exc:
+            conn.close()
+            if cut and "locked" in str(exc):
+                raise DeadlinePassed(
+                    f"opening {self.safe_url} found the database busy until the caller's deadline"
+                ) from None
+            raise
         except BaseException:
             conn.close()
             raise
         return conn
 
-    def _set_wal(self, conn: sqlite3.Connection) -> None:
+    def _set_wal(self, conn: sqlite3.Connection, wait: float) -> None:
         """Switch the file to WAL. While other processes open a new file at the same moment,
         SQLite can refuse the switch with "database is locked" without waiting for its busy
-        timeout: it is retried here as any busy statement is (see below), for that long."""
-        deadline = time.monotonic() + self._transient_for
+        timeout: it is retried here as any busy statement is (see below), for ``wait`` s."""
+        deadline = time.monotonic() + wait
         attempt = 0
         while True:
             attempt += 1
@@ -461,9 +506,12 @@ class SqliteBackend(HoldersMixin[sqlite3.Connection]):
         return self.run("force_release", op, key=key)
 
     def subscribe(self, key: str, owner: str, queue: str | None = None) -> Subscription:
+        if not self._watches.acquire(blocking=False):
+            return Sleeper()  # max_connections waiters watch already: this one polls
         try:
-            return _ChangeWatch(self._connect())
-        except sqlite3.Error:
+            return _ChangeWatch(self._connect(), self._watches)
+        except (sqlite3.Error, DeadlinePassed):
+            self._watches.release()
             return Sleeper()
 
     # -- dialect hooks for the multi-holder operations ------------------------------------
@@ -511,6 +559,56 @@ class SqliteBackend(HoldersMixin[sqlite3.Connection]):
             return int(count)
 
         return self.run("purge", op, deadline=MAINTENANCE_DEADLINE)
+
+
+def _private_file(path: Path) -> None:
+    """The embedded default's directory (0700) and files (0600): this user's alone.
+
+    Anyone who can read the file reads every key, owner and note; anyone who can open it can
+    block every client by holding SQLite's locks. A directory owned by another user, or that
+    others may write to (they could swap the file), is refused; a file SQLite keeps there that
+    is not ours is refused too. Ours with looser modes (made by an older dblock) are tightened.
+    """
+    directory = path.parent
+    old_umask = os.umask(0o077)
+    try:
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    finally:
+        os.umask(old_umask)
+    _check_private(directory, "directory")
+    for suffix in _COMPANIONS:
+        companion = Path(f"{path}{suffix}")
+        with contextlib.suppress(FileNotFoundError):
+            _check_private(companion, "file")
+    # created here (not by SQLite, which would use 0644): the -wal, -shm and -journal files
+    # SQLite makes later take the database file's mode
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    os.close(fd)
+
+
+def _check_private(path: Path, what: str) -> None:
+    info = os.lstat(path)
+    if stat.S_ISLNK(info.st_mode):
+        target = os.stat(path)  # a link of ours to a place of ours is the user's choice
+        if info.st_uid != os.geteuid() or target.st_uid != os.geteuid():
+            raise ConfigurationError(
+                f"the embedded dblock database's {what} {path} is a symbolic link not owned by "
+                "you (or to a place not owned by you); remove it, or set DBLOCK_URL"
+            )
+        info = target
+    if info.st_uid != os.geteuid():
+        raise ConfigurationError(
+            f"the embedded dblock database's {what} {path} is owned by uid {info.st_uid}, not "
+            "by you: another user could read or block your locks; remove it, or set DBLOCK_URL"
+        )
+    if info.st_mode & 0o022:
+        raise ConfigurationError(
+            f"the embedded dblock database's {what} {path} is writable by other users "
+            f"(mode {stat.S_IMODE(info.st_mode):o}); run chmod go-w on it, or set DBLOCK_URL"
+        )
+    private = 0o700 if what == "directory" else 0o600
+    if stat.S_IMODE(info.st_mode) & ~private:
+        os.chmod(path, stat.S_IMODE(info.st_mode) & private)
 
 
 def _info(row: Any) -> LockInfo:

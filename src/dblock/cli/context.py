@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 
 import dblock
-from dblock._url import default_url, parse_url, redact
+from dblock._url import default_url, parse_url, redact, scrub
 from dblock._validate import MAX_TTL, check_key, check_seconds, check_table
 
 from . import exit_codes
@@ -159,11 +159,10 @@ def unavailable(url: str, exc: BaseException) -> CliError:
     if safe not in detail:
         detail = f"{safe}: {detail}"
     try:
-        password = parse_url(url).password
+        secrets = parse_url(url).secrets
     except dblock.ConfigurationError:
-        password = None
-    if password:
-        detail = detail.replace(password, "***")
+        secrets = ()
+    detail = scrub(detail, secrets)
     return CliError(f"database unavailable: {detail}", exit_codes.UNAVAILABLE)
 
 

@@ -12,7 +12,7 @@ from rich.console import Console
 
 import dblock
 
-from .._url import default_url, parse_url, redact
+from .._url import default_url, parse_url, redact, scrub
 from ._report import NoProgress, PlainProgress, RichProgress, conclusion, table, to_json, verdict
 from ._runner import MAX_QTY, Demo, Result, SetupFailed, Unreachable
 from ._strategies import STRATEGIES, Strategy, parse_strategies
@@ -163,8 +163,7 @@ def _execute(
         return EX_INTERRUPTED
     except Exception as exc:  # noqa: BLE001 - one line, no traceback, as for every command
         detail = redact((str(exc).strip().splitlines() or [type(exc).__name__])[0])
-        if url.password:
-            detail = detail.replace(url.password, "***")
+        detail = scrub(detail, url.secrets)
         print(f"dblock demo: failed: {type(exc).__name__}: {detail}", file=sys.stderr)
         return EX_FAILED
     finally:

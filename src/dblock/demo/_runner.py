@@ -14,7 +14,7 @@ from typing import Any, Protocol
 import dblock
 from dblock.backends import ddl_for, open_backend
 
-from .._url import DatabaseURL
+from .._url import DatabaseURL, scrub
 from ._db import PREFIX, DemoDB, create_inventory, drop_objects, lock_table_objects, reset_inventory
 from ._db import stock_left as read_stock
 from ._strategies import Strategy
@@ -196,9 +196,7 @@ class Demo:
 
     def _detail(self, exc: BaseException) -> str:
         text = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        if self.url.password:
-            text = text.replace(self.url.password, "***")
-        return text
+        return scrub(text, self.url.secrets)
 
     # -- running ------------------------------------------------------------------------------
     def run(self, strategy: Strategy) -> Result:
