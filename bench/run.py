@@ -14,6 +14,8 @@ Scenarios (issue 6):
      purge() over 100,000 rows
   e  queries/s issued by 8 blocked waiters while a holder sits on the lock: counted over 5 s,
      from 6 s after they queued
+  f  dblock: 8 and 32 threads of one process, each taking and releasing keys of its own, on
+     one client whose pool holds at most max_connections (10, the default, and 32) (issue 29)
 
 Each measurement runs in fresh forked processes, contenders alternate in every round (the order
 rotates each round; (a) interleaves a backend's contenders in 0.1 s slices), figures are
@@ -40,7 +42,7 @@ from typing import Any
 from bench import procs, servers, workload
 from bench.contenders import BACKENDS, Contender, Targets, select
 
-SCENARIOS = ("a", "b", "c", "d", "e")
+SCENARIOS = ("a", "b", "c", "d", "e", "f")
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
 
@@ -61,6 +63,9 @@ class Budget:
     settle: float = 6.0
     e_repeats: int = 2
     many_keys: tuple[int, ...] = (10, 1_000, 100_000)
+    #: (f) threads of one process, and the pool bounds (max_connections) they are run with
+    threads: tuple[int, ...] = (8, 32)
+    pools: tuple[int, ...] = (10, 32)
     handoff_hold: float = 0.01
     pause: float = 0.0  # sleep inside the critical section, between read and write
 
@@ -390,6 +395,89 @@ def _many_keys_rate(t: Targets, backend: str, table: str, duration: float, max_o
         return n / (time.perf_counter() - start)
 
 
+def scenario_f(backends: list[str], t: Targets, b: Budget) -> dict[str, Any]:
+    """Threads of one process on one client: pairs/s by thread count and pool bound."""
+    import dblock
+
+    out: dict[str, Any] = {}
+    cells = [(n, pool) for pool in b.pools for n in b.threads]
+    for backend in [x for x in backends if x in ("postgresql", "mysql", "sqlite")]:
+        table = f"{t.table}_f"
+        res: dict[str, Any] = {}
+        out[backend] = res
+        try:
+            with dblock.connect(t.url(backend), table=table):
+                pass
+            reps: dict[str, list[float]] = {f"{n}/{pool}": [] for n, pool in cells}
+            opened: dict[str, int] = {}
+            for r in range(b.repeats):
+                order = cells[r % len(cells) :] + cells[: r % len(cells)]
+                for n, pool in order:
+                    rate, peak = procs.run_one(
+                        _threads_rate,
+                        (t, backend, table, n, pool, b.duration, b.max_ops),
+                        timeout=b.duration + 60,
+                    )
+                    reps[f"{n}/{pool}"].append(rate)
+                    opened[f"{n}/{pool}"] = max(opened.get(f"{n}/{pool}", 0), peak)
+                    log(
+                        f"[f] round {r + 1} {backend} {n} threads, pool {pool}: {rate:,.0f} pairs/s"
+                    )
+            for cell, rates in reps.items():
+                res[cell] = {
+                    "pairs_per_s": workload.median(rates),
+                    "repeats": rates,
+                    "connections": opened[cell],
+                }
+        except Exception as exc:
+            res["error"] = f"{type(exc).__name__}: {exc}".splitlines()[0]
+            log(f"[f] {backend}: {res['error']}")
+        finally:
+            servers.drop_dblock_tables(t, backend, table)
+    return out
+
+
+def _threads_rate(
+    t: Targets, backend: str, table: str, threads: int, pool: int, duration: float, max_ops: int
+) -> tuple[float, int]:
+    """(pairs/s of all the threads, the most connections the pool had open)."""
+    import threading
+
+    import dblock
+
+    with dblock.connect(t.url(backend), table=table, max_connections=pool) as client:
+        pooled = client._backend
+        start_line = threading.Barrier(threads + 1)
+        stop = threading.Event()
+        counts = [0] * threads
+        peak = 0
+
+        def work(i: int) -> None:
+            locks = [client.lock(f"f-{i}-{j}", ttl=60) for j in range(4)]
+            start_line.wait()
+            n = 0
+            while not stop.is_set() and n < max_ops // threads:
+                lk = locks[n % len(locks)]
+                lk.acquire()
+                lk.release()
+                n += 1
+            counts[i] = n
+
+        workers = [threading.Thread(target=work, args=(i,), daemon=True) for i in range(threads)]
+        for w in workers:
+            w.start()
+        start_line.wait()
+        start = time.perf_counter()
+        end = start + duration
+        while time.perf_counter() < end and any(w.is_alive() for w in workers):
+            peak = max(peak, getattr(pooled, "_open", 0))
+            time.sleep(0.01)
+        stop.set()
+        for w in workers:
+            w.join(30)
+        return sum(counts) / (time.perf_counter() - start), peak
+
+
 # -- availability ---------------------------------------------------------------------------
 def _probe(c: Contender, t: Targets, key: str) -> str:
     adapter = c.factory(t, key)
@@ -557,6 +645,33 @@ def markdown(report: dict[str, Any]) -> str:
                 f"{_f(v.get('purge_s'), '.2f')} ({v.get('purged_rows', 0):,} rows) |"
             )
         lines.append("")
+    if "f" in res:
+        threads, pools = report["budget"]["threads"], report["budget"]["pools"]
+        lines += [
+            "### (f) dblock: threads of one process on one client, by pool bound",
+            "",
+            "Pairs/s of all the threads together (each on keys of its own), the median of the "
+            "repeats; in brackets their range and the most connections the pool had open.",
+            "",
+            "| backend | max_connections | "
+            + " | ".join(f"{n} threads" for n in threads)
+            + f" | {threads[-1]}/{threads[0]} |",
+            "|---|---:|" + "---:|" * (len(threads) + 1),
+        ]
+        for backend, v in res["f"].items():
+            if "error" in v:
+                lines.append(f"| {backend} | error: {v['error'][:100]} |")
+                continue
+            for pool in pools:
+                row = [v[f"{n}/{pool}"] for n in threads]
+                cells = " | ".join(
+                    f"{_f(c['pairs_per_s'])} ({_f(min(c['repeats']))}–{_f(max(c['repeats']))}; "
+                    f"{c['connections']} conn.)"
+                    for c in row
+                )
+                ratio = row[-1]["pairs_per_s"] / row[0]["pairs_per_s"]
+                lines.append(f"| {backend} | {pool} | {cells} | {ratio:.2f}× |")
+        lines.append("")
     if "e" in res:
         lines += [
             f"### (e) waiting cost: {report['budget']['workers']} blocked waiters, holder sits "
@@ -705,7 +820,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--hold", type=float, help="(e): seconds the holder sits on the lock")
     p.add_argument("--many-keys", help="(d): held-key counts, e.g. 10,1000,100000")
     p.add_argument("--backends", help=f"comma list of {', '.join(BACKENDS)} (default: all)")
-    p.add_argument("--scenarios", default="a,b,c,d,e", help="comma list of a,b,c,d,e")
+    p.add_argument("--scenarios", default="a,b,c,d,e,f", help="comma list of a,b,c,d,e,f")
     p.add_argument(
         "--contenders",
         help="comma list of names or parts of names (e.g. dblock,floor,tooz,pals,peers)",
@@ -809,9 +924,16 @@ def run(
 
             if "d" in scenarios and (names is None or any("dblock" in n for n in names)):
                 results["d"] = scenario_d(live_backends, t, budget)
+            if "f" in scenarios and (names is None or any("dblock" in n for n in names)):
+                results["f"] = scenario_f(live_backends, t, budget)
         report = {
             "meta": _meta(t, live_backends, started, budget, not args.no_spinner),
-            "budget": {**asdict(budget), "many_keys": list(budget.many_keys)},
+            "budget": {
+                **asdict(budget),
+                "many_keys": list(budget.many_keys),
+                "threads": list(budget.threads),
+                "pools": list(budget.pools),
+            },
             "contenders": {
                 c.id: {"kind": c.kind, "backend": c.backend, "note": c.note, **c.options}
                 for c in contenders
