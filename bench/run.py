@@ -475,7 +475,8 @@ def _threads_rate(
         stop.set()
         for w in workers:
             w.join(30)
-        return sum(counts) / (time.perf_counter() - start), peak
+        rate = sum(counts) / (time.perf_counter() - start)
+        return rate, max(peak, getattr(pooled, "_open", 0))  # the pool keeps what it opened
 
 
 # -- availability ---------------------------------------------------------------------------

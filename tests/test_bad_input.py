@@ -179,3 +179,20 @@ def test_good_notes_are_stored(client: dblock.Client, key: str) -> None:
 @pytest.mark.parametrize("older_than", [1e308, 1e20, 31_536_000.0 * 200, 2**70])
 def test_huge_purge_age_stays_in_the_hierarchy(client: dblock.Client, older_than: float) -> None:
     assert client.purge(older_than) >= 0
+
+
+def test_scheduled_job_with_at_least_equal_to_at_most(client: dblock.Client, key: str) -> None:
+    """A job that keeps the lock for its whole lease leaves it as it was: still ours (MySQL
+    counted the unchanged row as not updated, and the job ended in LockLost)."""
+    runs: list[int] = []
+
+    @client.scheduled(key, at_most=60, at_least=60)
+    def job() -> int:
+        runs.append(1)
+        return 7
+
+    assert job() == 7
+    assert runs == [1]
+    info = client.info(key)
+    assert info is not None  # kept until at_least
+    assert job() is None  # another firing within at_least skips

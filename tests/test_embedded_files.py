@@ -42,6 +42,7 @@ def test_default_directory_and_files_are_private(state: Path) -> None:
             _use(client)
             directory = state / "dblock"
             assert _mode(directory) == 0o700
+            assert _mode(state) == 0o700  # a missing state home is made as XDG says
             files = sorted(directory.iterdir())
             assert directory / "locks.sqlite3" in files
             assert any(f.name.endswith("-wal") for f in files)  # WAL mode: -wal and -shm exist

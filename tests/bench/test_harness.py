@@ -144,3 +144,18 @@ def test_check_exclusion_on_synthetic_records() -> None:
     assert lost["lost_updates"] == 1 and not lost["exclusive"]
     assert workload.handoffs(good) == pytest.approx([0.1, 0.2])
     assert workload.percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.0
+
+
+def test_threads_scenario_stays_within_the_pool(tmp_path: Path) -> None:
+    code, report, md = _main(
+        tmp_path, *TINY, "--backends", "sqlite", "--scenarios", "f", "--contenders", "dblock"
+    )
+    assert code == 0
+    f = report["results"]["f"]["sqlite"]
+    assert "error" not in f, f
+    for threads in (8, 32):
+        for pool in (10, 32):
+            cell = f[f"{threads}/{pool}"]
+            assert cell["pairs_per_s"] > 0
+            assert 1 <= cell["connections"] <= min(threads, pool)
+    assert "(f) dblock: threads of one process" in md

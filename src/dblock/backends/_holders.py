@@ -93,10 +93,12 @@ class HoldersMixin(SqlBackend[C], Generic[C]):
             calls += 1
             if self._exec(conn, sql, params)[0] == 1:
                 return True
-            if calls == 1:
-                return False
             rows = self._exec(conn, self._owner_token, {"key": params["key"]})[1]
-            return bool(rows) and rows[0][1] == params["token"]
+            if rows and (rows[0][0], rows[0][1]) == (params["owner"], params["token"]):
+                # MySQL counts changed rows, not matched ones: a hold kept as it was (a
+                # scheduled job whose at_least equals its at_most) is still ours
+                return True
+            return calls > 1 and bool(rows) and rows[0][1] == params["token"]
 
         return self.run(what, op, key=params["key"])
 

@@ -570,11 +570,12 @@ def _private_file(path: Path) -> None:
     is not ours is refused too. Ours with looser modes (made by an older dblock) are tightened.
     """
     directory = path.parent
-    old_umask = os.umask(0o077)
-    try:
-        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-    finally:
-        os.umask(old_umask)
+    # each missing directory 0700, the XDG state home too (os.makedirs would give the ones
+    # above the last the umask's mode); no umask change: it is the whole process's
+    missing = [d for d in (directory, *directory.parents) if not d.exists()]
+    for d in reversed(missing):
+        with contextlib.suppress(FileExistsError):
+            d.mkdir(mode=0o700)
     _check_private(directory, "directory")
     for suffix in _COMPANIONS:
         companion = Path(f"{path}{suffix}")
