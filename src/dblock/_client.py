@@ -200,6 +200,8 @@ class Client:
 
     # -- owner identity and re-entrant holds ----------------------------------------------
     def _identity(self) -> str:
+        # <thread> names the thread for people; ownership is by the random part (in the
+        # database) and by _lock.thread_id (re-entrancy), neither of which is ever reused
         return f"{_HOST}:{_forksafe.pid()}:{threading.get_ident()}"
 
     def _new_owner(self) -> str:

@@ -1,0 +1,253 @@
+"""Issue 29, lock semantics: re-entry is confirmed by the database (point 3), and the blocking
+API refuses to run on a thread that runs an event loop (point 16). Every backend."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+
+import dblock
+
+# -- point 3: a re-entrant acquire asks the database ---------------------------------------
+
+
+def test_reentry_after_force_release_does_not_trust_memory(
+    db_url: str, table: str, key: str
+) -> None:
+    lost = threading.Event()
+    with dblock.connect(db_url, table=table) as client, dblock.connect(
+        db_url, table=table
+    ) as operator:
+        lock = client.lock(key, ttl=30, on_lost=lambda _lock: lost.set())
+        assert lock.acquire()
+        first = lock.token
+        assert first is not None
+        assert operator.force_release(key)
+        with operator.lock(key, ttl=30) as other:  # someone else takes it at once
+            assert not lock.acquire(blocking=False)  # memory said "mine": the DB says no
+            assert lost.wait(5)
+            assert not lock.held
+            info = operator.info(key)
+            assert info is not None and info.token == other.token
+        # once free again, a re-entrant acquire is a fresh one: a new, larger token
+        assert lock.acquire(blocking=False)
+        assert lock.token is not None and lock.token > first
+        lock.release()
+        with pytest.raises(dblock.LockLost):
+            lock.release()  # the first, lost hold still reports itself
+
+
+def test_reentry_confirms_and_renews_a_live_hold(client: dblock.Client, key: str) -> None:
+    lock = client.lock(key, ttl=1.0)
+    with lock:
+        token = lock.token
+        time.sleep(0.7)
+        with lock:  # re-entry renews the lease to its ttl, as a renewal would
+            assert lock.token == token
+            time.sleep(0.7)  # past the first lease's end
+            info = client.info(key)
+            assert info is not None and info.token == token
+
+
+def test_a_new_thread_with_a_dead_threads_id_cannot_reenter(
+    client: dblock.Client, key: str
+) -> None:
+    lock = client.lock(key, ttl=30)
+    idents: list[int] = []
+
+    def take_and_die() -> None:
+        assert lock.acquire()
+        idents.append(threading.get_ident())  # exits holding it, never releasing
+
+    dead = threading.Thread(target=take_and_die)
+    dead.start()
+    dead.join()
+    results: list[bool] = []
+
+    def try_it() -> None:
+        if threading.get_ident() == idents[0]:  # Python reused the dead thread's id
+            results.append(lock.acquire(blocking=False))
+            with pytest.raises(dblock.NotHeld):
+                lock.release()
+
+    for _ in range(200):
+        thread = threading.Thread(target=try_it)
+        thread.start()
+        thread.join()
+        if results:
+            break
+    if not results:
+        pytest.skip("this platform did not reuse the thread id")
+    assert results == [False]  # the dead thread's lease is still live: not ours to enter
+
+
+_PAUSED_HOLDER = textwrap.dedent(
+    """
+    import json, sys, dblock
+    url, table, key, ttl = sys.argv[1:5]
+    with dblock.connect(url, table=table) as client:
+        lock = client.lock(key, ttl=float(ttl))
+        assert lock.acquire()
+        print(json.dumps({"token": lock.token}), flush=True)
+        sys.stdin.readline()
+        again = lock.acquire(blocking=False)
+        print(json.dumps({"reentered": again, "token": lock.token}), flush=True)
+    """
+)
+
+
+@pytest.mark.parametrize("how", ["expired", "force-released"])
+def test_a_paused_holder_whose_lease_was_taken_cannot_reenter(
+    db_url: str, table: str, key: str, how: str
+) -> None:
+    ttl = 1.0 if how == "expired" else 30.0
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    child = subprocess.Popen(
+        [sys.executable, "-c", _PAUSED_HOLDER, db_url, table, key, str(ttl)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    assert child.stdin is not None and child.stdout is not None
+    try:
+        first = json.loads(child.stdout.readline())["token"]
+        child.send_signal(signal.SIGSTOP)
+        with dblock.connect(db_url, table=table) as other:
+            if how == "force-released":
+                assert other.force_release(key)  # an operator, while the holder is frozen
+            taker = other.lock(key, ttl=30)
+            assert taker.acquire(timeout=10)
+            child.send_signal(signal.SIGCONT)
+            child.stdin.write("go\n")
+            child.stdin.flush()
+            result = json.loads(child.stdout.readline())
+            assert result["reentered"] is False
+            info = other.info(key)
+            assert info is not None and info.token == taker.token > first
+            taker.release()
+    finally:
+        child.send_signal(signal.SIGCONT)
+        child.kill()
+        child.communicate()
+
+
+# -- point 16: the blocking API on an event loop's thread ----------------------------------
+
+
+def _blocking_paths(client: dblock.Client, key: str) -> dict[str, object]:
+    """Each blocking acquire path, as a zero-argument callable."""
+
+    @client.locked("{name}", ttl=30, timeout=0)
+    def locked_job(name: str) -> None: ...
+
+    @client.scheduled(key + ":job", at_most=30)
+    def scheduled_job() -> None: ...
+
+    def enter(manager: object) -> None:
+        with manager:  # type: ignore[attr-defined]
+            pass
+
+    return {
+        "acquire": lambda: client.lock(key).acquire(),
+        "acquire-nonblocking": lambda: client.lock(key, reentrant=False).acquire(blocking=False),
+        "with": lambda: enter(client.lock(key, timeout=1)),
+        "read": lambda: enter(client.rwlock(key).read_lock()),
+        "write": lambda: enter(client.rwlock(key).write_lock()),
+        "semaphore": lambda: enter(client.semaphore(key, 3)),
+        "once": lambda: enter(client.once(key)),
+        "locked": lambda: locked_job(key),
+        "scheduled": scheduled_job,
+    }
+
+
+def test_blocking_api_refuses_to_run_on_an_event_loop(client: dblock.Client, key: str) -> None:
+    paths = _blocking_paths(client, key)
+
+    async def main() -> dict[str, BaseException | None]:
+        errors: dict[str, BaseException | None] = {}
+        for name, call in paths.items():
+            try:
+                call()  # type: ignore[operator]
+            except dblock.DBLockError as exc:
+                errors[name] = exc
+            else:
+                errors[name] = None
+        return errors
+
+    errors = asyncio.run(main())
+    for name, exc in errors.items():
+        assert isinstance(exc, dblock.DBLockError) and isinstance(exc, RuntimeError), name
+        assert "connect_async" in str(exc) and "to_thread" in str(exc), name
+    assert client.list(key) == []  # nothing was taken on the way
+    # the same calls work off the loop (a worker thread has none running)
+    with client.lock(key, timeout=1):
+        pass
+
+
+def test_many_coroutines_never_share_a_lock_silently(client: dblock.Client, key: str) -> None:
+    """The issue's scenario: a `with client.lock(key)` in concurrent handlers. Each handler
+    gets the error at once; none enters, and the loop is never blocked."""
+    entered = 0
+
+    async def handler() -> str:
+        nonlocal entered
+        try:
+            with client.lock(key, reentrant=False, timeout=0.5):
+                entered += 1
+                await asyncio.sleep(0.01)
+        except RuntimeError as exc:
+            return type(exc).__name__
+        return "entered"
+
+    async def main() -> list[str]:
+        return await asyncio.wait_for(asyncio.gather(*(handler() for _ in range(10))), 30)
+
+    outcomes = asyncio.run(main())
+    assert entered == 0
+    assert set(outcomes) == {"EventLoopError"}
+
+
+def test_the_critical_section_in_a_worker_thread_excludes(
+    client: dblock.Client, key: str
+) -> None:
+    inside = 0
+    overlaps = 0
+    total = 0
+    guard = threading.Lock()
+
+    def critical() -> None:
+        nonlocal inside, overlaps, total
+        with client.lock(key, ttl=30, timeout=60):
+            with guard:
+                inside += 1
+                overlaps += inside > 1
+            time.sleep(0.005)
+            value = total
+            time.sleep(0.001)
+            total = value + 1  # a lost update if two ran at once
+            with guard:
+                inside -= 1
+
+    async def main() -> None:
+        await asyncio.gather(*(asyncio.to_thread(critical) for _ in range(30)))
+
+    asyncio.run(main())
+    assert (overlaps, total) == (0, 30)
+
+
+def test_the_error_is_documented_in_the_tree() -> None:
+    from dblock._errors import EventLoopError
+
+    assert issubclass(EventLoopError, dblock.DBLockError)
+    assert issubclass(EventLoopError, RuntimeError)
+    assert not issubclass(EventLoopError, dblock.NotHeld)
