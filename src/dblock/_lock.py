@@ -162,6 +162,8 @@ class Hold:
         self.expires_by = sent_at + self.lease
         self.mutex = _forksafe.lock()
         self.job: Job | None = None
+        #: stops the pushed loss notice (backends that push a force-release to its holder)
+        self.unwatch: Callable[[], None] | None = None
         #: the process that took it: in a child forked while it was held, it is the parent's
         self.pid = _forksafe.pid()
 
@@ -284,7 +286,44 @@ class Lock:
         if self._reentrant:
             self._client._set_reentrant_hold(self._key, tid, hold)
         self._schedule(hold)
+        self._watch(hold)
         return True
+
+    def _watch(self, hold: Hold) -> None:
+        """Where the store pushes a force-release to the holder (PostgreSQL NOTIFY), learn of
+        it at once instead of at the next renewal, for holds whose loss someone hears of."""
+        watch: Callable[[str, str, Callable[[], None]], Callable[[], None]] | None = getattr(
+            self._client._backend, "watch", None
+        )
+        if watch is None or (self._on_lost is None and not self._auto_renew):
+            return
+        scheduler = self._client._scheduler
+
+        def heard() -> None:  # on the listener's thread: hand the check to the renewer's
+            scheduler.at(time.monotonic(), lambda: self._pushed_loss(hold))
+
+        unwatch = watch(self._key, hold.owner, heard)
+        with hold.mutex:
+            if hold.count == 0 or hold.lost:
+                unwatch()
+            else:
+                hold.unwatch = unwatch
+
+    def _pushed_loss(self, hold: Hold) -> None:
+        """Runs on the background thread after a force-release notice: confirm it in the
+        database, then the hold is lost."""
+        with hold.mutex:
+            if hold.count == 0 or hold.lost:
+                return
+            holds = self._client._backend.list(self._key)
+            if any(
+                i.key == self._key and (i.owner, i.token) == (hold.owner, hold.token) for i in holds
+            ):
+                return  # still ours (a notice about an earlier hold of the same owner)
+            hold.lost = True
+            if hold.job is not None:
+                hold.job.cancel()
+        self._report_lost(hold)
 
     def _reenter(self, hold: Hold) -> bool:
         """Count one more acquisition of ``hold`` if the database confirms it is still ours.
@@ -533,6 +572,7 @@ class Lock:
                 hold.job = None
                 raise
             hold.count = 0
+            self._unwatch(hold)
             self._pop(tid)
             self._client._drop_reentrant_hold(self._key, tid, hold)
             if not released:
@@ -568,6 +608,7 @@ class Lock:
             sent = time.monotonic()
             if not self._renew_hold(hold, new_ttl):
                 hold.lost = True
+                self._unwatch(hold)
                 if hold.job is not None:
                     hold.job.cancel()
                 raise self._lost_error(hold)
@@ -631,12 +672,19 @@ class Lock:
     def _report_lost(self, hold: Hold) -> None:
         """Log the loss and call ``on_lost`` (once per hold: callers set ``hold.lost`` first,
         under its mutex, only if it was not set)."""
+        self._unwatch(hold)
         log.warning("lost the lease of lock %r (token %d)", self._key, hold.token)
         if self._on_lost is not None:
             try:
                 self._on_lost(self)
             except Exception:
                 log.exception("on_lost callback of lock %r raised", self._key)
+
+    @staticmethod
+    def _unwatch(hold: Hold) -> None:
+        unwatch, hold.unwatch = hold.unwatch, None
+        if unwatch is not None:
+            unwatch()
 
     # -- context manager ------------------------------------------------------------------
     def __enter__(self) -> Lock:

@@ -16,6 +16,7 @@ import time
 import pytest
 
 import dblock
+from tests._servers import POSTGRESQL_URL
 
 # -- point 3: a re-entrant acquire asks the database ---------------------------------------
 
@@ -24,9 +25,10 @@ def test_reentry_after_force_release_does_not_trust_memory(
     db_url: str, table: str, key: str
 ) -> None:
     lost = threading.Event()
-    with dblock.connect(db_url, table=table) as client, dblock.connect(
-        db_url, table=table
-    ) as operator:
+    with (
+        dblock.connect(db_url, table=table) as client,
+        dblock.connect(db_url, table=table) as operator,
+    ):
         lock = client.lock(key, ttl=30, on_lost=lambda _lock: lost.set())
         assert lock.acquire()
         first = lock.token
@@ -217,9 +219,7 @@ def test_many_coroutines_never_share_a_lock_silently(client: dblock.Client, key:
     assert set(outcomes) == {"EventLoopError"}
 
 
-def test_the_critical_section_in_a_worker_thread_excludes(
-    client: dblock.Client, key: str
-) -> None:
+def test_the_critical_section_in_a_worker_thread_excludes(client: dblock.Client, key: str) -> None:
     inside = 0
     overlaps = 0
     total = 0
@@ -251,3 +251,64 @@ def test_the_error_is_documented_in_the_tree() -> None:
     assert issubclass(EventLoopError, dblock.DBLockError)
     assert issubclass(EventLoopError, RuntimeError)
     assert not issubclass(EventLoopError, dblock.NotHeld)
+
+
+# -- point 4: a force-release reaches the holder -------------------------------------------
+
+
+@pytest.mark.parametrize("auto_renew", [True, False])
+def test_force_release_is_pushed_to_the_holder_on_postgresql(
+    pg_table: str, key: str, auto_renew: bool
+) -> None:
+    """With a 60 s lease the next renewal is 20 s away: on_lost comes well before it."""
+    lost: list[dblock.Lock] = []
+    heard = threading.Event()
+
+    def on_lost(lock: dblock.Lock) -> None:
+        lost.append(lock)
+        heard.set()
+
+    with (
+        dblock.connect(POSTGRESQL_URL, table=pg_table) as client,
+        dblock.connect(POSTGRESQL_URL, table=pg_table) as operator,
+    ):
+        lock = client.lock(key, ttl=60, auto_renew=auto_renew, on_lost=on_lost)
+        lock.acquire()
+        time.sleep(0.5)  # the client's listener is up
+        other = client.lock(key + ":other", ttl=60, auto_renew=True, on_lost=on_lost)
+        other.acquire()
+        assert operator.force_release(key)
+        assert heard.wait(10)
+        assert lost == [lock] and not lock.held and other.held
+        with pytest.raises(dblock.LockLost):
+            lock.release()
+        other.release()
+        time.sleep(0.3)
+        assert lost == [lock]  # once, and never for the lock that was not freed
+
+
+def test_force_release_of_a_shared_hold_is_pushed_on_postgresql(pg_table: str, key: str) -> None:
+    heard = threading.Event()
+    with (
+        dblock.connect(POSTGRESQL_URL, table=pg_table) as client,
+        dblock.connect(POSTGRESQL_URL, table=pg_table) as operator,
+    ):
+        read = client.rwlock(key, ttl=60).read_lock(on_lost=lambda _l: heard.set(), auto_renew=True)
+        read.acquire()
+        time.sleep(0.5)
+        assert operator.force_release(key)
+        assert heard.wait(10)
+        assert not read.held
+
+
+def test_force_release_is_noticed_by_the_next_renewal_elsewhere(
+    client: dblock.Client, db_url: str, table: str, key: str
+) -> None:
+    """Where nothing is pushed (SQLite, MySQL), the documented bound: the next renewal."""
+    heard = threading.Event()
+    lock = client.lock(key, ttl=1.5, auto_renew=True, on_lost=lambda _l: heard.set())
+    lock.acquire()
+    with dblock.connect(db_url, table=table) as operator:
+        assert operator.force_release(key)
+    assert heard.wait(5)  # renewals run every ttl/3 = 0.5 s
+    assert not lock.held
