@@ -182,7 +182,9 @@ class Client:
     def force_release(self, key: str) -> bool:
         """Operator's override: end whatever live hold ``key`` has. True if one was freed.
 
-        The holder learns it on its next renewal (``on_lost``) or release (``LockLost``).
+        On PostgreSQL the holder's client hears of it at once (``on_lost``, for locks that have
+        one or ``auto_renew``); elsewhere at its next renewal, release (``LockLost``), renew or
+        re-entrant acquire.
         """
         return self._backend.force_release(check_key(key))
 

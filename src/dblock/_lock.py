@@ -7,6 +7,10 @@ you in three ways: ``held`` turns False, ``on_lost`` is called once (from the cl
 background thread), and ``release()`` / ``renew()`` raise :class:`LockLost`. Stop the work, and
 let the protected resource reject stale writes by their fencing token (``lock.token``).
 
+When a lock object learns of it: a force-release is pushed where the store can (PostgreSQL
+NOTIFY, for locks with ``on_lost`` or ``auto_renew``); otherwise at the next renewal (every
+ttl/3 with ``auto_renew``, at the lease's end without), or at release, renew or re-entry.
+
 Timeline of the race fencing protects against::
 
     A acquires (token 7) ... A pauses (GC, SIGSTOP) ...... A resumes, writes with token 7
@@ -260,7 +264,10 @@ class Lock:
         """Take the lock; return False if it was not had in time.
 
         ``blocking=False`` tries once. ``timeout`` (seconds) bounds the wait; None uses the
-        lock's own timeout, whose default None waits forever.
+        lock's own timeout, whose default None waits forever. A re-entrant acquisition asks
+        the database whether the hold is still ours (and renews it); if it is not, the hold is
+        lost and this acquire is a fresh one. On a thread that runs an asyncio event loop it
+        raises a DBLockError that is also a RuntimeError: use ``connect_async``.
         """
         if _running_loop():
             raise EventLoopError(
