@@ -322,9 +322,15 @@ class Lock:
         with hold.mutex:
             if hold.count == 0 or hold.lost:
                 return
-            holds = self._client._backend.list(self._key)
+            backend = self._client._backend
+            # shared holds are among several of the key; any other kind is the key's one hold
+            shared = self._kind in ("read", "semaphore")
+            holds = backend.list(self._key) if shared else [backend.info(self._key)]
             if any(
-                i.key == self._key and (i.owner, i.token) == (hold.owner, hold.token) for i in holds
+                i is not None
+                and i.key == self._key
+                and (i.owner, i.token) == (hold.owner, hold.token)
+                for i in holds
             ):
                 return  # still ours (a notice about an earlier hold of the same owner)
             hold.lost = True

@@ -12,6 +12,7 @@ import sys
 import textwrap
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -312,3 +313,43 @@ def test_force_release_is_noticed_by_the_next_renewal_elsewhere(
         assert operator.force_release(key)
     assert heard.wait(5)  # renewals run every ttl/3 = 0.5 s
     assert not lock.held
+
+
+_LOOP_WORKER = textwrap.dedent(
+    """
+    import asyncio, sys, time, dblock
+    url, table, key, counter = sys.argv[1:5]
+    client = dblock.connect(url, table=table)
+
+    def critical():  # the whole critical section, acquire to release, off the loop
+        with client.lock(key, ttl=30, timeout=120):
+            with open(counter) as f:
+                value = int(f.read() or 0)
+            time.sleep(0.002)
+            with open(counter, "w") as f:
+                f.write(str(value + 1))
+
+    async def main():
+        await asyncio.gather(*(asyncio.to_thread(critical) for _ in range(8)))
+
+    asyncio.run(main())
+    client.close()
+    """
+)
+
+
+def test_to_thread_critical_sections_exclude_across_processes(
+    db_url: str, table: str, key: str, tmp_path: Path
+) -> None:
+    counter = tmp_path / "counter"
+    counter.write_text("0")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _LOOP_WORKER, db_url, table, key, str(counter)], env=env
+        )
+        for _ in range(3)
+    ]
+    for proc in procs:
+        assert proc.wait(timeout=240) == 0
+    assert counter.read_text() == str(3 * 8)  # no lost update: they excluded each other
