@@ -824,7 +824,7 @@ class _Listener:
         if payload.startswith("!"):
             owner, _, key = payload[1:].partition(" ")
             with self._lock:
-                heard = self._watches.pop((key, owner), None)
+                heard = self._watches.get((key, owner))  # ends when the hold does
             if heard is not None:
                 try:
                     heard()
