@@ -193,7 +193,9 @@ class Client:
     def force_release(self, key: str) -> bool:
         """Operator's override: end whatever live hold ``key`` has. True if one was freed.
 
-        The holder learns it on its next renewal (``on_lost``) or release (``LockLost``).
+        On PostgreSQL the holder's client hears of it at once (``on_lost``, for locks that have
+        one or ``auto_renew``); elsewhere at its next renewal, release (``LockLost``), renew or
+        re-entrant acquire.
         """
         return self._backend.force_release(check_key(key))
 
@@ -213,6 +215,8 @@ class Client:
 
     # -- owner identity and re-entrant holds ----------------------------------------------
     def _identity(self) -> str:
+        # <thread> names the thread for people; ownership is by the random part (in the
+        # database) and by _lock.thread_id (re-entrancy), neither of which is ever reused
         return f"{_HOST}:{_forksafe.pid()}:{threading.get_ident()}"
 
     def _new_owner(self) -> str:

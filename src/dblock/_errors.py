@@ -6,6 +6,8 @@
     ├── LockTimeout                 also a TimeoutError
     ├── NotHeld                     also a RuntimeError
     │   └── LockLost                the lease was gone before release/renew
+    ├── (EventLoopError)            also a RuntimeError: the sync API's acquire on a thread
+    │                               that runs an asyncio event loop
     ├── InProgress                  once(): someone is processing the key now
     ├── AlreadyDone                 once(): the key has already succeeded
     ├── ConfigurationError          also a ValueError: bad URL, table name, option
@@ -56,6 +58,15 @@ class LockLost(NotHeld):
     """
 
 
+class EventLoopError(DBLockError, RuntimeError):
+    """A blocking acquire was called on a thread that is running an asyncio event loop.
+
+    All coroutines of a loop share its thread, so per-thread re-entrancy would let every one of
+    them in at once, and a blocking wait would freeze the loop. Not exported by name (API.md
+    fixes the tree): catch it as ``DBLockError`` or ``RuntimeError``.
+    """
+
+
 class InProgress(DBLockError):
     """once(): another owner is processing the key right now."""
 
@@ -77,6 +88,7 @@ for _cls in (
     LockTimeout,
     NotHeld,
     LockLost,
+    EventLoopError,
     InProgress,
     AlreadyDone,
     ConfigurationError,

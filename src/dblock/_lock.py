@@ -7,6 +7,10 @@ you in three ways: ``held`` turns False, ``on_lost`` is called once (from the cl
 background thread), and ``release()`` / ``renew()`` raise :class:`LockLost`. Stop the work, and
 let the protected resource reject stale writes by their fencing token (``lock.token``).
 
+When a lock object learns of it: a force-release is pushed where the store can (PostgreSQL
+NOTIFY, for locks with ``on_lost`` or ``auto_renew``); otherwise at the next renewal (every
+ttl/3 with ``auto_renew``, at the lease's end without), or at release, renew or re-entry.
+
 Timeline of the race fencing protects against::
 
     A acquires (token 7) ... A pauses (GC, SIGSTOP) ...... A resumes, writes with token 7
@@ -16,7 +20,9 @@ Timeline of the race fencing protects against::
 
 from __future__ import annotations
 
+import itertools
 import logging
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -24,7 +30,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING
 
 from . import _forksafe
-from ._errors import BackendError, LockLost, LockTimeout, NotHeld
+from ._errors import BackendError, EventLoopError, LockLost, LockTimeout, NotHeld
 from ._renewer import Job
 from ._timing import HEAD_POLL, Backoff, DeadlinePassed, head_backoff, reset_deadline, set_deadline
 from ._validate import check_key, check_timeout, check_ttl
@@ -41,6 +47,32 @@ PUSHED_POLL_CAP = 5.0
 FIRST_BACKOFF = 0.002
 #: lease of a waiter's queue entry: a waiter that died or froze leaves the queue after it
 QUEUE_TTL = 9.0
+
+
+def _running_loop() -> bool:
+    """True if this thread is running an asyncio event loop (without importing asyncio)."""
+    if "asyncio" not in sys.modules:
+        return False  # nothing can be running a loop that was never imported
+    import asyncio  # already loaded: no import cost
+
+    return asyncio._get_running_loop() is not None
+
+
+_THREAD = threading.local()
+_THREAD_SERIAL = itertools.count(1)
+_SERIAL_LOCK = _forksafe.lock()
+
+
+def thread_id() -> int:
+    """This thread's identity for ownership: unlike ``threading.get_ident()``, which Python
+    gives to a new thread once the old one has ended, it is never reused in this process, so
+    a new thread can never re-enter or release a hold of a thread that died holding it."""
+    serial: int | None = getattr(_THREAD, "serial", None)
+    if serial is None:
+        with _SERIAL_LOCK:
+            serial = next(_THREAD_SERIAL)
+        _THREAD.serial = serial
+    return serial
 
 
 def _fallback_backoff(cap: float) -> Backoff:
@@ -134,6 +166,8 @@ class Hold:
         self.expires_by = sent_at + self.lease
         self.mutex = _forksafe.lock()
         self.job: Job | None = None
+        #: stops the pushed loss notice (backends that push a force-release to its holder)
+        self.unwatch: Callable[[], None] | None = None
         #: the process that took it: in a child forked while it was held, it is the parent's
         self.pid = _forksafe.pid()
 
@@ -193,7 +227,7 @@ class Lock:
 
     def _current(self) -> Hold | None:
         with self._mutex:
-            refs = self._holds.get(threading.get_ident())
+            refs = self._holds.get(thread_id())
             if refs:
                 return refs[-1]
             for refs in self._holds.values():
@@ -230,18 +264,28 @@ class Lock:
         """Take the lock; return False if it was not had in time.
 
         ``blocking=False`` tries once. ``timeout`` (seconds) bounds the wait; None uses the
-        lock's own timeout, whose default None waits forever.
+        lock's own timeout, whose default None waits forever. A re-entrant acquisition asks
+        the database whether the hold is still ours (and renews it); if it is not, the hold is
+        lost and this acquire is a fresh one. On a thread that runs an asyncio event loop it
+        raises a DBLockError that is also a RuntimeError: use ``connect_async``.
         """
+        if _running_loop():
+            raise EventLoopError(
+                f"lock {self._key!r}: the blocking dblock API was called on a thread that is "
+                "running an asyncio event loop. All coroutines share this thread, so the lock "
+                "would let them all in at once, and waiting would freeze the loop. Use the "
+                "async API (client = await dblock.connect_async(...); async with "
+                "client.lock(key): ...), or run the whole critical section, acquire to release, "
+                "in a worker thread, e.g. await asyncio.to_thread(work)",
+                key=self._key,
+            )
         wait = check_timeout(timeout) if timeout is not None else self._timeout
-        tid = threading.get_ident()
+        tid = thread_id()
         if self._reentrant:
             shared = self._client._reentrant_hold(self._key, tid)
-            if shared is not None:
-                with shared.mutex:
-                    if shared.live():
-                        shared.count += 1
-                        self._push(tid, shared)
-                        return True
+            if shared is not None and shared.lock._reenter(shared):
+                self._push(tid, shared)
+                return True
         try:
             hold = self._acquire_new(blocking, wait)
         except DeadlinePassed:  # the database file or the pool stayed busy: not had in time
@@ -252,7 +296,78 @@ class Lock:
         if self._reentrant:
             self._client._set_reentrant_hold(self._key, tid, hold)
         self._schedule(hold)
+        self._watch(hold)
         return True
+
+    def _watch(self, hold: Hold) -> None:
+        """Where the store pushes a force-release to the holder (PostgreSQL NOTIFY), learn of
+        it at once instead of at the next renewal, for holds whose loss someone hears of."""
+        watch: Callable[[str, str, Callable[[], None]], Callable[[], None]] | None = getattr(
+            self._client._backend, "watch", None
+        )
+        if watch is None or (self._on_lost is None and not self._auto_renew):
+            return
+        scheduler = self._client._scheduler
+
+        def heard() -> None:  # on the listener's thread: hand the check to the renewer's
+            scheduler.at(time.monotonic(), lambda: self._pushed_loss(hold))
+
+        unwatch = watch(self._key, hold.owner, heard)
+        with hold.mutex:
+            if hold.count == 0 or hold.lost:
+                unwatch()
+            else:
+                hold.unwatch = unwatch
+
+    def _pushed_loss(self, hold: Hold) -> None:
+        """Runs on the background thread after a force-release notice: confirm it in the
+        database, then the hold is lost."""
+        with hold.mutex:
+            if hold.count == 0 or hold.lost:
+                return
+            backend = self._client._backend
+            # shared holds are among several of the key; any other kind is the key's one hold
+            shared = self._kind in ("read", "semaphore")
+            holds = backend.list(self._key) if shared else [backend.info(self._key)]
+            if any(
+                i is not None
+                and i.key == self._key
+                and (i.owner, i.token) == (hold.owner, hold.token)
+                for i in holds
+            ):
+                return  # still ours (a notice about an earlier hold of the same owner)
+            hold.lost = True
+            if hold.job is not None:
+                hold.job.cancel()
+        self._report_lost(hold)
+
+    def _reenter(self, hold: Hold) -> bool:
+        """Count one more acquisition of ``hold`` if the database confirms it is still ours.
+
+        Local memory is not enough: an operator may have force-released it, or its lease may
+        have run out while the process was paused. One round trip renews it with its token
+        (as a renewal would); if it is gone, the hold is lost (``on_lost`` fires) and the
+        caller acquires afresh, with a new token, while the lost hold's own release still
+        raises LockLost.
+        """
+        with hold.mutex:
+            if not hold.live() or hold.count == 0:
+                return False
+            sent = time.monotonic()
+            if not self._renew_hold(hold, hold.ttl):
+                if hold.job is not None:
+                    hold.job.cancel()
+                hold.lost = True
+            else:
+                hold.renewed(sent, hold.ttl)
+                if hold.job is not None:
+                    hold.job.cancel()
+                self._schedule_locked(hold)
+                hold.count += 1
+                return True
+        # on_lost runs on the background thread, as documented, not in the caller's acquire
+        self._client._scheduler.at(time.monotonic(), lambda: self._report_lost(hold))
+        return False
 
     def _acquire_new(  # noqa: PLR0912, PLR0915 - the waiting state machine, in one place
         self, blocking: bool, timeout: float | None
@@ -444,7 +559,7 @@ class Lock:
         Raises NotHeld if this owner does not hold the lock, and LockLost if its lease was
         gone (the work ran partly unprotected). Never frees another owner's hold.
         """
-        tid = threading.get_ident()
+        tid = thread_id()
         with self._mutex:
             refs = self._holds.get(tid)
             hold = refs[-1] if refs else None
@@ -477,6 +592,7 @@ class Lock:
                 hold.job = None
                 raise
             hold.count = 0
+            self._unwatch(hold)
             self._pop(tid)
             self._client._drop_reentrant_hold(self._key, tid, hold)
             if not released:
@@ -512,6 +628,7 @@ class Lock:
             sent = time.monotonic()
             if not self._renew_hold(hold, new_ttl):
                 hold.lost = True
+                self._unwatch(hold)
                 if hold.job is not None:
                     hold.job.cancel()
                 raise self._lost_error(hold)
@@ -522,7 +639,7 @@ class Lock:
 
     def _current_of_thread(self) -> Hold:
         with self._mutex:
-            refs = self._holds.get(threading.get_ident())
+            refs = self._holds.get(thread_id())
         if not refs or not refs[-1].ours():
             raise NotHeld(f"lock {self._key!r} is not held by this owner", key=self._key)
         return refs[-1]
@@ -570,12 +687,24 @@ class Lock:
                         self._schedule_locked(hold)
                         return
             hold.lost = True
+        self._report_lost(hold)
+
+    def _report_lost(self, hold: Hold) -> None:
+        """Log the loss and call ``on_lost`` (once per hold: callers set ``hold.lost`` first,
+        under its mutex, only if it was not set)."""
+        self._unwatch(hold)
         log.warning("lost the lease of lock %r (token %d)", self._key, hold.token)
         if self._on_lost is not None:
             try:
                 self._on_lost(self)
             except Exception:
                 log.exception("on_lost callback of lock %r raised", self._key)
+
+    @staticmethod
+    def _unwatch(hold: Hold) -> None:
+        unwatch, hold.unwatch = hold.unwatch, None
+        if unwatch is not None:
+            unwatch()
 
     # -- context manager ------------------------------------------------------------------
     def __enter__(self) -> Lock:

@@ -6,6 +6,13 @@ several rows (how many permits are taken, is a writer waiting) runs in a short t
 first locks the parent row, so concurrent acquirers of one key are serialised there, and the
 parent's token counter issues the fencing tokens (PostgreSQL: the token sequence).
 
+Kinds on one key: a plain lock, a write lock, a once-record and a scheduled run hold the parent
+row itself and exclude each other; read holds share with read holds, semaphore permits with
+permits, and each excludes every other kind. While shared holds are live, the parent row is
+ownerless with ``expires_at`` covering the longest of their leases, so every statement that
+takes the parent (which takes only an expired row) waits for them without reading this table:
+the parent-locking transactions of shared holds keep that cover up to date.
+
 Queue entries (``waiting = 1``) are ordered by when they were made, on the database clock; a
 waiter refreshes its entry while it waits, so a waiter that died or paused drops out of the
 queue when its entry's lease ends.
@@ -73,10 +80,32 @@ class HoldersMixin(SqlBackend[C], Generic[C]):
     def _notify(self, conn: C, key: str) -> None:
         """Wake waiters of ``key`` (where the backend pushes releases)."""
 
+    def _announce_force(self, conn: C, key: str) -> None:
+        """Tell the holders of ``key``'s live shared holds that they are being force-released
+        (where the backend can push it to them)."""
+
     # -- helpers --------------------------------------------------------------------------
     def _count(self, conn: C, where: str, params: dict[str, Any]) -> int:
         sql = f"SELECT count(*) FROM {self._holders} WHERE {where}{self._locking_read}"
         return int(self._exec(conn, sql, params)[1][0][0])
+
+    @property
+    def _cover(self) -> str:
+        """SQL: the end of the longest live shared lease of %(key)s, else now."""
+        return (
+            f"coalesce((SELECT max(h.expires_at) FROM {self._holders} h WHERE h.lock_key = "
+            f"%(key)s AND h.waiting = 0 AND h.expires_at > {self._now}), {self._now})"
+        )
+
+    def _recover(self, conn: C, key: str) -> None:
+        """After shared holds of ``key`` changed (inside the parent-locking transaction):
+        make the ownerless parent's lease cover the live ones again."""
+        self._exec(
+            conn,
+            f"UPDATE {self._main} SET expires_at = {self._cover} "
+            "WHERE lock_key = %(key)s AND owner IS NULL",
+            {"key": key},
+        )
 
     def _parent(self, conn: C, key: str) -> tuple[str | None, bool]:
         self._exec(conn, self._ensure_parent, {"key": key})
@@ -122,11 +151,16 @@ class HoldersMixin(SqlBackend[C], Generic[C]):
             with self._transaction(conn):
                 _, held = self._parent(conn, key)
                 if held:
-                    return None  # a writer (or a plain lock on this key) holds it
-                if permits is None:
-                    if self._count(conn, f"{live} AND kind = 'write' AND waiting = 1", params):
-                        return None  # a waiting writer goes first: readers do not starve it
-                else:
+                    return None  # a writer, a plain lock, a once or scheduled run holds it
+                other = (
+                    f"{live} AND ((waiting = 0 AND kind <> %(kind)s) OR "
+                    "(waiting = 1 AND kind IN ('write', 'lock')))"
+                )
+                if self._count(conn, other, params):
+                    # another kind holds it, or a writer or plain lock waits for it: it goes
+                    # first, so that shared holders do not starve it
+                    return None
+                if permits is not None:
                     taken = self._count(
                         conn,
                         f"{live} AND kind = %(kind)s AND waiting = 0 AND holder <> %(owner)s",
@@ -136,6 +170,13 @@ class HoldersMixin(SqlBackend[C], Generic[C]):
                         return None
                 token = self._next_token(conn, key)
                 self._exec(conn, self._upsert_holder, {**params, "token": token, "waiting": 0})
+                # the parent, free or expired, becomes ownerless and covers this lease
+                self._exec(
+                    conn,
+                    f"UPDATE {self._main} SET owner = NULL, token = %(token)s, "
+                    f"expires_at = {self._cover} WHERE lock_key = %(key)s",
+                    {"key": key, "token": token},
+                )
                 return token
 
         return self.run("acquire", op, key=key)
@@ -150,9 +191,12 @@ class HoldersMixin(SqlBackend[C], Generic[C]):
             nonlocal calls
             calls += 1
             sql = f"DELETE FROM {self._holders} WHERE {mine} AND expires_at > {self._now}"
-            if self._exec(conn, sql, params)[0] == 1:
-                self._notify(conn, key)
-                return True
+            with self._transaction(conn):
+                self._exec(conn, self._lock_parent, {"key": key})
+                if self._exec(conn, sql, params)[0] == 1:
+                    self._recover(conn, key)
+                    self._notify(conn, key)
+                    return True
             # after a retry the first attempt may have committed: gone is then success
             return calls > 1 and not self._count(conn, mine, params)
 
@@ -165,7 +209,16 @@ class HoldersMixin(SqlBackend[C], Generic[C]):
             "%(key)s AND holder = %(owner)s AND token = %(token)s AND waiting = 0 AND "
             f"expires_at > {self._now}"
         )
-        return self.run("renew", lambda conn: self._exec(conn, sql, params)[0] == 1, key=key)
+
+        def op(conn: C) -> bool:
+            with self._transaction(conn):
+                self._exec(conn, self._lock_parent, {"key": key})
+                if self._exec(conn, sql, params)[0] != 1:
+                    return False
+                self._recover(conn, key)
+                return True
+
+        return self.run("renew", op, key=key)
 
     # -- write locks ----------------------------------------------------------------------
     def acquire_write(self, key: str, owner: str, ttl: float) -> int | None:
@@ -178,17 +231,19 @@ class HoldersMixin(SqlBackend[C], Generic[C]):
                 if held and holder != owner:
                     return None
                 live = f"lock_key = %(key)s AND expires_at > {self._now}"
-                if self._count(conn, f"{live} AND kind = 'read' AND waiting = 0", params):
-                    return None
+                if self._count(conn, f"{live} AND waiting = 0", params):
+                    return None  # readers or semaphore permits hold it
                 token = self._next_token(conn, key)
-                self._exec(
+                taken, _ = self._exec(
                     conn,
                     f"UPDATE {self._main} SET kind = 'write', owner = %(owner)s, "
                     f"token = %(token)s, acquired_at = {self._now}, "
                     f"expires_at = {self._later('ttl')}, state = NULL, note = NULL "
-                    "WHERE lock_key = %(key)s",
+                    "WHERE lock_key = %(key)s AND kind <> 'once'",
                     {**params, "token": token},
                 )
+                if not taken:
+                    return None  # a once-record is never taken by a lock: it would be erased
                 self._exec(conn, self._dequeue_sql, params)
                 return token
 
@@ -247,7 +302,7 @@ class HoldersMixin(SqlBackend[C], Generic[C]):
         """key owner -> (the lock of key is free, live waiters ahead of owner)."""
         return (
             f"SELECT NOT EXISTS (SELECT 1 FROM {self._main} WHERE lock_key = %(key)s AND "
-            f"owner IS NOT NULL AND expires_at > {self._now}), "
+            f"expires_at > {self._now}), "  # held, or covering shared holds (no owner)
             f"(SELECT count(*) FROM {self._holders} w WHERE {self._ahead})"
         )
 
@@ -318,9 +373,13 @@ class HoldersMixin(SqlBackend[C], Generic[C]):
             f"DELETE FROM {self._holders} WHERE lock_key = %(key)s AND waiting = 0 "
             f"AND expires_at > {self._now}"
         )
-        freed = self._exec(conn, sql, {"key": key})[0]
-        if freed:
-            self._notify(conn, key)
+        with self._transaction(conn):
+            self._exec(conn, self._lock_parent, {"key": key})
+            self._announce_force(conn, key)
+            freed = self._exec(conn, sql, {"key": key})[0]
+            if freed:
+                self._recover(conn, key)
+                self._notify(conn, key)
         return freed
 
     def _purge_holders(self, conn: C, older_than: float) -> int:

@@ -5,6 +5,10 @@ round trip) where the database allows it, measures time on the database server's
 and checks owner and fencing token in the same statement that changes a hold. The core owns
 everything else: waiting, backoff, reentrancy, renewal, validation.
 
+Optional capabilities, which the core looks up by name: ``listening`` with
+``acquire_or_enqueue`` (take or join the queue in one statement) and ``watch(key, owner,
+heard)`` (a force-release of a hold is pushed to its holder's client; PostgreSQL).
+
 Every method raises only :class:`dblock.BackendError` (driver errors wrapped, ``__cause__``
 set) or :class:`dblock.ConfigurationError`.
 """

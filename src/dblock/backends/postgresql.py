@@ -28,7 +28,7 @@ import os
 import secrets
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from typing import Any
@@ -192,7 +192,7 @@ class PostgresBackend(HoldersMixin[psycopg.Connection[Any]]):
             # per failed try, competing with the holder's release).
             busy = (
                 f"NOT EXISTS (SELECT 1 FROM {t} b WHERE b.lock_key = %(key)s AND "
-                f"b.owner <> %(owner)s AND b.expires_at > {NOW})"
+                f"(b.owner IS NULL OR b.owner <> %(owner)s) AND b.expires_at > {NOW})"
             )
             return (
                 f"INSERT INTO {t} AS l (lock_key, kind, owner, token, acquired_at, expires_at)\n"
@@ -298,10 +298,14 @@ class PostgresBackend(HoldersMixin[psycopg.Connection[Any]]):
             f"pg_notify('{self.channel}', coalesce({self._head('r.lock_key')}, '') || ' ' || "
             "r.lock_key)"
         )
+        # ... and the holder's client hears "!<owner> <key>" (see watch): its on_lost fires
+        # at once instead of at its next renewal
+        lost = f"pg_notify('{self.channel}', '!' || r.old || ' ' || r.lock_key)"
         self._force = (
-            f"WITH r AS (UPDATE {t} SET owner = NULL, expires_at = {NOW} "
-            f"WHERE lock_key = %(key)s AND {held} RETURNING lock_key)\n"
-            f"SELECT {ring} FROM r"
+            f"WITH r AS (UPDATE {t} SET owner = NULL, expires_at = {NOW} FROM (SELECT lock_key "
+            f"AS k, owner AS old FROM {t} WHERE lock_key = %(key)s FOR UPDATE) o\n"
+            f"    WHERE lock_key = o.k AND {held} RETURNING lock_key, o.old)\n"
+            f"SELECT {ring}, {lost} FROM r"
         )
         # key owner -> one row if owner's queue entry was there to delete. A waiter that gives
         # up leaves the queue and, if the lock is free, rings the next head so a notification
@@ -389,7 +393,7 @@ class PostgresBackend(HoldersMixin[psycopg.Connection[Any]]):
         the row, as it is after that wait, is not held."""
         return (
             f"j AS (UPDATE {self._main} SET joins = joins + 1 WHERE lock_key = %(key)s "
-            f"{condition}\n    RETURNING owner IS NULL OR expires_at <= {NOW} AS free)"
+            f"{condition}\n    RETURNING expires_at <= {NOW} AS free)"
         )
 
     def _release_sql(self, match: str) -> str:
@@ -665,6 +669,25 @@ class PostgresBackend(HoldersMixin[psycopg.Connection[Any]]):
     def _next_token(self, conn: psycopg.Connection[Any], key: str) -> int:
         return int(conn.execute(f"SELECT nextval('{self._seq}')").fetchall()[0][0])
 
+    def _announce_force(self, conn: psycopg.Connection[Any], key: str) -> None:
+        """Tell the holders of the live shared holds of ``key`` that they are being freed
+        (delivered when the transaction that frees them commits)."""
+        conn.execute(
+            f"SELECT pg_notify('{self.channel}', '!' || holder || ' ' || lock_key) FROM "
+            f"{self._holders} WHERE lock_key = %(key)s AND waiting = 0 AND expires_at > {NOW}",
+            {"key": key},
+        )
+
+    def watch(self, key: str, owner: str, heard: Callable[[], None]) -> Callable[[], None]:
+        """Call ``heard`` (on the listener's thread: it must return quickly) when a
+        force-release of ``owner``'s hold of ``key`` commits; returns the call that stops it.
+        One LISTEN connection per client serves every watch and every waiter."""
+        with self._listener_lock:
+            if self._listener is None or not self._listener.alive():
+                self._listener = _Listener(self)
+            listener = self._listener
+        return listener.watch(key, owner, heard)
+
     def _notify(self, conn: psycopg.Connection[Any], key: str) -> None:
         conn.execute(f"SELECT pg_notify('{self.channel}', ' ' || %(key)s)", {"key": key})
 
@@ -754,6 +777,7 @@ class _Listener:
         self._backend = backend
         self.channel = f"dblock_{secrets.token_hex(8)}"
         self._subs: dict[str, set[_Subscription]] = {}
+        self._watches: dict[tuple[str, str], Callable[[], None]] = {}
         self._lock = _forksafe.lock()
         self._ready = threading.Event()
         self._stopped = threading.Event()
@@ -768,6 +792,17 @@ class _Listener:
         with self._lock:
             self._subs.setdefault(key, set()).add(sub)
         return sub
+
+    def watch(self, key: str, owner: str, heard: Callable[[], None]) -> Callable[[], None]:
+        with self._lock:
+            self._watches[key, owner] = heard
+
+        def unwatch() -> None:
+            with self._lock:
+                if self._watches.get((key, owner)) is heard:
+                    del self._watches[key, owner]
+
+        return unwatch
 
     def unsubscribe(self, sub: _Subscription) -> None:
         with self._lock:
@@ -794,7 +829,18 @@ class _Listener:
             sub.event.set()
 
     def _heard(self, payload: str) -> None:
-        """``<owner> <key>``: a release rings; ``=<token> <owner> <key>``: a hand-over."""
+        """``<owner> <key>``: a release rings; ``=<token> <owner> <key>``: a hand-over;
+        ``!<owner> <key>``: owner's hold was force-released."""
+        if payload.startswith("!"):
+            owner, _, key = payload[1:].partition(" ")
+            with self._lock:
+                heard = self._watches.get((key, owner))  # ends when the hold does
+            if heard is not None:
+                try:
+                    heard()
+                except Exception:  # a watcher's failure must not stop the wake-ups
+                    log.exception("dblock loss watch of %r failed", key)
+            return
         granted = None
         if payload.startswith("="):
             token, _, payload = payload[1:].partition(" ")
