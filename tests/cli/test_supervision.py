@@ -14,11 +14,14 @@ import contextlib
 import fcntl
 import os
 import pty
+import shlex
+import shutil
 import signal
 import subprocess
 import sys
 import termios
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -140,12 +143,12 @@ class Terminal:
     """A command run as the foreground job of a fresh pseudo-terminal, under a shell that
     is the session leader (so the terminal's hang-up at the end signals nobody else)."""
 
-    def __init__(self, argv: list[str], env: dict[str, str]) -> None:
+    def __init__(self, argv: list[str], env: dict[str, str], *, as_job: bool = True) -> None:
         master, replica = pty.openpty()
         self.master = master
         self.output = b""
         self.process = subprocess.Popen(
-            [sys.executable, "-c", JOB_SHELL, *argv],
+            [sys.executable, "-c", JOB_SHELL, *argv] if as_job else argv,
             stdin=replica,
             stdout=replica,
             stderr=replica,
@@ -254,6 +257,52 @@ def test_ctrl_c_on_a_terminal_reaches_cmd_and_its_children(
     assert not running(pid)
     assert pg.run("info", key).returncode == 1  # released
     assert probe.read_text().split() == ["True", "True"]  # CMD's own group, in the foreground
+
+
+def stalled(path: Path, seconds: float = 0.3) -> bool:
+    """No heartbeat in ``path`` for ``seconds``."""
+    before = len(beats(path))
+    time.sleep(seconds)
+    return len(beats(path)) == before
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash for job control")
+@pytest.mark.parametrize("stopped_for", [0.0, 3.5])
+def test_ctrl_z_and_fg_in_an_interactive_shell(
+    pg: Dblock, key: str, beats_dir: Path, stopped_for: float
+) -> None:
+    """Ctrl-Z stops the job (dblock follows CMD's stop, so bash sees it stopped) and ``fg``
+    continues CMD, unless the lease may have ended meanwhile: then CMD is killed, not
+    continued (exit 70)."""
+    cmd = beats_dir / "cmd"
+    env = {**pg.env, "PS1": "$ ", "HISTFILE": "/dev/null"}
+    term = Terminal(["bash", "--norc", "--noprofile", "-i"], env, as_job=False)
+    try:
+        argv = pg.argv("run", "--ttl", TTL, key, "--", *heartbeat(cmd))
+        term.type(shlex.join(argv).encode() + b"\n")
+        wait_for(lambda: beats(cmd), what="CMD to start")
+        term.type(b"\x1a")
+        wait_for(lambda: b"Stopped" in term.output, what="bash to see the job stopped")
+        assert stalled(cmd)
+        stopped_at = time.monotonic()
+        time.sleep(stopped_for)
+        term.type(b"fg\n")
+        if stopped_for:
+            term.type(b"echo status=$?\n")
+            wait_for(lambda: b"status=70" in term.output, what="dblock to exit 70")
+            assert last_beat(cmd) < stopped_at  # never continued
+        else:
+            wait_for(lambda: not stalled(cmd, 0.1), what="CMD to continue")
+            term.type(b"\x03")
+            term.type(b"echo status=$?\n")
+            wait_for(lambda: b"status=130" in term.output, what="dblock to exit 130")
+        assert pg.run("info", key).returncode == 1
+        term.type(b"exit\n")
+        assert term.wait() == 0
+    finally:
+        if term.process.poll() is None:
+            term.process.kill()
+            term.wait()
 
 
 @pytest.mark.parametrize("escape", ["", "setsid"])
