@@ -275,6 +275,7 @@ class _Guard:
                     self._stop_unrenewed()
                     return None
                 self.child.follow_job_control(self._may_run)
+                self.child.reap_orphans()
                 self.lost.wait(min(WATCH_INTERVAL, stop_at - now))
         except BaseException:
             self.child.stop(time.monotonic())  # dblock is failing: take everything down now

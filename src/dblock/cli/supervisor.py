@@ -145,7 +145,8 @@ def _child_setup(terminal: int | None) -> Callable[[], None]:
             os.setpgid(0, 0)
             # before exec, so that CMD never reads the terminal from a background group
             old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTTOU})
-            os.tcsetpgrp(terminal, os.getpgrp())
+            with suppress(OSError):  # the terminal hung up: CMD runs without it
+                os.tcsetpgrp(terminal, os.getpgrp())
             signal.pthread_sigmask(signal.SIG_SETMASK, old)
         if prctl is not None:
             prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
@@ -208,14 +209,15 @@ class Child:
         except OSError as exc:
             raise CannotStart(f"{argv[0]}: {exc.strerror}", exit_codes.CANNOT_EXECUTE) from None
         self.pgid = self.process.pid
+        if self.terminal is not None:
+            # dblock is now in the background of the terminal: under `stty tostop` a message
+            # would stop it with SIGTTOU just when it must stop CMD (CMD has its own default)
+            with suppress(ValueError):  # not the main thread: no handlers there anyway
+                signal.signal(signal.SIGTTOU, signal.SIG_IGN)
 
     @property
     def pid(self) -> int:
         return self.process.pid
-
-    @property
-    def foreground(self) -> bool:
-        return self.terminal is not None
 
     def send(self, signum: int) -> None:
         """Send ``signum`` to CMD's process group."""
@@ -268,6 +270,21 @@ class Child:
         if may_continue():
             self.send(signal.SIGCONT)
 
+    def reap_orphans(self) -> None:
+        """Reap the exited processes re-parented to dblock (never CMD: Popen reaps it), so
+        that a long run does not collect zombies."""
+        if not self.subreaper:
+            return
+        while True:
+            try:
+                info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            except ChildProcessError:
+                return
+            if info is None or info.si_pid == self.pid:
+                return
+            with suppress(ChildProcessError):
+                os.waitpid(info.si_pid, 0)
+
     def remaining(self) -> dict[int, bool]:
         """Live processes of CMD's: its group (its leader's pid when the group is not empty)
         and every descendant in /proc; True for those still running. Reaps what was
@@ -311,9 +328,9 @@ class Child:
             self.signal_all(signal.SIGCONT)  # a stopped process acts on SIGTERM only then
             while self._running_now() and time.monotonic() < kill_at:
                 time.sleep(min(_REAP_INTERVAL, max(0.0, kill_at - time.monotonic())))
-        while self._running_now():
+        while self._running_now():  # waits as long as a process is stuck in the kernel
             self.signal_all(signal.SIGKILL)
-            time.sleep(_REAP_INTERVAL / 10)
+            time.sleep(_REAP_INTERVAL)
         self.take_terminal()
         return self.process.wait()
 
