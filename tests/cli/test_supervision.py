@@ -259,6 +259,24 @@ def test_ctrl_c_on_a_terminal_reaches_cmd_and_its_children(
     assert probe.read_text().split() == ["True", "True"]  # CMD's own group, in the foreground
 
 
+def test_a_lock_handed_over_is_renewed_before_cmd_starts(
+    pg: Dblock, key: str, beats_dir: Path
+) -> None:
+    """A waiter handed the lock by its releaser gets what is left of its queue entry (at most
+    9 s) as its first lease: it renews to the full ttl before CMD starts, instead of stopping
+    CMD at once because the lease's end is nearer than the kill grace."""
+    first = pg.start("run", key, "--", "sleep", "1")
+    wait_for(lambda: pg.run("info", key).returncode == 0, what="the first run to hold the key")
+    nxt = beats_dir / "next"
+    args = ["run", "--ttl", "30", "--kill-grace", "9", "--timeout", "60", key, "--"]
+    second = pg.start(*args, *heartbeat(nxt))
+    assert finish(pg, first)[0] == 0
+    wait_for(lambda: beats(nxt), what="the second run's CMD")
+    assert not stalled(nxt, 1.0)
+    assert second.poll() is None, pg.stderr(second)
+    end_second(pg, second, nxt)
+
+
 def stalled(path: Path, seconds: float = 0.3) -> bool:
     """No heartbeat in ``path`` for ``seconds``."""
     before = len(beats(path))

@@ -206,6 +206,11 @@ def _run_holding(
 ) -> int:
     """Run CMD under the held ``lock``; release it after; CMD's status or LEASE_LOST."""
     relay.defer()
+    try:
+        _full_lease(lock)
+    except dblock.LockLost:
+        _say(f"lost the lease of {lock.key} before {command[0]} could start; not running it")
+        return exit_codes.LEASE_LOST
     log.debug("holding %r (token %s); starting %s", lock.key, lock.token, command)
     try:
         child = Child(command, env=_child_env(lock.key, lock))
@@ -227,6 +232,15 @@ def _run_holding(
     except dblock.BackendError as exc:
         _say(f"could not release {lock.key}; it expires within {duration(lock.ttl)}: {exc}")
     return status
+
+
+def _full_lease(lock: dblock.Lock) -> None:
+    """Renew now if the lease left is short (a lock handed over by its releaser comes with
+    what is left of the waiter's queue entry, at most 9 s): CMD would otherwise be stopped
+    before its first renewal, the lease's end being nearer than the kill grace."""
+    end = lock._lease_end()
+    if end is not None and end - time.monotonic() < lock.ttl * 2 / 3:
+        lock.renew()
 
 
 @dataclass
@@ -388,6 +402,7 @@ def once_command(
         try:
             with client.once(key, ttl=ttl, note=note) as hold:
                 relay.defer()
+                _full_lease(hold)
                 child = Child(command, env=_child_env(key, hold))
                 relay.attach(child)
                 _check(_Guard(child, hold, threading.Event(), grace, command).watch())
