@@ -243,6 +243,12 @@ def _full_lease(lock: dblock.Lock) -> None:
         lock.renew()
 
 
+def _after(moment: float) -> str:
+    """``in 1.2s`` for a ``time.monotonic()`` moment (``now`` if it has passed)."""
+    left = moment - time.monotonic()
+    return f"in {duration(left)}" if left > 0 else "now"
+
+
 @dataclass
 class _Guard:
     """Keeps CMD, and everything it started, inside the lease (see RUN_HELP for the rule)."""
@@ -299,30 +305,29 @@ class _Guard:
         """CMD has exited: stop what it left running, before the lock is released."""
         if not self.child.remaining():
             return
+        self._current_end()
+        kill_at = min(time.monotonic() + self.grace, self.end - self.margin)
         _say(
             f"{self.command[0]} exited leaving processes behind; stopping them before "
-            f"releasing {self.lock.key}: SIGTERM now, SIGKILL after {self.grace:g} s"
+            f"releasing {self.lock.key}: SIGTERM now, SIGKILL {_after(kill_at)}"
         )
-        self._current_end()
-        self.child.stop(min(time.monotonic() + self.grace, self.end - self.margin))
+        self.child.stop(kill_at)
 
     def _stop_lost(self) -> None:
         kill_at = min(time.monotonic() + self.grace, self.end - self.margin)
         _say(
             f"lost the lease of {self.lock.key} (ttl {duration(self.lock.ttl)}): another owner "
             f"may take it now; stopping {self.command[0]} (pid {self.child.pid}) and all it "
-            f"started: SIGTERM now, SIGKILL after {max(0.0, kill_at - time.monotonic()):.2g} s"
+            f"started: SIGTERM now, SIGKILL {_after(kill_at)}"
         )
         self.child.stop(kill_at)
 
     def _stop_unrenewed(self) -> None:
         kill_at = self.end - self.margin
-        left = max(0.0, self.end - time.monotonic())
         _say(
             f"lost the lease of {self.lock.key}: it could not be renewed (database unreachable?) "
-            f"and may end in {left:.2g} s; stopping {self.command[0]} (pid {self.child.pid}) "
-            f"and all it started: SIGTERM now, SIGKILL after "
-            f"{max(0.0, kill_at - time.monotonic()):.2g} s"
+            f"and may end {_after(self.end)}; stopping {self.command[0]} (pid {self.child.pid}) "
+            f"and all it started: SIGTERM now, SIGKILL {_after(kill_at)}"
         )
         self.child.stop(kill_at)
 
