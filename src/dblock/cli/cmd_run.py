@@ -249,6 +249,15 @@ def _after(moment: float) -> str:
     return f"in {duration(left)}" if left > 0 else "now"
 
 
+def _report_survivors(survivors: list[int], key: str) -> None:
+    if survivors:
+        names = ", ".join(f"group {-pid}" if pid < 0 else str(pid) for pid in survivors)
+        _say(
+            f"could not kill {names} (stuck in the kernel, or run as another user): they may "
+            f"keep running after {key} is released or its lease ends"
+        )
+
+
 @dataclass
 class _Guard:
     """Keeps CMD, and everything it started, inside the lease (see RUN_HELP for the rule)."""
@@ -311,7 +320,7 @@ class _Guard:
             f"{self.command[0]} exited leaving processes behind; stopping them before "
             f"releasing {self.lock.key}: SIGTERM now, SIGKILL {_after(kill_at)}"
         )
-        self.child.stop(kill_at)
+        _report_survivors(self.child.stop(kill_at), self.lock.key)
 
     def _stop_lost(self) -> None:
         kill_at = min(time.monotonic() + self.grace, self.end - self.margin)
@@ -320,7 +329,7 @@ class _Guard:
             f"may take it now; stopping {self.command[0]} (pid {self.child.pid}) and all it "
             f"started: SIGTERM now, SIGKILL {_after(kill_at)}"
         )
-        self.child.stop(kill_at)
+        _report_survivors(self.child.stop(kill_at), self.lock.key)
 
     def _stop_unrenewed(self) -> None:
         kill_at = self.end - self.margin
@@ -329,7 +338,7 @@ class _Guard:
             f"and may end {_after(self.end)}; stopping {self.command[0]} (pid {self.child.pid}) "
             f"and all it started: SIGTERM now, SIGKILL {_after(kill_at)}"
         )
-        self.child.stop(kill_at)
+        _report_survivors(self.child.stop(kill_at), self.lock.key)
 
 
 class _CommandFailed(Exception):

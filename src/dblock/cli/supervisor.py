@@ -47,6 +47,9 @@ MARGIN_SECONDS: Final = 0.25
 MARGIN_SHARE: Final = 0.01
 #: how often the stop checks whether CMD and what it started are gone, seconds
 _REAP_INTERVAL: Final = 0.01
+#: how long SIGKILLed processes may take to go (one stuck in the kernel, or that dblock may
+#: not signal, such as a command run as another user) before dblock reports them, seconds
+KILL_WAIT: Final = 5.0
 
 
 def stop_margin(ttl: float) -> float:
@@ -319,20 +322,23 @@ class Child:
                 with suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, signum)
 
-    def stop(self, kill_at: float) -> int:
+    def stop(self, kill_at: float) -> list[int]:
         """Stop CMD and everything it started: SIGTERM now, SIGKILL at ``kill_at`` (a
-        ``time.monotonic()`` moment) to whatever is left; return once all of it is gone (a
-        process stuck in the kernel may delay that), with CMD's returncode."""
+        ``time.monotonic()`` moment) to whatever is left, and wait until all of it is gone.
+        Returns what is still there KILL_WAIT seconds after the SIGKILL (pids; ``-pgid`` for
+        CMD's group where /proc is not read): empty unless a process is stuck in the kernel
+        or dblock may not signal it."""
         if time.monotonic() < kill_at:
             self.signal_all(signal.SIGTERM)
             self.signal_all(signal.SIGCONT)  # a stopped process acts on SIGTERM only then
             while self._running_now() and time.monotonic() < kill_at:
                 time.sleep(min(_REAP_INTERVAL, max(0.0, kill_at - time.monotonic())))
-        while self._running_now():  # waits as long as a process is stuck in the kernel
+        give_up = time.monotonic() + KILL_WAIT
+        while self._running_now() and time.monotonic() < give_up:
             self.signal_all(signal.SIGKILL)
             time.sleep(_REAP_INTERVAL)
         self.take_terminal()
-        return self.process.wait()
+        return sorted(self.remaining())
 
     def _running_now(self) -> bool:
         self.process.poll()
