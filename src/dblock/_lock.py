@@ -255,6 +255,15 @@ class Lock:
             return hold.owner
         return self._client._identity() + ":-"
 
+    def _lease_end(self) -> float | None:
+        """The ``time.monotonic()`` moment from which the current hold's lease may have ended
+        (the statement that started it was sent no earlier than its ttl before); None when
+        nothing is held or the hold is known lost. ``dblock run`` stops CMD ahead of it."""
+        hold = self._current()
+        if hold is None or hold.lost or not hold.ours():
+            return None
+        return hold.expires_by
+
     def locked(self) -> bool:
         """Ask the database: is the key held by anyone now?"""
         return self._client._backend.info(self._key) is not None

@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
+import time
+from collections.abc import Callable
 from contextlib import suppress
+from dataclasses import dataclass
+from typing import Any
 
 import click
 
@@ -15,7 +20,19 @@ from . import exit_codes
 from .context import LEASE, WAIT, CliError, common_options, open_client, validate_key
 from .output import describe_holder, duration
 from .status_line import HolderStatus
-from .supervisor import KILL_GRACE, CannotStart, Child, Interrupted, SignalRelay, status_of
+from .supervisor import (
+    KILL_GRACE,
+    MARGIN_SECONDS,
+    MARGIN_SHARE,
+    CannotStart,
+    Child,
+    Interrupted,
+    SignalRelay,
+    default_kill_grace,
+    shortest_ttl,
+    status_of,
+    stop_margin,
+)
 
 log = logging.getLogger("dblock")
 
@@ -46,20 +63,60 @@ Example (in the crontab of five hosts; exactly one runs the report):
 
 Waits for KEY (forever, or --timeout S; --no-wait tries once), then runs CMD as a child with
 DBLOCK_KEY, DBLOCK_TOKEN (the fencing token) and DBLOCK_OWNER in its environment, renews the
-lease every ttl/3 while CMD runs, and releases KEY when CMD ends. SIGINT, SIGTERM and SIGHUP are
-forwarded to CMD. While waiting on a terminal, a status line shows who holds KEY and for how
-long.
+lease every ttl/3 while CMD runs, and releases KEY when CMD ends. CMD runs in a process group
+of its own; SIGINT, SIGTERM and SIGHUP are forwarded to that group. While waiting on a
+terminal, a status line shows who holds KEY and for how long.
+
+Nothing CMD started outlives the lock: processes it leaves behind get SIGTERM when it exits,
+and SIGKILL --kill-grace seconds later, before KEY is released (on Linux every descendant,
+daemons that called setsid included; elsewhere CMD's process group).
+
+\b
+If the lease cannot be renewed (database unreachable), CMD and everything it started are dead
+before the lease can end, measured from when the last renewal was sent:
+  SIGTERM at  ttl - kill_grace - margin,   SIGKILL at  ttl - margin,
+  margin = max({MARGIN_SECONDS:g} s, {MARGIN_SHARE:.0%} of ttl), kill_grace = --kill-grace (default
+  ttl/6, at most {KILL_GRACE:g} s). A ttl shorter than 2 x (kill_grace + margin) is refused.
 
 \b
 Exit status:
   CMD's status (128+N if CMD died of signal N)
   {exit_codes.CONFLICT} (or --conflict-exit-code) if KEY was not had
-  {exit_codes.LEASE_LOST} if the lease was lost while CMD ran (database unreachable longer than
-     the ttl, or `dblock release --force`): CMD then gets SIGTERM, and SIGKILL
-     {KILL_GRACE:g} s later if it is still running
+  {exit_codes.LEASE_LOST} if the lease could not be renewed in time or was lost while CMD ran
+     (`dblock release --force`); CMD was stopped as above
   {exit_codes.NOT_FOUND} / {exit_codes.CANNOT_EXECUTE} if CMD was not found / could not be executed
   {exit_codes.UNAVAILABLE} if the database cannot be reached
 """
+
+
+def _kill_grace_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option(
+        "--kill-grace",
+        type=WAIT,
+        default=None,
+        metavar="S",
+        help="Seconds between SIGTERM and SIGKILL when CMD must stop "
+        f"(default: ttl/6, at most {KILL_GRACE:g}).",
+    )(fn)
+
+
+def kill_grace_for(ctx: click.Context, ttl: float, kill_grace: float | None) -> float:
+    """--kill-grace, or its default for ``ttl``; refuse a ttl too short for it (exit 2)."""
+    grace = default_kill_grace(ttl) if kill_grace is None else kill_grace
+    if grace + stop_margin(ttl) > ttl / 2:
+        if kill_grace is None:
+            change = f"use --ttl {shortest_ttl(None):g} or more"
+        else:
+            shortest = math.ceil(shortest_ttl(grace) * 100) / 100
+            change = f"use --ttl {shortest:g} or more, or a shorter --kill-grace"
+        raise click.BadParameter(
+            f"{ttl:g} s is too short for a kill grace of {grace:.3g} s: CMD gets SIGTERM "
+            f"kill grace + {stop_margin(ttl):g} s before the lease can end, and renewals need "
+            f"the first half of the lease; {change}",
+            ctx=ctx,
+            param_hint="'--ttl'",
+        )
+    return grace
 
 
 @click.command("run", help=RUN_HELP, short_help="Run CMD while holding a lock.")
@@ -91,6 +148,7 @@ Exit status:
     help="Exit status when KEY was not had.",
 )
 @click.option("-q", "--quiet", is_flag=True, help="No message when KEY was not had.")
+@_kill_grace_option
 @click.pass_context
 def run_command(
     ctx: click.Context,
@@ -102,9 +160,11 @@ def run_command(
     no_wait: bool,
     conflict_exit_code: int,
     quiet: bool,
+    kill_grace: float | None,
 ) -> int:
     if no_wait and timeout is not None:
         raise click.UsageError("--timeout and --no-wait exclude each other", ctx=ctx)
+    grace = kill_grace_for(ctx, ttl, kill_grace)
     client = open_client(ctx, close_on_exit=False)
     lost = threading.Event()
     lock = client.lock(key, ttl=ttl, auto_renew=True, on_lost=lambda _lock: lost.set())
@@ -125,7 +185,7 @@ def run_command(
                     holder = describe_holder(client.info(key))
                     _say(f"{key} is busy ({holder}); not running {command[0]}")
                 return conflict_exit_code
-            outcome = _run_holding(relay, lock, lost, command)
+            outcome = _run_holding(relay, lock, lost, command, grace)
             return outcome
     finally:
         # After a lost lease the renewal thread may still be blocked on the unreachable
@@ -138,19 +198,28 @@ def run_command(
 
 
 def _run_holding(
-    relay: SignalRelay, lock: dblock.Lock, lost: threading.Event, command: tuple[str, ...]
+    relay: SignalRelay,
+    lock: dblock.Lock,
+    lost: threading.Event,
+    command: tuple[str, ...],
+    grace: float,
 ) -> int:
     """Run CMD under the held ``lock``; release it after; CMD's status or LEASE_LOST."""
     relay.defer()
+    try:
+        _full_lease(lock)
+    except dblock.LockLost:
+        _say(f"lost the lease of {lock.key} before {command[0]} could start; not running it")
+        return exit_codes.LEASE_LOST
     log.debug("holding %r (token %s); starting %s", lock.key, lock.token, command)
     try:
         child = Child(command, env=_child_env(lock.key, lock))
     except CannotStart as exc:
         raise CliError(str(exc), exc.exit_code) from None
     relay.attach(child)
-    status = _watch(child, lock, lost)
+    guard = _Guard(child, lock, lost, grace, command)
+    status = guard.watch()
     if status is None:
-        _stop_after_loss(child, lock, command)
         return exit_codes.LEASE_LOST
     try:
         lock.release()
@@ -165,28 +234,111 @@ def _run_holding(
     return status
 
 
-def _stop_after_loss(child: Child, lock: dblock.Lock, command: tuple[str, ...]) -> None:
-    _say(
-        f"lost the lease of {lock.key} (ttl {duration(lock.ttl)}): another owner may take it "
-        f"now; stopping {command[0]} (pid {child.pid}) with SIGTERM, SIGKILL after "
-        f"{KILL_GRACE:g} s"
-    )
-    child.terminate()
+def _full_lease(lock: dblock.Lock) -> None:
+    """Renew now if the lease left is short (a lock handed over by its releaser comes with
+    what is left of the waiter's queue entry, at most 9 s): CMD would otherwise be stopped
+    before its first renewal, the lease's end being nearer than the kill grace."""
+    end = lock._lease_end()
+    if end is not None and end - time.monotonic() < lock.ttl * 2 / 3:
+        lock.renew()
 
 
-def _watch(child: Child, lock: dblock.Lock, lost: threading.Event) -> int | None:
-    """Wait for CMD; its exit status, or None as soon as the lease is known to be lost.
+def _after(moment: float) -> str:
+    """``in 1.2s`` for a ``time.monotonic()`` moment (``now`` if it has passed)."""
+    left = moment - time.monotonic()
+    return f"in {duration(left)}" if left > 0 else "now"
 
-    ``lock.held`` turns False when the lease's local deadline passes even while the renewal
-    thread is still blocked on an unreachable database, so CMD never outlives the lease by
-    more than WATCH_INTERVAL plus the kill grace.
-    """
-    while True:
-        returncode = child.poll()
-        if returncode is not None:
-            return status_of(returncode)
-        if lost.wait(WATCH_INTERVAL) or not lock.held:
+
+def _report_survivors(survivors: list[int], key: str) -> None:
+    if survivors:
+        names = ", ".join(f"group {-pid}" if pid < 0 else str(pid) for pid in survivors)
+        _say(
+            f"could not kill {names} (stuck in the kernel, or run as another user): they may "
+            f"keep running after {key} is released or its lease ends"
+        )
+
+
+@dataclass
+class _Guard:
+    """Keeps CMD, and everything it started, inside the lease (see RUN_HELP for the rule)."""
+
+    child: Child
+    lock: dblock.Lock
+    lost: threading.Event
+    grace: float
+    command: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        self.margin = stop_margin(self.lock.ttl)
+        #: the latest known moment from which the lease may have ended (time.monotonic())
+        self.end = self.lock._lease_end() or time.monotonic()
+
+    def _current_end(self) -> float | None:
+        """The lease's end as the lock knows it now; None once it is known to be lost."""
+        end = self.lock._lease_end()
+        if end is None or self.lost.is_set():
             return None
+        self.end = end
+        return end
+
+    def _may_run(self) -> bool:
+        end = self._current_end()
+        return end is not None and time.monotonic() < end - self.grace - self.margin
+
+    def watch(self) -> int | None:
+        """Wait for CMD; its exit status once it and all it started are gone, or None when
+        it had to be stopped because the lease was lost or could not be renewed in time."""
+        try:
+            while True:
+                returncode = self.child.poll()
+                if returncode is not None:
+                    self._finish()
+                    return status_of(returncode)
+                end = self._current_end()
+                if end is None:
+                    self._stop_lost()
+                    return None
+                stop_at = end - self.grace - self.margin
+                now = time.monotonic()
+                if now >= stop_at:
+                    self._stop_unrenewed()
+                    return None
+                self.child.follow_job_control(self._may_run)
+                self.child.reap_orphans()
+                self.lost.wait(min(WATCH_INTERVAL, stop_at - now))
+        except BaseException:
+            self.child.stop(time.monotonic())  # dblock is failing: take everything down now
+            raise
+
+    def _finish(self) -> None:
+        """CMD has exited: stop what it left running, before the lock is released."""
+        if not self.child.remaining():
+            return
+        self._current_end()
+        kill_at = min(time.monotonic() + self.grace, self.end - self.margin)
+        _say(
+            f"{self.command[0]} exited leaving processes behind; stopping them before "
+            f"releasing {self.lock.key}: SIGTERM now, SIGKILL {_after(kill_at)}"
+        )
+        _report_survivors(self.child.stop(kill_at), self.lock.key)
+
+    def _stop_lost(self) -> None:
+        kill_at = min(time.monotonic() + self.grace, self.end - self.margin)
+        _say(
+            f"lost the lease of {self.lock.key} (ttl {duration(self.lock.ttl)}): another owner "
+            f"may take it now; stopping {self.command[0]} (pid {self.child.pid}) and all it "
+            f"started: SIGTERM now, SIGKILL {_after(kill_at)}"
+        )
+        _report_survivors(self.child.stop(kill_at), self.lock.key)
+
+    def _stop_unrenewed(self) -> None:
+        kill_at = self.end - self.margin
+        _say(
+            f"lost the lease of {self.lock.key}: it could not be renewed (database unreachable?) "
+            f"and may end {_after(self.end)}; stopping {self.command[0]} (pid {self.child.pid}) "
+            f"and all it started: SIGTERM now, SIGKILL {_after(kill_at)}"
+        )
+        _report_survivors(self.child.stop(kill_at), self.lock.key)
 
 
 class _CommandFailed(Exception):
@@ -197,10 +349,9 @@ class _CommandFailed(Exception):
         self.status = status
 
 
-def _check(status: int | None, child: Child, hold: dblock.Lock, command: tuple[str, ...]) -> None:
+def _check(status: int | None) -> None:
     """Inside once(): raise so that a failed or stopped CMD is recorded as "failed"."""
     if status is None:
-        _stop_after_loss(child, hold, command)
         raise _LeaseLost
     if status != exit_codes.OK:
         raise _CommandFailed(status)
@@ -219,7 +370,8 @@ Example (a payout that must never run twice; safe to retry after a failure):
 Claims KEY when it has no record, when its record is "failed", or when a "processing" record's
 lease has expired (its holder crashed); runs CMD while renewing the lease; records "succeeded"
 if CMD exits 0, else "failed" (a later `dblock once` may retry it). SIGINT, SIGTERM and SIGHUP
-are forwarded to CMD, which gets DBLOCK_KEY and DBLOCK_TOKEN in its environment.
+are forwarded to CMD, which gets DBLOCK_KEY and DBLOCK_TOKEN in its environment. CMD and what it
+starts are kept inside the lease as by `dblock run` (see `dblock run --help`, --kill-grace).
 
 \b
 Exit status:
@@ -246,6 +398,7 @@ Exit status:
 )
 @click.option("--note", default=None, help="A note stored with the record.")
 @click.option("-q", "--quiet", is_flag=True, help="No message when CMD is not run.")
+@_kill_grace_option
 @click.pass_context
 def once_command(
     ctx: click.Context,
@@ -255,15 +408,18 @@ def once_command(
     ttl: float,
     note: str | None,
     quiet: bool,
+    kill_grace: float | None,
 ) -> int:
+    grace = kill_grace_for(ctx, ttl, kill_grace)
     client = open_client(ctx)
     with SignalRelay() as relay:
         try:
             with client.once(key, ttl=ttl, note=note) as hold:
                 relay.defer()
+                _full_lease(hold)
                 child = Child(command, env=_child_env(key, hold))
                 relay.attach(child)
-                _check(_watch(child, hold, threading.Event()), child, hold, command)
+                _check(_Guard(child, hold, threading.Event(), grace, command).watch())
         except dblock.AlreadyDone:
             if not quiet:
                 _say(f"{key} has already succeeded; not running {command[0]} again")

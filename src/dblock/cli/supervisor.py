@@ -1,15 +1,24 @@
-"""Running CMD as a child: signal forwarding, exit statuses, termination on lease loss.
+"""Running CMD as a child: signal forwarding, exit statuses, stopping it and all it started.
 
-Process groups: when dblock runs in the foreground of a terminal, CMD stays in dblock's
-process group so it can use the terminal, and a Ctrl-C typed there reaches CMD directly (dblock
-does not send SIGINT a second time). Otherwise (cron, systemd, scripts) CMD gets a session and
-process group of its own, and signals go to that whole group, so ``sh -c 'a; b'`` and the
-children CMD starts are stopped too.
+Process groups: CMD always runs in a process group of its own, and every signal dblock sends
+(forwarded ones, and the stop on lease loss or at the end) goes to that whole group, so a
+shell pipeline such as ``sh -c 'a | b'`` is reached too. When dblock runs in the foreground of
+a terminal, CMD's group is made the terminal's foreground group while it runs (as a shell does
+for a job): Ctrl-C and Ctrl-Z reach CMD's group straight from the terminal, and dblock takes
+the terminal back when CMD ends. Otherwise (cron, systemd, scripts) CMD also gets a session of
+its own, detached from any terminal.
+
+Descendants: on Linux dblock is a child subreaper (``PR_SET_CHILD_SUBREAPER``), so a process
+CMD started whose parent exited is re-parented to dblock instead of init, and dblock finds
+every descendant, in CMD's group or not (``setsid`` included), in ``/proc``: all of them are
+signalled and reaped before the lock is released or the lease can end. Elsewhere only CMD's
+process group is reached. Nothing CMD started outlives ``run``, unlike ``flock(1)``, whose lock
+lives as long as any process holds its descriptor.
 
 If dblock itself dies without a chance to stop CMD (SIGKILL, the OOM killer), its lease is
 no longer renewed and another host may take the lock once it runs out: so on Linux the kernel
-SIGKILLs CMD the moment dblock dies (``PR_SET_PDEATHSIG``). Processes CMD started are not
-reached by that; elsewhere, CMD outlives a killed dblock.
+SIGKILLs CMD the moment dblock dies (``PR_SET_PDEATHSIG``). CMD's own children are not reached
+by that.
 """
 
 from __future__ import annotations
@@ -19,7 +28,9 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Mapping, Sequence
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager, suppress
 from types import FrameType, TracebackType
 from typing import Final
 
@@ -27,8 +38,37 @@ from . import exit_codes
 
 #: the signals dblock passes on to CMD
 FORWARDED: Final = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-#: seconds between SIGTERM and SIGKILL when CMD must stop because the lease was lost
+#: the longest default --kill-grace, seconds (the default is ttl/6 up to this)
 KILL_GRACE: Final = 5.0
+#: CMD is stopped this much before the earliest moment its lease can end: the larger of these
+#: seconds (dblock's own reaction time on a busy host) and this share of the ttl (clock-rate
+#: differences between hosts, which NTP keeps far below 1 %)
+MARGIN_SECONDS: Final = 0.25
+MARGIN_SHARE: Final = 0.01
+#: how often the stop checks whether CMD and what it started are gone, seconds
+_REAP_INTERVAL: Final = 0.01
+#: how long SIGKILLed processes may take to go (one stuck in the kernel, or that dblock may
+#: not signal, such as a command run as another user) before dblock reports them, seconds
+KILL_WAIT: Final = 5.0
+
+
+def stop_margin(ttl: float) -> float:
+    """How long before the earliest possible end of a ``ttl`` lease everything CMD started
+    must have been SIGKILLed."""
+    return max(MARGIN_SECONDS, ttl * MARGIN_SHARE)
+
+
+def default_kill_grace(ttl: float) -> float:
+    """--kill-grace when not given: a sixth of the ttl, at most KILL_GRACE."""
+    return min(KILL_GRACE, ttl / 6)
+
+
+def shortest_ttl(kill_grace: float | None) -> float:
+    """The shortest ttl that leaves renewals the first half of each lease before a stop
+    begins (``kill_grace + stop_margin(ttl) <= ttl / 2``); None: the default kill grace."""
+    if kill_grace is None:  # ttl/6 + MARGIN_SECONDS <= ttl/2
+        return 3 * MARGIN_SECONDS
+    return max(2 * (kill_grace + MARGIN_SECONDS), 2 * kill_grace / (1 - 2 * MARGIN_SHARE))
 
 
 class Interrupted(BaseException):
@@ -50,39 +90,101 @@ class CannotStart(Exception):
         self.exit_code = exit_code
 
 
-def _in_terminal_foreground() -> bool:
-    """True if dblock's process group is the foreground group of a terminal on fd 0, 1 or 2."""
+def _foreground_terminal() -> int | None:
+    """The fd (0, 1 or 2) of a terminal whose foreground group is dblock's, or None."""
     for fd in (0, 1, 2):
         try:
             if os.isatty(fd) and os.tcgetpgrp(fd) == os.getpgrp():
-                return True
+                return fd
         except OSError:
             continue
-    return False
+    return None
+
+
+@contextmanager
+def _no_sigttou() -> Iterator[None]:
+    """tcsetpgrp from a background group, or a write to the terminal there under ``stty
+    tostop``, would stop the caller with SIGTTOU: block it meanwhile (main thread only)."""
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTTOU})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 _PR_SET_PDEATHSIG: Final = 1
+_PR_SET_CHILD_SUBREAPER: Final = 36
 
 
-def _dies_with_parent() -> Callable[[], None] | None:
-    """Linux: a function for the forked child, before exec, that has the kernel SIGKILL it
-    when dblock dies; None where that is not available."""
+def _prctl() -> Callable[..., int] | None:
     if not sys.platform.startswith("linux"):
         return None
     import ctypes  # only here: `dblock run` on Linux
 
     try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
+        fn: Callable[..., int] = ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError):
         return None
+    return fn
+
+
+def _become_subreaper() -> bool:
+    """Linux: orphaned descendants are re-parented to this process, not to init."""
+    prctl = _prctl()
+    return prctl is not None and prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+
+
+def _child_setup(terminal: int | None) -> Callable[[], None]:
+    """What the forked child does before exec: its own process group (and, without a
+    terminal, session); the terminal's foreground if dblock had it; on Linux, SIGKILL when
+    dblock dies. No locks, no allocation beyond the calls themselves."""
+    prctl = _prctl()
     parent = os.getpid()
 
-    def arm() -> None:  # in the child: no locks, no allocation beyond the call itself
-        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        if os.getppid() != parent:  # dblock died before the request took effect
-            os.kill(os.getpid(), signal.SIGKILL)
+    def setup() -> None:
+        if terminal is None:
+            os.setsid()
+        else:
+            os.setpgid(0, 0)
+            # before exec, so that CMD never reads the terminal from a background group
+            old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTTOU})
+            with suppress(OSError):  # the terminal hung up: CMD runs without it
+                os.tcsetpgrp(terminal, os.getpgrp())
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        if prctl is not None:
+            prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+            if os.getppid() != parent:  # dblock died before the request took effect
+                os.kill(os.getpid(), signal.SIGKILL)
 
-    return arm
+    return setup
+
+
+def descendants(root: int) -> dict[int, bool]:
+    """Linux: every descendant of ``root`` found in /proc, mapped to whether it is still
+    running (False: a zombie). Empty where there is no /proc."""
+    parents: dict[int, list[tuple[int, bool]]] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return {}
+    for name in entries:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as stat:
+                data = stat.read()
+        except OSError:
+            continue  # gone meanwhile
+        fields = data[data.rindex(b")") + 2 :].split()
+        parents.setdefault(int(fields[1]), []).append((int(name), fields[0] != b"Z"))
+    found: dict[int, bool] = {}
+    todo = [root]
+    while todo:
+        for pid, running in parents.get(todo.pop(), ()):
+            if pid not in found:
+                found[pid] = running
+                todo.append(pid)
+    return found
 
 
 def status_of(returncode: int) -> int:
@@ -91,16 +193,17 @@ def status_of(returncode: int) -> int:
 
 
 class Child:
-    """CMD running as a child process."""
+    """CMD running as a child process, in a process group of its own."""
 
     def __init__(self, argv: Sequence[str], env: Mapping[str, str] | None = None) -> None:
-        self.foreground = _in_terminal_foreground()
+        self.terminal = _foreground_terminal()
+        #: orphans CMD leaves are re-parented to dblock, so /proc shows them all
+        self.subreaper = _become_subreaper()
         try:
             self.process = subprocess.Popen(  # noqa: S603 - running CMD is the point
                 list(argv),
                 env=env,
-                start_new_session=not self.foreground,
-                preexec_fn=_dies_with_parent(),  # noqa: PLW1509 - one prctl call, no locks
+                preexec_fn=_child_setup(self.terminal),  # noqa: PLW1509 - no locks taken
             )
         except FileNotFoundError:
             raise CannotStart(f"{argv[0]}: command not found", exit_codes.NOT_FOUND) from None
@@ -108,42 +211,138 @@ class Child:
             raise CannotStart(f"{argv[0]}: permission denied", exit_codes.CANNOT_EXECUTE) from None
         except OSError as exc:
             raise CannotStart(f"{argv[0]}: {exc.strerror}", exit_codes.CANNOT_EXECUTE) from None
+        self.pgid = self.process.pid
+        if self.terminal is not None:
+            # dblock is now in the background of the terminal: under `stty tostop` a message
+            # would stop it with SIGTTOU just when it must stop CMD (CMD has its own default)
+            with suppress(ValueError):  # not the main thread: no handlers there anyway
+                signal.signal(signal.SIGTTOU, signal.SIG_IGN)
 
     @property
     def pid(self) -> int:
         return self.process.pid
 
     def send(self, signum: int) -> None:
-        """Send ``signum`` to CMD (to its whole process group when it has its own)."""
-        try:
-            if self.foreground:
-                if self.process.returncode is None:
-                    self.process.send_signal(signum)
-            else:
-                os.killpg(self.process.pid, signum)
-        except (ProcessLookupError, PermissionError):
-            pass  # already gone
+        """Send ``signum`` to CMD's process group."""
+        with suppress(ProcessLookupError, PermissionError):  # already gone
+            os.killpg(self.pgid, signum)
 
     def forward(self, signum: int) -> None:
-        """Pass on a signal dblock received (a terminal's Ctrl-C has reached CMD already)."""
-        if self.foreground and signum == signal.SIGINT:
-            return
+        """Pass on a signal dblock received. A Ctrl-C typed on the terminal has reached CMD's
+        group directly; one sent to dblock alone (``kill -INT``) is passed on like the rest."""
         self.send(signum)
 
     def poll(self) -> int | None:
-        return self.process.poll()
+        returncode = self.process.poll()
+        if returncode is not None:
+            self.take_terminal()
+        return returncode
 
-    def terminate(self, grace: float = KILL_GRACE) -> int:
-        """SIGTERM, then SIGKILL after ``grace`` seconds; return the child's returncode."""
-        self.send(signal.SIGTERM)
+    def take_terminal(self) -> None:
+        """Make dblock's group the terminal's foreground again (after CMD ended or stopped)."""
+        if self.terminal is None:
+            return
+        with _no_sigttou():
+            try:
+                if os.tcgetpgrp(self.terminal) == self.pgid:
+                    os.tcsetpgrp(self.terminal, os.getpgrp())
+            except OSError:
+                pass  # the terminal is gone (hung up)
+
+    def follow_job_control(self, may_continue: Callable[[], bool]) -> None:
+        """If Ctrl-Z stopped CMD, stop dblock's own job too, as a shell expects of a job;
+        when the shell continues dblock, continue CMD (in the terminal's foreground again
+        after ``fg``), unless ``may_continue()`` says the lease no longer allows it."""
+        if self.terminal is None or not hasattr(os, "waitid"):
+            return
         try:
-            return self.process.wait(grace)
-        except subprocess.TimeoutExpired:
-            self.send(signal.SIGKILL)
-            return self.process.wait()
-        finally:
-            if not self.foreground:
-                self.send(signal.SIGKILL)  # whatever CMD left behind in its group
+            info = os.waitid(os.P_PID, self.pid, os.WSTOPPED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            return
+        terminal_stops = (signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU)
+        if info is None or info.si_code != os.CLD_STOPPED or info.si_status not in terminal_stops:
+            return
+        self.take_terminal()
+        os.killpg(os.getpgrp(), signal.SIGTSTP)  # returns once the shell continues dblock
+        with _no_sigttou():
+            try:
+                if os.tcgetpgrp(self.terminal) == os.getpgrp():  # `fg`, not `bg`
+                    os.tcsetpgrp(self.terminal, self.pgid)
+            except OSError:
+                pass
+        if may_continue():
+            self.send(signal.SIGCONT)
+
+    def reap_orphans(self) -> None:
+        """Reap the exited processes re-parented to dblock (never CMD: Popen reaps it), so
+        that a long run does not collect zombies."""
+        if not self.subreaper:
+            return
+        while True:
+            try:
+                info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            except ChildProcessError:
+                return
+            if info is None or info.si_pid == self.pid:
+                return
+            with suppress(ChildProcessError):
+                os.waitpid(info.si_pid, 0)
+
+    def remaining(self) -> dict[int, bool]:
+        """Live processes of CMD's: its group (its leader's pid when the group is not empty)
+        and every descendant in /proc; True for those still running. Reaps what was
+        re-parented to dblock and has exited."""
+        found = descendants(os.getpid()) if self.subreaper else {}
+        for pid, running in list(found.items()):
+            if not running and pid != self.pid:
+                try:
+                    if os.waitpid(pid, os.WNOHANG)[0] == pid:  # an orphan of ours, now reaped
+                        del found[pid]
+                except ChildProcessError:
+                    pass  # someone else's to reap
+        if self.process.returncode is None:
+            found.setdefault(self.pid, True)
+        else:
+            found.pop(self.pid, None)
+        try:
+            os.killpg(self.pgid, 0)
+        except ProcessLookupError:
+            pass  # the group is empty
+        except PermissionError:
+            found.setdefault(-self.pgid, True)  # a member changed its user: still there
+        else:
+            found.setdefault(-self.pgid, True)
+        return {pid: running for pid, running in found.items() if running}
+
+    def signal_all(self, signum: int) -> None:
+        """Send ``signum`` to CMD's group and to every descendant of dblock."""
+        self.send(signum)
+        for pid in self.remaining():
+            if pid > 0:
+                with suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signum)
+
+    def stop(self, kill_at: float) -> list[int]:
+        """Stop CMD and everything it started: SIGTERM now, SIGKILL at ``kill_at`` (a
+        ``time.monotonic()`` moment) to whatever is left, and wait until all of it is gone.
+        Returns what is still there KILL_WAIT seconds after the SIGKILL (pids; ``-pgid`` for
+        CMD's group where /proc is not read): empty unless a process is stuck in the kernel
+        or dblock may not signal it."""
+        if time.monotonic() < kill_at:
+            self.signal_all(signal.SIGTERM)
+            self.signal_all(signal.SIGCONT)  # a stopped process acts on SIGTERM only then
+            while self._running_now() and time.monotonic() < kill_at:
+                time.sleep(min(_REAP_INTERVAL, max(0.0, kill_at - time.monotonic())))
+        give_up = time.monotonic() + KILL_WAIT
+        while self._running_now() and time.monotonic() < give_up:
+            self.signal_all(signal.SIGKILL)
+            time.sleep(_REAP_INTERVAL)
+        self.take_terminal()
+        return sorted(self.remaining())
+
+    def _running_now(self) -> bool:
+        self.process.poll()
+        return bool(self.remaining())
 
 
 class SignalRelay:
