@@ -8,6 +8,7 @@ import os
 import sys
 import traceback
 from collections.abc import Sequence
+from typing import TextIO, cast
 
 import click
 
@@ -18,6 +19,7 @@ from .cmd_admin import info_command, list_command, purge_command, release_comman
 from .cmd_external import bench_command, demo_command
 from .cmd_run import once_command, run_command
 from .context import CliError, Settings, common_options, unavailable
+from .output import EscapingStream, printable
 from .supervisor import Interrupted
 
 log = logging.getLogger("dblock")
@@ -77,6 +79,14 @@ class _QuietRepeats(logging.Filter):
         return True
 
 
+class _EscapingFormatter(logging.Formatter):
+    """Log messages quote keys and owners: escape what a terminal would act on (the traceback
+    that --debug adds is left as it is)."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        return printable(super().formatMessage(record))
+
+
 class _Logging:
     """The CLI's log handler on stderr: warnings by default, everything with --debug."""
 
@@ -86,7 +96,7 @@ class _Logging:
     @classmethod
     def install(cls) -> None:
         cls.handler = logging.StreamHandler(sys.stderr)
-        cls.handler.setFormatter(logging.Formatter("dblock: %(message)s"))
+        cls.handler.setFormatter(_EscapingFormatter("dblock: %(message)s"))
         cls.handler.addFilter(_QuietRepeats())
         cls.previous_level = log.level
         log.addHandler(cls.handler)
@@ -104,7 +114,7 @@ def enable_debug() -> None:
     """--debug: log everything dblock does, with times and threads."""
     if _Logging.handler is not None:
         _Logging.handler.setFormatter(
-            logging.Formatter("%(asctime)s dblock[%(threadName)s] %(levelname)s %(message)s")
+            _EscapingFormatter("%(asctime)s dblock[%(threadName)s] %(levelname)s %(message)s")
         )
     log.setLevel(logging.DEBUG)
 
@@ -129,7 +139,8 @@ def run_main(argv: Sequence[str] | None) -> int:
         except click.ClickException as exc:
             if settings.debug:
                 traceback.print_exc()
-            exc.show()
+            # usage errors quote the arguments given
+            exc.show(cast("TextIO", EscapingStream(sys.stderr)))
             return exc.exit_code
         except Interrupted as exc:  # a signal while `run` waited, outside its own handling
             return exit_codes.SIGNAL_BASE + exc.signum

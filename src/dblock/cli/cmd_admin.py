@@ -16,14 +16,15 @@ from .context import (
     settings_of,
     validate_key,
 )
-from .output import describe_holder, json_line, print_info, print_table
+from .output import describe_holder, json_line, print_info, print_table, printable
 
 
 @click.command(
     "list",
     short_help="Show current holds.",
-    help="""Show the current holds, sorted by key: a table (key, owner, token, held for,
-expires in), or with --json one JSON object per line (times in ISO-8601 UTC).
+    help="""Show the current holds, sorted by key: a table (key, kind, owner, token, held for,
+expires in; characters a terminal would act on are shown escaped, as \\x1b), or with --json
+one JSON object per line (exact; times in ISO-8601 UTC).
 
 \b
 Example:
@@ -62,7 +63,7 @@ Example:
 def info_command(ctx: click.Context, key: str, as_json: bool) -> int:
     info = open_client(ctx).info(key)
     if info is None:
-        click.echo(f"dblock: {key} is not held", err=True)
+        click.echo(f"dblock: {printable(key)} is not held", err=True)
         return exit_codes.FAILURE
     if as_json:
         click.echo(json_line(info))
@@ -97,9 +98,9 @@ def release_command(ctx: click.Context, key: str, force: bool) -> int:
     client = open_client(ctx)
     before = client.info(key)
     if client.force_release(key):
-        click.echo(f"released {key} ({describe_holder(before)})")
+        click.echo(f"released {printable(key)} ({describe_holder(before)})")
         return exit_codes.OK
-    click.echo(f"dblock: {key} was not held", err=True)
+    click.echo(f"dblock: {printable(key)} was not held", err=True)
     return exit_codes.FAILURE
 
 

@@ -13,7 +13,7 @@ import dblock
 
 from . import exit_codes
 from .context import LEASE, WAIT, CliError, common_options, open_client, validate_key
-from .output import describe_holder, duration
+from .output import describe_holder, duration, printable
 from .status_line import HolderStatus
 from .supervisor import KILL_GRACE, CannotStart, Child, Interrupted, SignalRelay, status_of
 
@@ -26,7 +26,7 @@ DEFAULT_ONCE_TTL = 30.0
 
 
 def _say(message: str) -> None:
-    click.echo(f"dblock: {message}", err=True)
+    click.echo(f"dblock: {printable(message)}", err=True)
 
 
 def _child_env(key: str, lock: dblock.Lock) -> dict[str, str]:

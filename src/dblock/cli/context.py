@@ -46,7 +46,9 @@ class CliError(click.ClickException):
         setattr(self, "exit_code", exit_code)  # noqa: B010
 
     def show(self, file: Any = None) -> None:
-        click.echo(f"dblock: {self.format_message()}", file=file or sys.stderr)
+        from .output import printable  # messages quote keys, owners and notes
+
+        click.echo(f"dblock: {printable(self.format_message())}", file=file or sys.stderr)
 
 
 def settings_of(ctx: click.Context) -> Settings:
