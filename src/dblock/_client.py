@@ -34,8 +34,10 @@ def connect(
 
     ``url=None`` means the ``DBLOCK_URL`` environment variable, else an embedded SQLite file in
     the user's state directory (shared by the processes of this host). With
-    ``create_schema=True`` missing tables are created (idempotent, safe under concurrency);
-    with False a missing table raises ConfigurationError.
+    ``create_schema=True`` missing tables are created (idempotent, safe under concurrency)
+    and those of an earlier dblock upgraded; with False nothing is created or altered, and a
+    missing or outdated table raises ConfigurationError. A table of that name that is not
+    dblock's (it lacks dblock's columns) raises ConfigurationError either way, untouched.
 
     >>> with dblock.connect("postgresql://app@db/app") as client:
     ...     with client.lock("nightly-report", ttl=60):

@@ -43,6 +43,8 @@ from ._doorbell import BELL_IDLE, FAILED, Bells, gate_sql
 from ._holders import HoldersMixin, Rows
 from ._names import aux_name, qualify
 from ._protocol import Subscription
+from ._schema import HOLDERS, MAIN, META, missing, refuse_foreign
+from ._schema import outdated as outdated_error
 from ._sql import MAINTENANCE_DEADLINE, Failure, Sleeper
 
 NOW = "UTC_TIMESTAMP(6)"
@@ -516,23 +518,36 @@ class MysqlBackend(HoldersMixin[Any]):
             alters += [alter for name, alter in padded.items() if (name, None) in found]
             return [_for_server(alter, mysql8) for alter in alters]
 
+        required = dict(zip(self._names, (MAIN, META, HOLDERS), strict=True))
+
         def op(conn: Any) -> None:
             with conn.cursor() as cur:
                 cur.execute(
-                    "SELECT COUNT(*), VERSION() NOT LIKE '%%MariaDB%%' "
-                    "FROM information_schema.tables WHERE table_schema = COALESCE(%s, DATABASE()) "
-                    "AND table_name IN (%s, %s, %s)",
+                    "SELECT t.table_name, c.column_name, VERSION() NOT LIKE '%%MariaDB%%' "
+                    "FROM information_schema.tables t LEFT JOIN information_schema.columns c "
+                    "ON c.table_schema = t.table_schema AND c.table_name = t.table_name "
+                    "WHERE t.table_schema = COALESCE(%s, DATABASE()) "
+                    "AND t.table_name IN (%s, %s, %s)",
                     (self._schema, *self._names),
                 )
-                count, mysql8 = cur.fetchone()
-                if count == len(self._names) and not outdated(cur, mysql8):
-                    return
-                if not create:
-                    raise ConfigurationError(
-                        f"the lock table {self.table} does not exist in {self.safe_url}, or is "
-                        "of an earlier dblock; create it with connect(create_schema=True) or "
-                        "apply `dblock schema --dialect mysql`"
-                    )
+                rows = cur.fetchall()
+                if not rows:
+                    cur.execute("SELECT VERSION() NOT LIKE '%MariaDB%'")
+                mysql8 = rows[0][2] if rows else cur.fetchone()[0]
+                found: dict[str, set[str]] = {}
+                ours = {name.lower(): name for name in self._names}  # lower_case_table_names
+                for name, column, _ in rows:
+                    found.setdefault(ours[name.lower()], set()).update([column] if column else [])
+                refuse_foreign(self.table, self.safe_url, found, required)
+                if len(found) == len(self._names):
+                    alters = outdated(cur, mysql8)
+                    if not alters:
+                        return
+                    if not create:
+                        lacking = [a.split(" ", 2)[2] for a in alters]  # "ALTER TABLE x ..."
+                        raise outdated_error(self.table, self.safe_url, self.dialect, lacking)
+                elif not create:
+                    raise missing(self.table, self.safe_url, self.dialect)
                 cur.execute("SELECT GET_LOCK(%s, 60)", (self._ddl_lock,))
                 try:
                     for statement in self._ddl:

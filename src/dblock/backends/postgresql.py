@@ -36,11 +36,11 @@ from typing import Any
 import psycopg
 
 from .. import _forksafe
-from .._errors import ConfigurationError
 from .._types import Kind, LockInfo
 from .._url import DatabaseURL
 from ._holders import HoldersMixin, Rows
 from ._names import aux_name, qualify
+from ._schema import HOLDERS, MAIN, SEQUENCE, missing, outdated, refuse_foreign
 from ._sql import MAINTENANCE_DEADLINE, Failure
 
 log = logging.getLogger("dblock")
@@ -331,12 +331,13 @@ class PostgresBackend(HoldersMixin[psycopg.Connection[Any]]):
             "AND (kind <> 'once' OR (%(inc)s AND state IN ('succeeded', 'failed'))) "
             f"AND {self._no_live_holders(t)}"
         )
-        # every object the schema has (see MysqlBackend._names for why)
-        self._exists = (
-            "SELECT to_regclass(%(t)s) IS NOT NULL AND to_regclass(%(s)s) IS NOT NULL "
-            "AND (SELECT count(*) FROM pg_attribute WHERE NOT attisdropped AND "
-            "(attrelid, attname) IN ((to_regclass(%(h)s), 'lease'), "
-            "(to_regclass(%(h)s), 'channel'), (to_regclass(%(t)s), 'joins'))) = 3"
+        # (object, column) of every object the schema has that exists (column NULL if none;
+        # a sequence's columns are last_value, log_cnt, is_called)
+        self._columns = (
+            "SELECT n.k, a.attname FROM (VALUES ('t', to_regclass(%(t)s)), "
+            "('s', to_regclass(%(s)s)), ('h', to_regclass(%(h)s))) AS n (k, oid) "
+            "LEFT JOIN pg_attribute a ON a.attrelid = n.oid AND a.attnum > 0 "
+            "AND NOT a.attisdropped WHERE n.oid IS NOT NULL"
         )
         # the hand-over's columns, absent from tables of dblock 0.1.0.dev before it: part of
         # the DDL, so that applying `dblock schema` upgrades such tables too
@@ -467,16 +468,27 @@ class PostgresBackend(HoldersMixin[psycopg.Connection[Any]]):
         return list(self._ddl)
 
     def ensure_schema(self, create: bool) -> None:
+        required = {"t": MAIN, "s": SEQUENCE, "h": HOLDERS}
+        # what tables of dblock 0.1.0.dev before them lack
+        added = {("h", "lease"), ("h", "channel"), ("t", "joins")}
+
         def op(conn: psycopg.Connection[Any]) -> None:
-            row = conn.execute(self._exists, self._names).fetchone()
-            if row is not None and row[0]:
+            found: dict[str, set[str]] = {}
+            for name, column in conn.execute(self._columns, self._names).fetchall():
+                found.setdefault(name, set()).update([column] if column else [])
+            refuse_foreign(
+                self.table,
+                self.safe_url,
+                {self._names[k]: v for k, v in found.items()},
+                {self._names[k]: v for k, v in required.items()},
+            )
+            lacking = sorted(f"{self._names[k]}.{c}" for k, c in added if c not in found.get(k, ()))
+            if len(found) == len(required) and not lacking:
                 return
             if not create:
-                raise ConfigurationError(
-                    f"the lock table {self.table} does not exist in {self.safe_url}, or lacks "
-                    "columns of this dblock version; create or upgrade it with "
-                    "connect(create_schema=True) or apply `dblock schema --dialect postgresql`"
-                )
+                if len(found) < len(required):
+                    raise missing(self.table, self.safe_url, self.dialect)
+                raise outdated(self.table, self.safe_url, self.dialect, lacking)
             # CREATE ... IF NOT EXISTS races on the catalog when many processes start at
             # once; a transaction-scoped advisory lock serialises them.
             with conn.transaction():

@@ -18,7 +18,7 @@ from . import exit_codes
 from .cmd_admin import info_command, list_command, purge_command, release_command, schema_command
 from .cmd_external import bench_command, demo_command
 from .cmd_run import once_command, run_command
-from .context import CliError, Settings, common_options, unavailable
+from .context import CliError, Settings, common_options, misconfigured, unavailable
 from .output import EscapingStream, printable
 from .supervisor import Interrupted
 
@@ -124,6 +124,15 @@ def _one_line(exc: BaseException) -> str:
     return lines[0] if lines else type(exc).__name__
 
 
+def _failure(exc: dblock.DBLockError, settings: Settings) -> CliError:
+    """The one line and exit status of a dblock error that no command handled itself."""
+    if isinstance(exc, dblock.ConfigurationError):  # e.g. raised by a backend after connecting
+        return misconfigured(exc)
+    if isinstance(exc, dblock.BackendError):
+        return unavailable(settings.effective_url(), exc)
+    return CliError(_one_line(exc))
+
+
 def run_main(argv: Sequence[str] | None) -> int:
     """Parse and run; map every failure to one stderr line and an exit status."""
     settings = Settings()
@@ -147,16 +156,12 @@ def run_main(argv: Sequence[str] | None) -> int:
         except click.Abort:
             click.echo("", err=True)
             return exit_codes.SIGNAL_BASE + 2  # interrupted (SIGINT) while click handled it
-        except dblock.BackendError as exc:
-            if settings.debug:
-                traceback.print_exc()
-            unavailable(settings.effective_url(), exc).show()
-            return exit_codes.UNAVAILABLE
         except dblock.DBLockError as exc:
             if settings.debug:
                 traceback.print_exc()
-            CliError(_one_line(exc)).show()
-            return exit_codes.FAILURE
+            error = _failure(exc, settings)
+            error.show()
+            return error.exit_code
         except BrokenPipeError:
             # e.g. `dblock list | head`: the reader has gone; nothing more to say, and no
             # "Exception ignored" when Python flushes stdout at exit

@@ -38,7 +38,7 @@ Example:
 def list_command(ctx: click.Context, prefix: str, as_json: bool) -> int:
     if "\x00" in prefix:
         raise click.BadParameter("must not contain NUL characters", param_hint="--prefix")
-    infos = open_client(ctx).list(prefix)
+    infos = open_client(ctx, read_only=True).list(prefix)
     if as_json:
         for info in infos:
             click.echo(json_line(info))
@@ -61,7 +61,7 @@ Example:
 @click.option("--json", "as_json", is_flag=True, help="One JSON object.")
 @click.pass_context
 def info_command(ctx: click.Context, key: str, as_json: bool) -> int:
-    info = open_client(ctx).info(key)
+    info = open_client(ctx, read_only=True).info(key)
     if info is None:
         click.echo(f"dblock: {printable(key)} is not held", err=True)
         return exit_codes.FAILURE

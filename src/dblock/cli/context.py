@@ -169,14 +169,25 @@ def unavailable(url: str, exc: BaseException) -> CliError:
     return CliError(f"database unavailable: {detail}", exit_codes.UNAVAILABLE)
 
 
-def open_client(ctx: click.Context, *, close_on_exit: bool = True) -> dblock.Client:
-    """Connect as the options say; usage error for a bad URL, exit 69 if unreachable."""
+def misconfigured(exc: dblock.ConfigurationError) -> CliError:
+    """Exit 2 with one line: a setting that retrying will not fix (not 69, "try again later")."""
+    lines = str(exc).strip().splitlines()
+    return CliError(lines[0] if lines else "invalid configuration", exit_codes.USAGE)
+
+
+def open_client(
+    ctx: click.Context, *, close_on_exit: bool = True, read_only: bool = False
+) -> dblock.Client:
+    """Connect as the options say; exit 2 for a configuration mistake, 69 if unreachable.
+
+    ``read_only``: for commands that only look; they never create or upgrade the lock table.
+    """
     settings = settings_of(ctx)
     url = settings.effective_url()
     try:
-        client = dblock.connect(url, table=settings.table)
+        client = dblock.connect(url, table=settings.table, create_schema=not read_only)
     except dblock.ConfigurationError as exc:
-        raise click.UsageError(str(exc), ctx=ctx) from exc
+        raise misconfigured(exc) from exc
     except dblock.BackendError as exc:
         raise unavailable(url, exc) from exc
     if close_on_exit:
