@@ -24,7 +24,7 @@ from functools import partial
 from typing import Generic, TypeVar
 
 from .. import _forksafe
-from .._errors import BackendError
+from .._errors import BackendError, ConfigurationError
 from ._protocol import Subscription
 from ._watchdog import Watchdog
 
@@ -159,7 +159,7 @@ class SqlBackend(ABC, Generic[C]):
             attempt += 1
             try:
                 conn = self._checkout()
-            except BackendError:
+            except (BackendError, ConfigurationError):  # a setting the driver refused: not 69
                 raise
             except Exception as exc:
                 raise self._wrap(exc, f"cannot connect to {self.safe_url}", key) from exc

@@ -72,6 +72,10 @@ def _utc(value: datetime) -> datetime:
     return value.replace(tzinfo=timezone.utc)
 
 
+class _InitCommandFailed(pymysql.err.ProgrammingError):  # type: ignore[misc]
+    """The server refused the statement given as the URL's ``init_command``."""
+
+
 class _Connection(pymysql.connections.Connection):  # type: ignore[misc]
     """A PyMySQL connection that shares the default TLS context of the process.
 
@@ -83,6 +87,41 @@ class _Connection(pymysql.connections.Connection):  # type: ignore[misc]
     """
 
     _preferred: ClassVar[Any] = None
+
+    def __init__(self, *, user_init: str | None = None, **kwargs: Any) -> None:
+        self._user_init = user_init
+        super().__init__(**kwargs)
+
+    def connect(self, sock: Any = None) -> None:
+        """Connect; run the URL's ``init_command``, if any, before dblock's own (its
+        ``init_command`` here), so that a user's statement can add settings but never change
+        the ones dblock relies on: REPEATABLE READ (see MysqlBackend.__init__), autocommit."""
+        if self._user_init is None:
+            super().connect(sock)
+            return
+        own: str | None = getattr(self, "init_command", None)  # PyMySQL's attribute
+        setattr(self, "init_command", None)  # noqa: B010 - PyMySQL's untyped attribute
+        try:
+            super().connect(sock)  # network, TLS, authentication, character set, autocommit
+        finally:
+            setattr(self, "init_command", own)  # noqa: B010
+        try:
+            with self.cursor() as cur:
+                cur.execute(self._user_init)  # may hold several statements (MULTI_STATEMENTS)
+        except pymysql.err.MySQLError as exc:
+            self._force_close()
+            lost = isinstance(exc, pymysql.err.InterfaceError) or (
+                isinstance(exc, pymysql.err.OperationalError)
+                and exc.args[:1] != ()
+                and exc.args[0] in _DISCONNECT
+            )
+            if lost:
+                raise
+            raise _InitCommandFailed(*exc.args) from exc
+        with self.cursor() as cur:
+            if own:
+                cur.execute(own)
+            cur.execute("SET autocommit = 1")
 
     def _create_ssl_ctx(self, sslp: Any) -> Any:
         if sslp != {}:
@@ -123,7 +162,9 @@ class MysqlBackend(HoldersMixin[Any]):
             kwargs.update({k: int(v) for k, v in url.query.items() if k in _INT_PARAMS})
         except ValueError:
             raise ConfigurationError(f"timeouts in {url.safe!r} must be integers") from None
-        kwargs.update({k: v for k, v in url.query.items() if k in _STR_PARAMS})
+        kwargs.update({k: v for k, v in url.query.items() if k in _STR_PARAMS - {"init_command"}})
+        #: the URL's init_command: run before dblock's own (see _Connection.connect)
+        self._user_init = url.query.get("init_command") or None
         # PyMySQL reads the server's greeting with read_timeout: unset, a server that accepts
         # and never greets would block connect() forever
         kwargs.setdefault("read_timeout", kwargs["connect_timeout"])
@@ -141,7 +182,7 @@ class MysqlBackend(HoldersMixin[Any]):
         # user locks are the server's, not a database's: the bell's name says which table
         self._bells = Bells(
             self.table if schema else f"{url.database or ''}.{table}",
-            lambda: _Connection(**bell_kwargs),
+            lambda: _Connection(user_init=self._user_init, **bell_kwargs),
             close=self._close_connection,
             watchdog=self._watchdog,
             abort=self._abort,
@@ -443,7 +484,12 @@ class MysqlBackend(HoldersMixin[Any]):
 
     # -- connections ----------------------------------------------------------------------
     def _connect(self) -> Any:
-        return _Connection(**self._kwargs)
+        try:
+            return _Connection(user_init=self._user_init, **self._kwargs)
+        except _InitCommandFailed as exc:
+            raise ConfigurationError(
+                f"the init_command of {self.safe_url} failed: {exc.args[-1] if exc.args else exc}"
+            ) from exc
 
     def _close_connection(self, conn: Any) -> None:
         with contextlib.suppress(Exception):  # a dead connection may fail to close in many ways

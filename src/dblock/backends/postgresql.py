@@ -36,6 +36,7 @@ from typing import Any
 import psycopg
 
 from .. import _forksafe
+from .._errors import ConfigurationError
 from .._types import Kind, LockInfo
 from .._url import DatabaseURL
 from ._holders import HoldersMixin, Rows
@@ -104,6 +105,10 @@ class PostgresBackend(HoldersMixin[psycopg.Connection[Any]]):
         # it ever had: 14,000 of them, ~1.2 ms, after a few seconds at 8 processes)
         pinned = "-c synchronous_commit=on -c enable_bitmapscan=off"
         self._options["options"] = f"{url.query.get('options', '')} {pinned}".strip()
+        try:  # libpq's names for parameters, checked without connecting
+            psycopg.conninfo.make_conninfo("", **self._options)
+        except psycopg.ProgrammingError as exc:
+            raise self._misconfigured(exc) from None
         t = qualify(schema, table, '"')
         seq = qualify(schema, aux_name(table, "_token_seq"), '"')
         holders = qualify(schema, aux_name(table, "_holders"), '"')
@@ -439,7 +444,23 @@ class PostgresBackend(HoldersMixin[psycopg.Connection[Any]]):
 
     # -- connections ----------------------------------------------------------------------
     def _connect(self) -> psycopg.Connection[Any]:
-        return psycopg.connect(autocommit=True, **self._options)
+        try:
+            return psycopg.connect(autocommit=True, **self._options)
+        except psycopg.ProgrammingError as exc:  # psycopg's own check of a parameter's value
+            raise self._misconfigured(exc) from exc
+        except psycopg.OperationalError as exc:
+            # libpq checks the values before it connects: "invalid sslmode value: ..."
+            if str(exc).startswith("connection is bad: invalid "):
+                raise self._misconfigured(exc) from exc
+            raise
+
+    def _misconfigured(self, exc: psycopg.Error) -> ConfigurationError:
+        """A URL parameter libpq or psycopg refused: the user's to fix (never retried)."""
+        detail = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        detail = detail.removeprefix("connection is bad: ")
+        if self._password:
+            detail = detail.replace(self._password, "***")
+        return ConfigurationError(f"invalid PostgreSQL URL parameter in {self.safe_url}: {detail}")
 
     def _close_connection(self, conn: psycopg.Connection[Any]) -> None:
         with contextlib.suppress(psycopg.Error):

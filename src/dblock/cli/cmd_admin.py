@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import click
 
+import dblock
 from dblock._url import parse_url
 from dblock.backends import ddl_for
 
 from . import exit_codes
 from .context import (
-    WAIT,
+    AGE,
     CliError,
     common_options,
+    misconfigured,
     open_client,
     settings_of,
     validate_key,
@@ -119,7 +121,7 @@ Example:
 @common_options
 @click.option(
     "--older-than",
-    type=WAIT,
+    type=AGE,
     default=0.0,
     show_default=True,
     metavar="S",
@@ -176,8 +178,8 @@ def schema_command(ctx: click.Context, dialect: str | None) -> int:
     if dialect is None:
         try:
             dialect = parse_url(settings.effective_url()).dialect
-        except ValueError as exc:
-            raise click.UsageError(str(exc), ctx=ctx) from exc
+        except dblock.ConfigurationError as exc:  # DBLOCK_URL's (--url's is checked on entry)
+            raise misconfigured(exc) from exc
     try:
         statements = ddl_for(dialect, settings.table)
     except ImportError as exc:

@@ -12,7 +12,15 @@ import click
 import dblock
 
 from . import exit_codes
-from .context import LEASE, WAIT, CliError, common_options, open_client, validate_key
+from .context import (
+    LEASE,
+    WAIT,
+    CliError,
+    common_options,
+    open_client,
+    validate_key,
+    validate_note,
+)
 from .output import describe_holder, duration, printable
 from .status_line import HolderStatus
 from .supervisor import KILL_GRACE, CannotStart, Child, Interrupted, SignalRelay, status_of
@@ -244,7 +252,7 @@ Exit status:
     help="Lease of the processing record in seconds, renewed while CMD runs: how long a "
     "crashed holder blocks a retry.",
 )
-@click.option("--note", default=None, help="A note stored with the record.")
+@click.option("--note", default=None, callback=validate_note, help="A note stored with the record.")
 @click.option("-q", "--quiet", is_flag=True, help="No message when CMD is not run.")
 @click.pass_context
 def once_command(

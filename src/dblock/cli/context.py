@@ -143,6 +143,9 @@ class Seconds(_FloatParam):
 
 LEASE = Seconds(allow_zero=False, maximum=MAX_TTL)
 WAIT = Seconds(allow_zero=True)
+#: how far back ``purge --older-than`` may look: a century (a time before the databases'
+#: calendars would be an error of the database, exit 69, for a mistake in an option)
+AGE = Seconds(allow_zero=True, maximum=100 * 365.25 * 86400)
 
 
 def validate_key(ctx: click.Context, param: click.Parameter, value: str) -> str:
@@ -151,6 +154,23 @@ def validate_key(ctx: click.Context, param: click.Parameter, value: str) -> str:
         return check_key(value)
     except (TypeError, ValueError) as exc:
         raise click.BadParameter(str(exc), ctx=ctx, param=param) from None
+
+
+def validate_note(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """Click callback: a note is text any database can store (no NUL, valid Unicode)."""
+    if value is None:
+        return None
+    if "\x00" in value:
+        raise click.BadParameter("must not contain NUL characters", ctx=ctx, param=param)
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:  # bytes of the command line that are not UTF-8
+        raise click.BadParameter(
+            "must be valid Unicode text (it contains bytes that are not UTF-8)",
+            ctx=ctx,
+            param=param,
+        ) from None
+    return value
 
 
 def unavailable(url: str, exc: BaseException) -> CliError:
