@@ -160,3 +160,20 @@ def test_bench_gets_its_arguments(monkeypatch: pytest.MonkeyPatch) -> None:
     assert main(["--url", "sqlite:///x.db", "bench", "--duration", "1"]) == 0
     assert main(["bench", "--url", "sqlite:///y.db"]) == 0
     assert seen == [["--url", "sqlite:///x.db", "--duration", "1"], ["--url", "sqlite:///y.db"]]
+
+
+def test_bench_gets_the_table(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`dblock bench --table T` used to be taken by dblock's own --table and dropped."""
+    seen: list[list[str]] = []
+
+    def fake_main(argv: list[str]) -> int:
+        seen.append(argv)
+        return 0
+
+    monkeypatch.setitem(sys.modules, "dblock.bench", types.SimpleNamespace(main=fake_main))
+    assert main(["bench", "--table", "my_locks", "--duration", "1"]) == 0
+    assert main(["--table", "app.locks", "--url", "sqlite:///x.db", "bench"]) == 0
+    assert seen == [
+        ["--table", "my_locks", "--duration", "1"],
+        ["--url", "sqlite:///x.db", "--table", "app.locks"],
+    ]
