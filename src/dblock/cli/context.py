@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 
 import dblock
-from dblock._url import default_url, parse_url, redact
+from dblock._url import DatabaseURL, default_url, parse_url, redact
 from dblock._validate import MAX_TTL, check_key, check_seconds, check_table
 
 from . import exit_codes
@@ -28,6 +28,8 @@ class Settings:
     url: str | None = None
     table: str = DEFAULT_TABLE
     debug: bool = False
+    #: the warning about a password in --url has been given
+    warned: bool = False
 
     def effective_url(self) -> str:
         """--url, else DBLOCK_URL, else the embedded SQLite default."""
@@ -55,6 +57,21 @@ def settings_of(ctx: click.Context) -> Settings:
     return ctx.ensure_object(Settings)
 
 
+#: query parameters that hold a password (libpq's; MySQL URLs take none)
+_SECRET_PARAMETERS = frozenset({"password", "sslpassword"})
+EXPOSED_URL_WARNING = (
+    "dblock: warning: --url holds a password, which every local user can read in the process "
+    "list while dblock runs; put the URL in DBLOCK_URL, or the password in ~/.pgpass "
+    "(PostgreSQL; or PGPASSFILE)"
+)
+
+
+def _has_password(url: DatabaseURL) -> bool:
+    return bool(url.password) or any(
+        name.lower() in _SECRET_PARAMETERS and value for name, value in url.query.items()
+    )
+
+
 def _store(name: str) -> Callable[[click.Context, click.Parameter, Any], None]:
     def callback(ctx: click.Context, param: click.Parameter, value: Any) -> None:
         if value is None or value is False:
@@ -67,9 +84,12 @@ def _store(name: str) -> Callable[[click.Context, click.Parameter, Any], None]:
                 raise click.BadParameter(str(exc), ctx=ctx, param=param) from None
         if name == "url":
             try:
-                parse_url(value)
+                parsed = parse_url(value)
             except dblock.ConfigurationError as exc:
                 raise click.BadParameter(str(exc), ctx=ctx, param=param) from None
+            if not settings.warned and _has_password(parsed):
+                settings.warned = True
+                click.echo(EXPOSED_URL_WARNING, err=True)
         setattr(settings, name, value)
         if name == "debug":
             from .app import enable_debug
