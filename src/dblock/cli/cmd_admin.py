@@ -17,6 +17,7 @@ from .context import (
     open_client,
     settings_of,
     validate_key,
+    validate_prefix,
 )
 from .output import describe_holder, json_line, print_info, print_table, printable
 
@@ -34,12 +35,12 @@ Example:
   dblock list --json | jq -r .owner""",
 )
 @common_options
-@click.option("--prefix", default="", metavar="P", help="Only keys starting with P.")
+@click.option(
+    "--prefix", default="", metavar="P", callback=validate_prefix, help="Only keys starting with P."
+)
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
 @click.pass_context
 def list_command(ctx: click.Context, prefix: str, as_json: bool) -> int:
-    if "\x00" in prefix:
-        raise click.BadParameter("must not contain NUL characters", param_hint="--prefix")
     infos = open_client(ctx, read_only=True).list(prefix)
     if as_json:
         for info in infos:

@@ -176,6 +176,11 @@ def validate_key(ctx: click.Context, param: click.Parameter, value: str) -> str:
         raise click.BadParameter(str(exc), ctx=ctx, param=param) from None
 
 
+def validate_prefix(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    """Click callback: a key prefix (empty: every key) follows the rules of a key."""
+    return validate_key(ctx, param, value) if value else value
+
+
 def validate_note(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
     """Click callback: a note is text any database can store (no NUL, valid Unicode)."""
     if value is None:
