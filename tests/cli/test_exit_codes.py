@@ -81,3 +81,12 @@ def test_configuration_error_after_connecting_exits_2(
         conn.execute("CREATE TABLE orders (id INTEGER PRIMARY KEY)")
     assert main(["--url", url, "--table", "orders", "run", "k", "--", "true"]) == 2
     assert "not dblock's" in one_line(capsys.readouterr().err)
+
+
+@pytest.mark.parametrize("prefix", ["\udcff", "k" * 256, "a\x00b"])
+def test_list_prefix_no_key_can_have_exits_2(
+    tmp_path: Path, prefix: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = f"sqlite:///{tmp_path}/locks.sqlite3"
+    assert main(["--url", url, "list", "--prefix", prefix]) == 2  # found by test_fuzz_cli
+    assert "--prefix" in capsys.readouterr().err
