@@ -52,9 +52,9 @@ def refuse_foreign(
             continue
         what = f"table {table}" if name == main else f"table {name} (beside lock table {table})"
         raise ConfigurationError(
-            f"{what} in {safe_url} is not dblock's (it has no {', '.join(sorted(lacking))} "
-            "column): dblock never changes a table it did not create; give another table "
-            "name (--table, connect(table=...))"
+            f"{what} in {safe_url} is not dblock's (it lacks dblock's column(s) "
+            f"{', '.join(sorted(lacking))}): dblock never changes a table it did not create; "
+            "give another table name (--table, connect(table=...))"
         )
 
 

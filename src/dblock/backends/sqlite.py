@@ -347,9 +347,11 @@ class SqliteBackend(HoldersMixin[sqlite3.Connection]):
             for name, column in conn.execute(self._columns, self._names):
                 found.setdefault(name, set()).add(column)
             refuse_foreign(self.table, self.safe_url, found, required)
+            if len(found) < len(self._names) and not create:
+                raise missing(self.table, self.safe_url, self.dialect)
+            self._set_wal(conn)
+            self._recognised = True
             if len(found) < len(self._names):
-                if not create:
-                    raise missing(self.table, self.safe_url, self.dialect)
                 conn.execute("BEGIN IMMEDIATE")
                 try:
                     for statement in self._ddl:
@@ -358,8 +360,6 @@ class SqliteBackend(HoldersMixin[sqlite3.Connection]):
                 except BaseException:
                     conn.execute("ROLLBACK")
                     raise
-            self._set_wal(conn)
-            self._recognised = True
 
         self.run("creating the lock table", op, deadline=MAINTENANCE_DEADLINE)
 
