@@ -39,8 +39,10 @@ def connect(
 
     ``url=None`` means the ``DBLOCK_URL`` environment variable, else an embedded SQLite file in
     the user's state directory (shared by the processes of this host). With
-    ``create_schema=True`` missing tables are created (idempotent, safe under concurrency);
-    with False a missing table raises ConfigurationError.
+    ``create_schema=True`` missing tables are created (idempotent, safe under concurrency)
+    and those of an earlier dblock upgraded; with False nothing is created or altered, and a
+    missing or outdated table raises ConfigurationError. A table of that name that is not
+    dblock's (it lacks dblock's columns) raises ConfigurationError either way, untouched.
 
     ``max_connections`` bounds the client's pool of statement connections (default: the URL's
     ``?max_connections=``, else 10); a thread that finds them all in use waits for one, within

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import sqlite3
 from pathlib import Path
 
 import pytest
 
 from dblock import bench
+from dblock.cli import main
 
 
 def test_user_bench_runs_and_reports_json(
@@ -59,3 +61,16 @@ def test_unreachable_url_exits_69_with_one_line(capsys: pytest.CaptureFixture[st
 def test_bad_arguments_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert bench.main(["--duration", "0"]) == 2
     assert bench.main(["--no-such-option"]) == 2
+
+
+def test_dblock_bench_uses_the_table_given(tmp_path: Path) -> None:
+    """`dblock bench --table T` measures on T, not on the default table (issue 29, point 15)."""
+    url = f"sqlite:///{tmp_path}/b.sqlite3"
+    args = ["--duration", "0.3", "--repeats", "1", "--workers", "2", "--json"]
+    assert main(["--url", url, "bench", "--table", "bench_locks", *args]) == 0
+    with sqlite3.connect(tmp_path / "b.sqlite3") as conn:
+        tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master")}
+        assert "bench_locks" in tables
+        assert "dblock_locks" not in tables
+        keys = [row[0] for row in conn.execute("SELECT lock_key FROM bench_locks")]
+    assert keys and all(key.startswith("dblock-bench:") for key in keys)

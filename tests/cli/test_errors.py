@@ -47,8 +47,12 @@ def test_unreachable_database_exits_69_with_one_line(url: str, args: list[str]) 
     done = dblock("--url", url, *args)
     assert done.returncode == 69
     assert done.stdout == ""
-    assert done.stderr.count("\n") == 1, done.stderr
-    assert done.stderr.startswith("dblock: database unavailable: ")
+    stderr = done.stderr
+    if PASSWORD in url:  # the warning about a password on the command line comes first
+        warning, _, stderr = stderr.partition("\n")
+        assert warning.startswith("dblock: warning: --url holds a password")
+    assert stderr.count("\n") == 1, done.stderr
+    assert stderr.startswith("dblock: database unavailable: ")
     assert PASSWORD not in done.stderr
     assert "Traceback" not in done.stderr
     if "sqlite" not in url:
@@ -160,3 +164,20 @@ def test_bench_gets_its_arguments(monkeypatch: pytest.MonkeyPatch) -> None:
     assert main(["--url", "sqlite:///x.db", "bench", "--duration", "1"]) == 0
     assert main(["bench", "--url", "sqlite:///y.db"]) == 0
     assert seen == [["--url", "sqlite:///x.db", "--duration", "1"], ["--url", "sqlite:///y.db"]]
+
+
+def test_bench_gets_the_table(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`dblock bench --table T` used to be taken by dblock's own --table and dropped."""
+    seen: list[list[str]] = []
+
+    def fake_main(argv: list[str]) -> int:
+        seen.append(argv)
+        return 0
+
+    monkeypatch.setitem(sys.modules, "dblock.bench", types.SimpleNamespace(main=fake_main))
+    assert main(["bench", "--table", "my_locks", "--duration", "1"]) == 0
+    assert main(["--table", "app.locks", "--url", "sqlite:///x.db", "bench"]) == 0
+    assert seen == [
+        ["--table", "my_locks", "--duration", "1"],
+        ["--url", "sqlite:///x.db", "--table", "app.locks"],
+    ]

@@ -43,6 +43,8 @@ from ._doorbell import BELL_IDLE, FAILED, Bells, gate_sql
 from ._holders import HoldersMixin, Rows
 from ._names import aux_name, qualify
 from ._protocol import Subscription
+from ._schema import HOLDERS, MAIN, META, missing, refuse_foreign
+from ._schema import outdated as outdated_error
 from ._sql import MAINTENANCE_DEADLINE, Failure, Sleeper
 
 NOW = "UTC_TIMESTAMP(6)"
@@ -70,6 +72,10 @@ def _utc(value: datetime) -> datetime:
     return value.replace(tzinfo=timezone.utc)
 
 
+class _InitCommandFailed(pymysql.err.ProgrammingError):  # type: ignore[misc]
+    """The server refused the statement given as the URL's ``init_command``."""
+
+
 class _Connection(pymysql.connections.Connection):  # type: ignore[misc]
     """A PyMySQL connection that shares the default TLS context of the process.
 
@@ -81,6 +87,41 @@ class _Connection(pymysql.connections.Connection):  # type: ignore[misc]
     """
 
     _preferred: ClassVar[Any] = None
+
+    def __init__(self, *, user_init: str | None = None, **kwargs: Any) -> None:
+        self._user_init = user_init
+        super().__init__(**kwargs)
+
+    def connect(self, sock: Any = None) -> None:
+        """Connect; run the URL's ``init_command``, if any, before dblock's own (its
+        ``init_command`` here), so that a user's statement can add settings but never change
+        the ones dblock relies on: REPEATABLE READ (see MysqlBackend.__init__), autocommit."""
+        if self._user_init is None:
+            super().connect(sock)
+            return
+        own: str | None = getattr(self, "init_command", None)  # PyMySQL's attribute
+        setattr(self, "init_command", None)  # noqa: B010 - PyMySQL's untyped attribute
+        try:
+            super().connect(sock)  # network, TLS, authentication, character set, autocommit
+        finally:
+            setattr(self, "init_command", own)  # noqa: B010
+        try:
+            with self.cursor() as cur:
+                cur.execute(self._user_init)  # may hold several statements (MULTI_STATEMENTS)
+        except pymysql.err.MySQLError as exc:
+            self._force_close()
+            lost = isinstance(exc, pymysql.err.InterfaceError) or (
+                isinstance(exc, pymysql.err.OperationalError)
+                and exc.args[:1] != ()
+                and exc.args[0] in _DISCONNECT
+            )
+            if lost:
+                raise
+            raise _InitCommandFailed(*exc.args) from exc
+        with self.cursor() as cur:
+            if own:
+                cur.execute(own)
+            cur.execute("SET autocommit = 1")
 
     def _create_ssl_ctx(self, sslp: Any) -> Any:
         if sslp != {}:
@@ -129,7 +170,9 @@ class MysqlBackend(HoldersMixin[Any]):
                     integer=True,
                 )
             )
-        kwargs.update({k: v for k, v in url.query.items() if k in _STR_PARAMS})
+        kwargs.update({k: v for k, v in url.query.items() if k in _STR_PARAMS - {"init_command"}})
+        #: the URL's init_command: run before dblock's own (see _Connection.connect)
+        self._user_init = url.query.get("init_command") or None
         # PyMySQL reads the server's greeting with read_timeout: unset, a server that accepts
         # and never greets would block connect() forever
         kwargs.setdefault("read_timeout", kwargs["connect_timeout"])
@@ -147,7 +190,7 @@ class MysqlBackend(HoldersMixin[Any]):
         # user locks are the server's, not a database's: the bell's name says which table
         self._bells = Bells(
             self.table if schema else f"{url.database or ''}.{table}",
-            lambda: _Connection(**bell_kwargs),
+            lambda: _Connection(user_init=self._user_init, **bell_kwargs),
             close=self._close_connection,
             watchdog=self._watchdog,
             abort=self._abort,
@@ -450,7 +493,12 @@ class MysqlBackend(HoldersMixin[Any]):
 
     # -- connections ----------------------------------------------------------------------
     def _connect(self) -> Any:
-        return _Connection(**self._kwargs)
+        try:
+            return _Connection(user_init=self._user_init, **self._kwargs)
+        except _InitCommandFailed as exc:
+            raise ConfigurationError(
+                f"the init_command of {self.safe_url} failed: {exc.args[-1] if exc.args else exc}"
+            ) from exc
 
     def _close_connection(self, conn: Any) -> None:
         with contextlib.suppress(Exception):  # a dead connection may fail to close in many ways
@@ -525,23 +573,36 @@ class MysqlBackend(HoldersMixin[Any]):
             alters += [alter for name, alter in padded.items() if (name, None) in found]
             return [_for_server(alter, mysql8) for alter in alters]
 
+        required = dict(zip(self._names, (MAIN, META, HOLDERS), strict=True))
+
         def op(conn: Any) -> None:
             with conn.cursor() as cur:
                 cur.execute(
-                    "SELECT COUNT(*), VERSION() NOT LIKE '%%MariaDB%%' "
-                    "FROM information_schema.tables WHERE table_schema = COALESCE(%s, DATABASE()) "
-                    "AND table_name IN (%s, %s, %s)",
+                    "SELECT t.table_name, c.column_name, VERSION() NOT LIKE '%%MariaDB%%' "
+                    "FROM information_schema.tables t LEFT JOIN information_schema.columns c "
+                    "ON c.table_schema = t.table_schema AND c.table_name = t.table_name "
+                    "WHERE t.table_schema = COALESCE(%s, DATABASE()) "
+                    "AND t.table_name IN (%s, %s, %s)",
                     (self._schema, *self._names),
                 )
-                count, mysql8 = cur.fetchone()
-                if count == len(self._names) and not outdated(cur, mysql8):
-                    return
-                if not create:
-                    raise ConfigurationError(
-                        f"the lock table {self.table} does not exist in {self.safe_url}, or is "
-                        "of an earlier dblock; create it with connect(create_schema=True) or "
-                        "apply `dblock schema --dialect mysql`"
-                    )
+                rows = cur.fetchall()
+                if not rows:
+                    cur.execute("SELECT VERSION() NOT LIKE '%MariaDB%'")
+                mysql8 = rows[0][2] if rows else cur.fetchone()[0]
+                found: dict[str, set[str]] = {}
+                ours = {name.lower(): name for name in self._names}  # lower_case_table_names
+                for name, column, _ in rows:
+                    found.setdefault(ours[name.lower()], set()).update([column] if column else [])
+                refuse_foreign(self.table, self.safe_url, found, required)
+                if len(found) == len(self._names):
+                    alters = outdated(cur, mysql8)
+                    if not alters:
+                        return
+                    if not create:
+                        lacking = [a.split(" ", 2)[2] for a in alters]  # "ALTER TABLE x ..."
+                        raise outdated_error(self.table, self.safe_url, self.dialect, lacking)
+                elif not create:
+                    raise missing(self.table, self.safe_url, self.dialect)
                 cur.execute("SELECT GET_LOCK(%s, 60)", (self._ddl_lock,))
                 try:
                     for statement in self._ddl:

@@ -41,6 +41,7 @@ from .._types import Kind, LockInfo
 from .._url import MAX_URL_TIMEOUT, DatabaseURL, url_number
 from ._holders import HoldersMixin, Rows
 from ._names import aux_name, qualify
+from ._schema import HOLDERS, MAIN, SEQUENCE, missing, outdated, refuse_foreign
 from ._sql import MAINTENANCE_DEADLINE, Failure
 
 log = logging.getLogger("dblock")
@@ -114,6 +115,10 @@ class PostgresBackend(HoldersMixin[psycopg.Connection[Any]]):
         # it ever had: 14,000 of them, ~1.2 ms, after a few seconds at 8 processes)
         pinned = "-c synchronous_commit=on -c enable_bitmapscan=off"
         self._options["options"] = f"{url.query.get('options', '')} {pinned}".strip()
+        try:  # libpq's names for parameters, checked without connecting
+            psycopg.conninfo.make_conninfo("", **self._options)
+        except psycopg.ProgrammingError as exc:
+            raise self._misconfigured(exc) from None
         t = qualify(schema, table, '"')
         seq = qualify(schema, aux_name(table, "_token_seq"), '"')
         holders = qualify(schema, aux_name(table, "_holders"), '"')
@@ -345,12 +350,13 @@ class PostgresBackend(HoldersMixin[psycopg.Connection[Any]]):
             "AND (kind <> 'once' OR (%(inc)s AND state IN ('succeeded', 'failed'))) "
             f"AND {self._no_live_holders(t)}"
         )
-        # every object the schema has (see MysqlBackend._names for why)
-        self._exists = (
-            "SELECT to_regclass(%(t)s) IS NOT NULL AND to_regclass(%(s)s) IS NOT NULL "
-            "AND (SELECT count(*) FROM pg_attribute WHERE NOT attisdropped AND "
-            "(attrelid, attname) IN ((to_regclass(%(h)s), 'lease'), "
-            "(to_regclass(%(h)s), 'channel'), (to_regclass(%(t)s), 'joins'))) = 3"
+        # (object, column) of every object the schema has that exists (column NULL if none;
+        # a sequence's columns are last_value, log_cnt, is_called)
+        self._columns = (
+            "SELECT n.k, a.attname FROM (VALUES ('t', to_regclass(%(t)s)), "
+            "('s', to_regclass(%(s)s)), ('h', to_regclass(%(h)s))) AS n (k, oid) "
+            "LEFT JOIN pg_attribute a ON a.attrelid = n.oid AND a.attnum > 0 "
+            "AND NOT a.attisdropped WHERE n.oid IS NOT NULL"
         )
         # the hand-over's columns, absent from tables of dblock 0.1.0.dev before it: part of
         # the DDL, so that applying `dblock schema` upgrades such tables too
@@ -452,7 +458,23 @@ class PostgresBackend(HoldersMixin[psycopg.Connection[Any]]):
 
     # -- connections ----------------------------------------------------------------------
     def _connect(self) -> psycopg.Connection[Any]:
-        return psycopg.connect(autocommit=True, **self._options)
+        try:
+            return psycopg.connect(autocommit=True, **self._options)
+        except psycopg.ProgrammingError as exc:  # psycopg's own check of a parameter's value
+            raise self._misconfigured(exc) from exc
+        except psycopg.OperationalError as exc:
+            # libpq checks the values before it connects: "invalid sslmode value: ..."
+            if str(exc).startswith("connection is bad: invalid "):
+                raise self._misconfigured(exc) from exc
+            raise
+
+    def _misconfigured(self, exc: psycopg.Error) -> ConfigurationError:
+        """A URL parameter libpq or psycopg refused: the user's to fix (never retried)."""
+        detail = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        detail = detail.removeprefix("connection is bad: ")
+        if self._password:
+            detail = detail.replace(self._password, "***")
+        return ConfigurationError(f"invalid PostgreSQL URL parameter in {self.safe_url}: {detail}")
 
     def _close_connection(self, conn: psycopg.Connection[Any]) -> None:
         with contextlib.suppress(psycopg.Error):
@@ -481,16 +503,27 @@ class PostgresBackend(HoldersMixin[psycopg.Connection[Any]]):
         return list(self._ddl)
 
     def ensure_schema(self, create: bool) -> None:
+        required = {"t": MAIN, "s": SEQUENCE, "h": HOLDERS}
+        # what tables of dblock 0.1.0.dev before them lack
+        added = {("h", "lease"), ("h", "channel"), ("t", "joins")}
+
         def op(conn: psycopg.Connection[Any]) -> None:
-            row = conn.execute(self._exists, self._names).fetchone()
-            if row is not None and row[0]:
+            found: dict[str, set[str]] = {}
+            for name, column in conn.execute(self._columns, self._names).fetchall():
+                found.setdefault(name, set()).update([column] if column else [])
+            refuse_foreign(
+                self.table,
+                self.safe_url,
+                {self._names[k]: v for k, v in found.items()},
+                {self._names[k]: v for k, v in required.items()},
+            )
+            lacking = sorted(f"{self._names[k]}.{c}" for k, c in added if c not in found.get(k, ()))
+            if len(found) == len(required) and not lacking:
                 return
             if not create:
-                raise ConfigurationError(
-                    f"the lock table {self.table} does not exist in {self.safe_url}, or lacks "
-                    "columns of this dblock version; create or upgrade it with "
-                    "connect(create_schema=True) or apply `dblock schema --dialect postgresql`"
-                )
+                if len(found) < len(required):
+                    raise missing(self.table, self.safe_url, self.dialect)
+                raise outdated(self.table, self.safe_url, self.dialect, lacking)
             # CREATE ... IF NOT EXISTS races on the catalog when many processes start at
             # once; a transaction-scoped advisory lock serialises them.
             with conn.transaction():

@@ -25,13 +25,14 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from .._errors import ConfigurationError
+from .._errors import BackendError, ConfigurationError
 from .._timing import DeadlinePassed, bounded_wait
 from .._types import Kind, LockInfo
 from .._url import DatabaseURL, url_number
 from ._holders import HoldersMixin, Rows
 from ._names import aux_name, qualify
 from ._protocol import Subscription
+from ._schema import HOLDERS, MAIN, META, missing, refuse_foreign
 from ._sql import MAINTENANCE_DEADLINE, Failure, Sleeper
 
 MIN_VERSION = (3, 35, 0)
@@ -268,14 +269,16 @@ class SqliteBackend(HoldersMixin[sqlite3.Connection]):
             f"WHERE {gone}), 0)) WHERE id = 1"
         )
         self._purge = f"DELETE FROM {t} WHERE {gone}"
-        self._exists = (
-            "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name IN (:t, :m, :h)"
-            if schema is None
-            else f'SELECT count(*) FROM "{schema}".sqlite_master '
-            "WHERE type = 'table' AND name IN (:t, :m, :h)"
+        # (table, column) of every table the schema has (see MysqlBackend._names for why)
+        where = f'"{schema}".' if schema else ""
+        self._columns = (
+            f"SELECT m.name, c.name FROM {where}sqlite_master m, pragma_table_info(m.name"
+            f"{f', {schema!r}' if schema else ''}) c WHERE m.type IN ('table', 'view') "
+            "AND m.name IN (:t, :m, :h)"
         )
-        # every table the schema has (see MysqlBackend._names for why)
         self._names = {"t": table, "m": aux_name(table, "_meta"), "h": aux_name(table, "_holders")}
+        #: set once the file is known to hold dblock's tables (see ensure_schema)
+        self._recognised = False
 
     # -- connections ----------------------------------------------------------------------
     def _prepare(self) -> None:
@@ -301,10 +304,12 @@ class SqliteBackend(HoldersMixin[sqlite3.Connection]):
         )
         try:
             conn.execute(f"PRAGMA busy_timeout = {int(setup * 1000)}")
-            # WAL: readers never block the writer. synchronous=FULL: a commit waits for the
+            # WAL: readers never block the writer (not before the file is known to be dblock's:
+            # the switch is a change to the file). synchronous=FULL: a commit waits for the
             # disk, so a power cut cannot roll back an acquisition whose token a client saw
             # (releases relax it for their own commit: see release).
-            self._set_wal(conn, setup)
+            if self._recognised:
+                self._set_wal(conn, setup)
             conn.execute("PRAGMA synchronous = FULL")
             conn.execute(f"PRAGMA busy_timeout = {self._INNER_BUSY_MS}")
         except sqlite3.OperationalError as exc:
@@ -374,24 +379,32 @@ class SqliteBackend(HoldersMixin[sqlite3.Connection]):
         return list(self._ddl)
 
     def ensure_schema(self, create: bool) -> None:
+        path = Path(self.path).expanduser()
+        if not create and self.path != ":memory:" and not path.exists():
+            # connecting would create the file (and _connect its directory)
+            if path.parent.is_dir():
+                raise missing(self.table, self.safe_url, self.dialect)
+            raise BackendError(f"cannot open {self.safe_url}: {path.parent} is not a directory")
+        required = dict(zip(self._names.values(), (MAIN, META, HOLDERS), strict=True))
+
         def op(conn: sqlite3.Connection) -> None:
-            found = conn.execute(self._exists, self._names).fetchone()[0]
-            if found == len(self._names):
-                return
-            if not create:
-                raise ConfigurationError(
-                    f"the lock table {self.table} does not exist in {self.safe_url}; "
-                    "create it with connect(create_schema=True) or apply `dblock schema "
-                    "--dialect sqlite`"
-                )
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                for statement in self._ddl:
-                    conn.execute(statement)
-                conn.execute("COMMIT")
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
+            found: dict[str, set[str]] = {}
+            for name, column in conn.execute(self._columns, self._names):
+                found.setdefault(name, set()).add(column)
+            refuse_foreign(self.table, self.safe_url, found, required)
+            if len(found) < len(self._names) and not create:
+                raise missing(self.table, self.safe_url, self.dialect)
+            self._set_wal(conn, self.busy_timeout)
+            self._recognised = True
+            if len(found) < len(self._names):
+                conn.execute("BEGIN IMMEDIATE")
+                try:
+                    for statement in self._ddl:
+                        conn.execute(statement)
+                    conn.execute("COMMIT")
+                except BaseException:
+                    conn.execute("ROLLBACK")
+                    raise
 
         self.run("creating the lock table", op, deadline=MAINTENANCE_DEADLINE)
 

@@ -8,6 +8,7 @@ import os
 import sys
 import traceback
 from collections.abc import Sequence
+from typing import TextIO, cast
 
 import click
 
@@ -17,7 +18,8 @@ from . import exit_codes
 from .cmd_admin import info_command, list_command, purge_command, release_command, schema_command
 from .cmd_external import bench_command, demo_command
 from .cmd_run import once_command, run_command
-from .context import CliError, Settings, common_options, unavailable
+from .context import CliError, Settings, common_options, misconfigured, unavailable
+from .output import EscapingStream, printable
 from .supervisor import Interrupted
 
 log = logging.getLogger("dblock")
@@ -77,6 +79,14 @@ class _QuietRepeats(logging.Filter):
         return True
 
 
+class _EscapingFormatter(logging.Formatter):
+    """Log messages quote keys and owners: escape what a terminal would act on (the traceback
+    that --debug adds is left as it is)."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        return printable(super().formatMessage(record))
+
+
 class _Logging:
     """The CLI's log handler on stderr: warnings by default, everything with --debug."""
 
@@ -86,7 +96,7 @@ class _Logging:
     @classmethod
     def install(cls) -> None:
         cls.handler = logging.StreamHandler(sys.stderr)
-        cls.handler.setFormatter(logging.Formatter("dblock: %(message)s"))
+        cls.handler.setFormatter(_EscapingFormatter("dblock: %(message)s"))
         cls.handler.addFilter(_QuietRepeats())
         cls.previous_level = log.level
         log.addHandler(cls.handler)
@@ -104,7 +114,7 @@ def enable_debug() -> None:
     """--debug: log everything dblock does, with times and threads."""
     if _Logging.handler is not None:
         _Logging.handler.setFormatter(
-            logging.Formatter("%(asctime)s dblock[%(threadName)s] %(levelname)s %(message)s")
+            _EscapingFormatter("%(asctime)s dblock[%(threadName)s] %(levelname)s %(message)s")
         )
     log.setLevel(logging.DEBUG)
 
@@ -112,6 +122,15 @@ def enable_debug() -> None:
 def _one_line(exc: BaseException) -> str:
     lines = str(exc).strip().splitlines()
     return lines[0] if lines else type(exc).__name__
+
+
+def _failure(exc: dblock.DBLockError, settings: Settings) -> CliError:
+    """The one line and exit status of a dblock error that no command handled itself."""
+    if isinstance(exc, dblock.ConfigurationError):  # e.g. raised by a backend after connecting
+        return misconfigured(exc)
+    if isinstance(exc, dblock.BackendError):
+        return unavailable(settings.effective_url(), exc)
+    return CliError(_one_line(exc))
 
 
 def run_main(argv: Sequence[str] | None) -> int:
@@ -129,23 +148,20 @@ def run_main(argv: Sequence[str] | None) -> int:
         except click.ClickException as exc:
             if settings.debug:
                 traceback.print_exc()
-            exc.show()
+            # usage errors quote the arguments given
+            exc.show(cast("TextIO", EscapingStream(sys.stderr)))
             return exc.exit_code
         except Interrupted as exc:  # a signal while `run` waited, outside its own handling
             return exit_codes.SIGNAL_BASE + exc.signum
         except click.Abort:
             click.echo("", err=True)
             return exit_codes.SIGNAL_BASE + 2  # interrupted (SIGINT) while click handled it
-        except dblock.BackendError as exc:
-            if settings.debug:
-                traceback.print_exc()
-            unavailable(settings.effective_url(), exc).show()
-            return exit_codes.UNAVAILABLE
         except dblock.DBLockError as exc:
             if settings.debug:
                 traceback.print_exc()
-            CliError(_one_line(exc)).show()
-            return exit_codes.FAILURE
+            error = _failure(exc, settings)
+            error.show()
+            return error.exit_code
         except BrokenPipeError:
             # e.g. `dblock list | head`: the reader has gone; nothing more to say, and no
             # "Exception ignored" when Python flushes stdout at exit

@@ -4,26 +4,30 @@ from __future__ import annotations
 
 import click
 
+import dblock
 from dblock._url import parse_url
 from dblock.backends import ddl_for
 
 from . import exit_codes
 from .context import (
-    WAIT,
+    AGE,
     CliError,
     common_options,
+    misconfigured,
     open_client,
     settings_of,
     validate_key,
+    validate_prefix,
 )
-from .output import describe_holder, json_line, print_info, print_table
+from .output import describe_holder, json_line, print_info, print_table, printable
 
 
 @click.command(
     "list",
     short_help="Show current holds.",
-    help="""Show the current holds, sorted by key: a table (key, owner, token, held for,
-expires in), or with --json one JSON object per line (times in ISO-8601 UTC).
+    help="""Show the current holds, sorted by key: a table (key, kind, owner, token, held for,
+expires in; characters a terminal would act on are shown escaped, as \\x1b), or with --json
+one JSON object per line (exact; times in ISO-8601 UTC).
 
 \b
 Example:
@@ -31,13 +35,13 @@ Example:
   dblock list --json | jq -r .owner""",
 )
 @common_options
-@click.option("--prefix", default="", metavar="P", help="Only keys starting with P.")
+@click.option(
+    "--prefix", default="", metavar="P", callback=validate_prefix, help="Only keys starting with P."
+)
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
 @click.pass_context
 def list_command(ctx: click.Context, prefix: str, as_json: bool) -> int:
-    if "\x00" in prefix:
-        raise click.BadParameter("must not contain NUL characters", param_hint="--prefix")
-    infos = open_client(ctx).list(prefix)
+    infos = open_client(ctx, read_only=True).list(prefix)
     if as_json:
         for info in infos:
             click.echo(json_line(info))
@@ -60,9 +64,9 @@ Example:
 @click.option("--json", "as_json", is_flag=True, help="One JSON object.")
 @click.pass_context
 def info_command(ctx: click.Context, key: str, as_json: bool) -> int:
-    info = open_client(ctx).info(key)
+    info = open_client(ctx, read_only=True).info(key)
     if info is None:
-        click.echo(f"dblock: {key} is not held", err=True)
+        click.echo(f"dblock: {printable(key)} is not held", err=True)
         return exit_codes.FAILURE
     if as_json:
         click.echo(json_line(info))
@@ -97,9 +101,9 @@ def release_command(ctx: click.Context, key: str, force: bool) -> int:
     client = open_client(ctx)
     before = client.info(key)
     if client.force_release(key):
-        click.echo(f"released {key} ({describe_holder(before)})")
+        click.echo(f"released {printable(key)} ({describe_holder(before)})")
         return exit_codes.OK
-    click.echo(f"dblock: {key} was not held", err=True)
+    click.echo(f"dblock: {printable(key)} was not held", err=True)
     return exit_codes.FAILURE
 
 
@@ -118,7 +122,7 @@ Example:
 @common_options
 @click.option(
     "--older-than",
-    type=WAIT,
+    type=AGE,
     default=0.0,
     show_default=True,
     metavar="S",
@@ -175,8 +179,8 @@ def schema_command(ctx: click.Context, dialect: str | None) -> int:
     if dialect is None:
         try:
             dialect = parse_url(settings.effective_url()).dialect
-        except ValueError as exc:
-            raise click.UsageError(str(exc), ctx=ctx) from exc
+        except dblock.ConfigurationError as exc:  # DBLOCK_URL's (--url's is checked on entry)
+            raise misconfigured(exc) from exc
     try:
         statements = ddl_for(dialect, settings.table)
     except ImportError as exc:

@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 import click
 
 from . import exit_codes
-from .context import CliError, common_options, settings_of
+from .context import DEFAULT_TABLE, CliError, common_options, settings_of
 
 
 def _launch(module_name: str, argv: Sequence[str]) -> int:
@@ -38,12 +38,15 @@ def _launch(module_name: str, argv: Sequence[str]) -> int:
 _PASS_THROUGH = {"ignore_unknown_options": True, "allow_extra_args": True}
 
 
-def _with_url(ctx: click.Context, args: tuple[str, ...]) -> list[str]:
-    """ARGS, preceded by ``--url URL`` when --url was given to dblock and not in ARGS."""
-    url = settings_of(ctx).url
+def _with_url(ctx: click.Context, args: tuple[str, ...], *, table: bool = False) -> list[str]:
+    """ARGS, preceded by ``--url URL`` when --url was given to dblock and not in ARGS (and by
+    ``--table NAME`` with ``table``: click takes both options for dblock's own)."""
+    settings = settings_of(ctx)
     argv = list(args)
-    if url is not None and "--url" not in argv:
-        argv = ["--url", url, *argv]
+    if table and settings.table != DEFAULT_TABLE and "--table" not in argv:
+        argv = ["--table", settings.table, *argv]
+    if settings.url is not None and "--url" not in argv:
+        argv = ["--url", settings.url, *argv]
     return argv
 
 
@@ -84,7 +87,7 @@ Example:
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
 def bench_command(ctx: click.Context, args: tuple[str, ...]) -> int:
-    return _launch("dblock.bench", _with_url(ctx, args))
+    return _launch("dblock.bench", _with_url(ctx, args, table=True))
 
 
 __all__ = ["bench_command", "demo_command"]

@@ -17,8 +17,16 @@ import click
 import dblock
 
 from . import exit_codes
-from .context import LEASE, WAIT, CliError, common_options, open_client, validate_key
-from .output import describe_holder, duration
+from .context import (
+    LEASE,
+    WAIT,
+    CliError,
+    common_options,
+    open_client,
+    validate_key,
+    validate_note,
+)
+from .output import describe_holder, duration, printable
 from .status_line import HolderStatus
 from .supervisor import (
     KILL_GRACE,
@@ -43,7 +51,7 @@ DEFAULT_ONCE_TTL = 30.0
 
 
 def _say(message: str) -> None:
-    click.echo(f"dblock: {message}", err=True)
+    click.echo(f"dblock: {printable(message)}", err=True)
 
 
 def _child_env(key: str, lock: dblock.Lock) -> dict[str, str]:
@@ -396,7 +404,7 @@ Exit status:
     help="Lease of the processing record in seconds, renewed while CMD runs: how long a "
     "crashed holder blocks a retry.",
 )
-@click.option("--note", default=None, help="A note stored with the record.")
+@click.option("--note", default=None, callback=validate_note, help="A note stored with the record.")
 @click.option("-q", "--quiet", is_flag=True, help="No message when CMD is not run.")
 @_kill_grace_option
 @click.pass_context

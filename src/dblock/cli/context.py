@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 
 import dblock
-from dblock._url import default_url, parse_url, redact, scrub
+from dblock._url import DatabaseURL, default_url, parse_url, redact, scrub
 from dblock._validate import MAX_TTL, check_key, check_seconds, check_table
 
 from . import exit_codes
@@ -28,6 +28,8 @@ class Settings:
     url: str | None = None
     table: str = DEFAULT_TABLE
     debug: bool = False
+    #: the warning about a password in --url has been given
+    warned: bool = False
 
     def effective_url(self) -> str:
         """--url, else DBLOCK_URL, else the embedded SQLite default."""
@@ -46,11 +48,28 @@ class CliError(click.ClickException):
         setattr(self, "exit_code", exit_code)  # noqa: B010
 
     def show(self, file: Any = None) -> None:
-        click.echo(f"dblock: {self.format_message()}", file=file or sys.stderr)
+        from .output import printable  # messages quote keys, owners and notes
+
+        click.echo(f"dblock: {printable(self.format_message())}", file=file or sys.stderr)
 
 
 def settings_of(ctx: click.Context) -> Settings:
     return ctx.ensure_object(Settings)
+
+
+#: query parameters that hold a password (libpq's; MySQL URLs take none)
+_SECRET_PARAMETERS = frozenset({"password", "sslpassword"})
+EXPOSED_URL_WARNING = (
+    "dblock: warning: --url holds a password, which every local user can read in the process "
+    "list while dblock runs; put the URL in DBLOCK_URL, or the password in ~/.pgpass "
+    "(PostgreSQL; or PGPASSFILE)"
+)
+
+
+def _has_password(url: DatabaseURL) -> bool:
+    return bool(url.password) or any(
+        name.lower() in _SECRET_PARAMETERS and value for name, value in url.query.items()
+    )
 
 
 def _store(name: str) -> Callable[[click.Context, click.Parameter, Any], None]:
@@ -65,9 +84,12 @@ def _store(name: str) -> Callable[[click.Context, click.Parameter, Any], None]:
                 raise click.BadParameter(str(exc), ctx=ctx, param=param) from None
         if name == "url":
             try:
-                parse_url(value)
+                parsed = parse_url(value)
             except dblock.ConfigurationError as exc:
                 raise click.BadParameter(str(exc), ctx=ctx, param=param) from None
+            if not settings.warned and _has_password(parsed):
+                settings.warned = True
+                click.echo(EXPOSED_URL_WARNING, err=True)
         setattr(settings, name, value)
         if name == "debug":
             from .app import enable_debug
@@ -141,6 +163,9 @@ class Seconds(_FloatParam):
 
 LEASE = Seconds(allow_zero=False, maximum=MAX_TTL)
 WAIT = Seconds(allow_zero=True)
+#: how far back ``purge --older-than`` may look: a century (a time before the databases'
+#: calendars would be an error of the database, exit 69, for a mistake in an option)
+AGE = Seconds(allow_zero=True, maximum=100 * 365.25 * 86400)
 
 
 def validate_key(ctx: click.Context, param: click.Parameter, value: str) -> str:
@@ -149,6 +174,28 @@ def validate_key(ctx: click.Context, param: click.Parameter, value: str) -> str:
         return check_key(value)
     except (TypeError, ValueError) as exc:
         raise click.BadParameter(str(exc), ctx=ctx, param=param) from None
+
+
+def validate_prefix(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    """Click callback: a key prefix (empty: every key) follows the rules of a key."""
+    return validate_key(ctx, param, value) if value else value
+
+
+def validate_note(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """Click callback: a note is text any database can store (no NUL, valid Unicode)."""
+    if value is None:
+        return None
+    if "\x00" in value:
+        raise click.BadParameter("must not contain NUL characters", ctx=ctx, param=param)
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:  # bytes of the command line that are not UTF-8
+        raise click.BadParameter(
+            "must be valid Unicode text (it contains bytes that are not UTF-8)",
+            ctx=ctx,
+            param=param,
+        ) from None
+    return value
 
 
 def unavailable(url: str, exc: BaseException) -> CliError:
@@ -166,14 +213,25 @@ def unavailable(url: str, exc: BaseException) -> CliError:
     return CliError(f"database unavailable: {detail}", exit_codes.UNAVAILABLE)
 
 
-def open_client(ctx: click.Context, *, close_on_exit: bool = True) -> dblock.Client:
-    """Connect as the options say; usage error for a bad URL, exit 69 if unreachable."""
+def misconfigured(exc: dblock.ConfigurationError) -> CliError:
+    """Exit 2 with one line: a setting that retrying will not fix (not 69, "try again later")."""
+    lines = str(exc).strip().splitlines()
+    return CliError(lines[0] if lines else "invalid configuration", exit_codes.USAGE)
+
+
+def open_client(
+    ctx: click.Context, *, close_on_exit: bool = True, read_only: bool = False
+) -> dblock.Client:
+    """Connect as the options say; exit 2 for a configuration mistake, 69 if unreachable.
+
+    ``read_only``: for commands that only look; they never create or upgrade the lock table.
+    """
     settings = settings_of(ctx)
     url = settings.effective_url()
     try:
-        client = dblock.connect(url, table=settings.table)
+        client = dblock.connect(url, table=settings.table, create_schema=not read_only)
     except dblock.ConfigurationError as exc:
-        raise click.UsageError(str(exc), ctx=ctx) from exc
+        raise misconfigured(exc) from exc
     except dblock.BackendError as exc:
         raise unavailable(url, exc) from exc
     if close_on_exit:

@@ -11,7 +11,8 @@ from typing import Final
 OK: Final = 0
 #: generic failure; also ``info`` (not held) and ``release`` (nothing was held)
 FAILURE: Final = 1
-#: bad argument (click's usage error)
+#: bad argument (click's usage error), or any other configuration mistake (ConfigurationError:
+#: URL, URL parameter, table, a table that is not dblock's): retrying will not help
 USAGE: Final = 2
 #: the database could not be reached (sysexits EX_UNAVAILABLE)
 UNAVAILABLE: Final = 69

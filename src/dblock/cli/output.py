@@ -2,6 +2,11 @@
 
 "held for" and "expires in" compare the database's timestamps with this host's clock, so they
 are off by the clock difference between the two; the timestamps themselves are the database's.
+
+Keys, owners and notes are anyone's text: whoever can take a lock chooses them. Human output
+shows them through :func:`printable`, so that a key cannot move the cursor, clear the screen,
+retitle the window or reorder the line (bidi overrides) on the operator's terminal; JSON output
+keeps them exact (json escapes C0 itself).
 """
 
 from __future__ import annotations
@@ -12,6 +17,33 @@ from datetime import datetime, timezone
 from typing import Any, TextIO
 
 from dblock import LockInfo
+
+
+def printable(text: str) -> str:
+    """``text`` with every character that is not printable escaped as Python's ``repr`` would
+    (``\\x1b``, ``\\u202e``, ``\\n``): C0 and C1 controls, DEL, format characters (bidi
+    overrides and isolates, zero-width characters), line and paragraph separators, lone
+    surrogates. Backslashes are left as they are."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+class EscapingStream:
+    """A text stream that passes each line of what is written through :func:`printable`: for
+    messages whose text dblock does not build itself (click's usage errors quote arguments)."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        return self._stream.write("\n".join(printable(line) for line in text.split("\n")))
+
+    def flush(self) -> None:
+        self._stream.flush()
+
+    def isatty(self) -> bool:
+        return self._stream.isatty()
 
 
 def now_utc() -> datetime:
@@ -72,8 +104,8 @@ def describe_holder(info: LockInfo | None, now: datetime | None = None) -> str:
         return "not held right now"
     now = now or now_utc()
     return (
-        f"held by {info.owner} (token {info.token}) for {duration(held_for(info, now))}, "
-        f"expires in {duration(expires_in(info, now))}"
+        f"held by {printable(info.owner)} (token {info.token}) for "
+        f"{duration(held_for(info, now))}, expires in {duration(expires_in(info, now))}"
     )
 
 
@@ -95,14 +127,16 @@ def print_table(infos: list[LockInfo], file: TextIO | None = None) -> None:
     # plain columns when piped (grep, awk), a header rule on a terminal
     table = Table(box=box.SIMPLE_HEAD if terminal else None, pad_edge=False, show_edge=False)
     table.add_column("key", overflow="fold")
+    table.add_column("kind")
     table.add_column("owner", overflow="fold")
     table.add_column("token", justify="right")
     table.add_column("held for", justify="right")
     table.add_column("expires in", justify="right")
     for info in infos:
         table.add_row(
-            info.key,
-            info.owner,
+            printable(info.key),
+            info.kind,
+            printable(info.owner),
             str(info.token),
             duration(held_for(info, now)),
             duration(expires_in(info, now)),
@@ -115,9 +149,9 @@ def print_info(info: LockInfo, file: TextIO | None = None) -> None:
     out = file or sys.stdout
     now = now_utc()
     rows = [
-        ("key", info.key),
+        ("key", printable(info.key)),
         ("kind", info.kind),
-        ("owner", info.owner),
+        ("owner", printable(info.owner)),
         ("token", str(info.token)),
         ("acquired at", iso(info.acquired_at)),
         ("expires at", iso(info.expires_at)),

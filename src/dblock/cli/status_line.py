@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, TextIO
 
 import dblock
 
-from .output import describe_holder, duration
+from .output import describe_holder, duration, printable
 
 if TYPE_CHECKING:
     from rich.status import Status
@@ -38,7 +38,7 @@ class HolderStatus:
 
     def _text(self, holder: str) -> str:
         waited = duration(time.monotonic() - self._started)
-        return f"waiting for {self._key} ({waited}): {holder}"
+        return printable(f"waiting for {self._key} ({waited}): {holder}")
 
     def _poll(self) -> None:
         from rich.text import Text
