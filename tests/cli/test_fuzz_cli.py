@@ -36,8 +36,8 @@ from tests._servers import MYSQL_URL, POSTGRESQL_URL, drop_tables, raw_connect, 
 #:   in "database unavailable: ..." messages);
 #: - SQLite's ``?timeout=nan|inf`` may still exit 69 (and ``-5``, ``1e300`` succeed) instead of 2.
 #: Set both to True after merging them.
-QUERY_SECRETS_REDACTED = False
-URL_PARAMETERS_VALIDATED = False
+QUERY_SECRETS_REDACTED = True
+URL_PARAMETERS_VALIDATED = True
 
 DOCUMENTED = {0, 1, 2, 69, 70, 75, 126, 127}
 #: generous bound on one invocation: a hang, not a performance figure

@@ -58,9 +58,14 @@ def refuse_foreign(
         )
 
 
-def missing(table: str, safe_url: str, dialect: str) -> ConfigurationError:
+class MissingTable(ConfigurationError):
+    """create_schema=False and the lock table (or part of it) does not exist: nothing was ever
+    held in it, which the read-only commands report as such."""
+
+
+def missing(table: str, safe_url: str, dialect: str) -> MissingTable:
     """The error for create_schema=False when the lock table (or part of it) does not exist."""
-    return ConfigurationError(
+    return MissingTable(
         f"the lock table {table} does not exist in {safe_url}; it is created by "
         "connect(create_schema=True) and by the dblock commands that take locks (run, once), "
         f"or apply `dblock schema --dialect {dialect}`"
@@ -79,4 +84,13 @@ def outdated(
     )
 
 
-__all__ = ["HOLDERS", "MAIN", "META", "SEQUENCE", "missing", "outdated", "refuse_foreign"]
+__all__ = [
+    "HOLDERS",
+    "MAIN",
+    "META",
+    "SEQUENCE",
+    "MissingTable",
+    "missing",
+    "outdated",
+    "refuse_foreign",
+]

@@ -38,7 +38,7 @@ import psycopg
 from .. import _forksafe
 from .._errors import ConfigurationError
 from .._types import Kind, LockInfo
-from .._url import MAX_URL_TIMEOUT, DatabaseURL, url_number
+from .._url import MAX_URL_TIMEOUT, DatabaseURL, scrub, scrub_exception, url_number
 from ._holders import HoldersMixin, Rows
 from ._names import aux_name, qualify
 from ._schema import HOLDERS, MAIN, SEQUENCE, missing, outdated, refuse_foreign
@@ -472,8 +472,8 @@ class PostgresBackend(HoldersMixin[psycopg.Connection[Any]]):
         """A URL parameter libpq or psycopg refused: the user's to fix (never retried)."""
         detail = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         detail = detail.removeprefix("connection is bad: ")
-        if self._password:
-            detail = detail.replace(self._password, "***")
+        scrub_exception(exc, self._secrets)  # it travels on as the __cause__
+        detail = scrub(detail, self._secrets)
         return ConfigurationError(f"invalid PostgreSQL URL parameter in {self.safe_url}: {detail}")
 
     def _close_connection(self, conn: psycopg.Connection[Any]) -> None:

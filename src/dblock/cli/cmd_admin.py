@@ -15,6 +15,7 @@ from .context import (
     common_options,
     misconfigured,
     open_client,
+    open_reader,
     settings_of,
     validate_key,
     validate_prefix,
@@ -41,7 +42,8 @@ Example:
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
 @click.pass_context
 def list_command(ctx: click.Context, prefix: str, as_json: bool) -> int:
-    infos = open_client(ctx, read_only=True).list(prefix)
+    client = open_reader(ctx)
+    infos = [] if client is None else client.list(prefix)
     if as_json:
         for info in infos:
             click.echo(json_line(info))
@@ -64,7 +66,8 @@ Example:
 @click.option("--json", "as_json", is_flag=True, help="One JSON object.")
 @click.pass_context
 def info_command(ctx: click.Context, key: str, as_json: bool) -> int:
-    info = open_client(ctx, read_only=True).info(key)
+    client = open_reader(ctx)
+    info = None if client is None else client.info(key)
     if info is None:
         click.echo(f"dblock: {printable(key)} is not held", err=True)
         return exit_codes.FAILURE

@@ -219,21 +219,36 @@ def misconfigured(exc: dblock.ConfigurationError) -> CliError:
     return CliError(lines[0] if lines else "invalid configuration", exit_codes.USAGE)
 
 
-def open_client(
-    ctx: click.Context, *, close_on_exit: bool = True, read_only: bool = False
-) -> dblock.Client:
-    """Connect as the options say; exit 2 for a configuration mistake, 69 if unreachable.
-
-    ``read_only``: for commands that only look; they never create or upgrade the lock table.
-    """
+def open_client(ctx: click.Context, *, close_on_exit: bool = True) -> dblock.Client:
+    """Connect as the options say, creating or upgrading the lock table if need be; exit 2 for
+    a configuration mistake, 69 if the database cannot be reached."""
     settings = settings_of(ctx)
     url = settings.effective_url()
     try:
-        client = dblock.connect(url, table=settings.table, create_schema=not read_only)
+        client = dblock.connect(url, table=settings.table)
     except dblock.ConfigurationError as exc:
         raise misconfigured(exc) from exc
     except dblock.BackendError as exc:
         raise unavailable(url, exc) from exc
     if close_on_exit:
         ctx.call_on_close(client.close)
+    return client
+
+
+def open_reader(ctx: click.Context) -> dblock.Client | None:
+    """Like open_client, for the commands that only look: they never create or upgrade
+    anything. None when the lock table does not exist yet (nothing was ever held in it)."""
+    from dblock.backends._schema import MissingTable
+
+    settings = settings_of(ctx)
+    url = settings.effective_url()
+    try:
+        client = dblock.connect(url, table=settings.table, create_schema=False)
+    except MissingTable:
+        return None
+    except dblock.ConfigurationError as exc:
+        raise misconfigured(exc) from exc
+    except dblock.BackendError as exc:
+        raise unavailable(url, exc) from exc
+    ctx.call_on_close(client.close)
     return client
