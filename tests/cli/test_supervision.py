@@ -374,3 +374,22 @@ def test_ttl_too_short_for_the_kill_grace_is_refused(
         assert done.returncode == 2
         assert "too short for a kill grace" in done.stderr
         assert "Traceback" not in done.stderr
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_CHILD_SUBREAPER")
+def test_run_leaves_its_process_no_subreaper(tmp_path: Path) -> None:
+    """``run`` adopts CMD's orphans only while CMD runs: a process that goes on after it (an
+    embedding program, this test run) must not collect every later orphan as a zombie."""
+    import ctypes
+
+    from dblock.cli import main
+
+    def subreaper() -> int:
+        value = ctypes.c_int(0)
+        assert ctypes.CDLL(None, use_errno=True).prctl(37, ctypes.byref(value), 0, 0, 0) == 0
+        return value.value
+
+    assert subreaper() == 0
+    url = f"sqlite:///{tmp_path}/locks.sqlite3"
+    assert main(["--url", url, "run", "--no-wait", "k", "--", "true"]) == 0
+    assert subreaper() == 0

@@ -114,6 +114,7 @@ def _no_sigttou() -> Iterator[None]:
 
 _PR_SET_PDEATHSIG: Final = 1
 _PR_SET_CHILD_SUBREAPER: Final = 36
+_PR_GET_CHILD_SUBREAPER: Final = 37
 
 
 def _prctl() -> Callable[..., int] | None:
@@ -128,10 +129,28 @@ def _prctl() -> Callable[..., int] | None:
     return fn
 
 
-def _become_subreaper() -> bool:
-    """Linux: orphaned descendants are re-parented to this process, not to init."""
+def _become_subreaper() -> bool | None:
+    """Linux: orphaned descendants are re-parented to this process, not to init. None where
+    that is not available, else whether this process was a subreaper before."""
     prctl = _prctl()
-    return prctl is not None and prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    if prctl is None:
+        return None
+    import ctypes
+
+    before = ctypes.c_int(0)
+    if prctl(_PR_GET_CHILD_SUBREAPER, ctypes.byref(before), 0, 0, 0) != 0:
+        return None
+    if prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        return None
+    return bool(before.value)
+
+
+def _stop_being_subreaper() -> None:
+    """Undo _become_subreaper: a process that goes on after ``run`` (a test, an embedding
+    program) would otherwise inherit every orphan of the system's later commands as zombies."""
+    prctl = _prctl()
+    if prctl is not None:
+        prctl(_PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
 
 
 def _child_setup(terminal: int | None) -> Callable[[], None]:
@@ -198,7 +217,9 @@ class Child:
     def __init__(self, argv: Sequence[str], env: Mapping[str, str] | None = None) -> None:
         self.terminal = _foreground_terminal()
         #: orphans CMD leaves are re-parented to dblock, so /proc shows them all
-        self.subreaper = _become_subreaper()
+        before = _become_subreaper()
+        self.subreaper = before is not None
+        self._restore_subreaper = before is False
         try:
             self.process = subprocess.Popen(  # noqa: S603 - running CMD is the point
                 list(argv),
@@ -344,6 +365,12 @@ class Child:
         self.process.poll()
         return bool(self.remaining())
 
+    def close(self) -> None:
+        """CMD and its descendants are gone (or given up on): stop adopting orphans."""
+        if self._restore_subreaper:
+            self._restore_subreaper = False
+            _stop_being_subreaper()
+
 
 class SignalRelay:
     """Handlers for SIGINT/SIGTERM/SIGHUP while dblock runs.
@@ -394,3 +421,5 @@ class SignalRelay:
         for signum, handler in self._previous.items():
             signal.signal(signum, handler)  # type: ignore[arg-type]
         self._previous.clear()
+        if self._child is not None:
+            self._child.close()
