@@ -55,8 +55,19 @@ def test_default_directory_and_files_are_private(state: Path) -> None:
 def test_command_line_default_is_private(state: Path) -> None:
     env = {**os.environ, "XDG_STATE_HOME": str(state)}
     env.pop("DBLOCK_URL", None)
-    done = subprocess.run(
+    fresh = subprocess.run(
         [sys.executable, "-m", "dblock", "list"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        check=False,
+    )
+    # a fresh install holds nothing, and a read-only command creates nothing
+    assert fresh.returncode == 0, fresh.stderr
+    assert not (state / "dblock").exists()
+    done = subprocess.run(
+        [sys.executable, "-m", "dblock", "run", "--no-wait", "k", "--", "true"],
         capture_output=True,
         text=True,
         timeout=60,

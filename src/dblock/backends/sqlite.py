@@ -380,8 +380,13 @@ class SqliteBackend(HoldersMixin[sqlite3.Connection]):
 
     def ensure_schema(self, create: bool) -> None:
         path = Path(self.path).expanduser()
-        if not create and self.path != ":memory:" and not path.exists():
+        if not create and not path.exists():
             # connecting would create the file (and _connect its directory)
+            if self._private:
+                if path.parent.exists():  # an unsafe directory is refused even to a reader
+                    _check_private(path.parent, "directory")
+                # a fresh install: nothing was ever held
+                raise missing(self.table, self.safe_url, self.dialect)
             if path.parent.is_dir():
                 raise missing(self.table, self.safe_url, self.dialect)
             raise BackendError(f"cannot open {self.safe_url}: {path.parent} is not a directory")
