@@ -55,25 +55,11 @@ def test_default_directory_and_files_are_private(state: Path) -> None:
 def test_command_line_default_is_private(state: Path) -> None:
     env = {**os.environ, "XDG_STATE_HOME": str(state)}
     env.pop("DBLOCK_URL", None)
-    fresh = subprocess.run(
-        [sys.executable, "-m", "dblock", "list"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=env,
-        check=False,
-    )
+    fresh = _dblock(env, "list")
     # a fresh install holds nothing, and a read-only command creates nothing
     assert fresh.returncode == 0, fresh.stderr
     assert not (state / "dblock").exists()
-    done = subprocess.run(
-        [sys.executable, "-m", "dblock", "run", "--no-wait", "k", "--", "true"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=env,
-        check=False,
-    )
+    done = _dblock(env, "run", "--no-wait", "k", "--", "true")
     assert done.returncode == 0, done.stderr
     assert _mode(state / "dblock") == 0o700
     assert _mode(state / "dblock" / "locks.sqlite3") == 0o600
@@ -91,6 +77,17 @@ def test_loose_modes_of_our_own_directory_are_tightened(state: Path) -> None:
         _use(client)
     assert _mode(directory) == 0o700
     assert _mode(db) == 0o600
+
+
+def _dblock(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "dblock", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        check=False,
+    )
 
 
 def _nobody() -> int:
@@ -149,14 +146,7 @@ def test_command_line_refusal_is_a_usage_error(state: Path) -> None:
     directory.chmod(0o777)
     env = {**os.environ, "XDG_STATE_HOME": str(state)}
     env.pop("DBLOCK_URL", None)
-    done = subprocess.run(
-        [sys.executable, "-m", "dblock", "list"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=env,
-        check=False,
-    )
+    done = _dblock(env, "list")
     assert done.returncode == 2, done.stderr
     assert "writable by other users" in done.stderr
     assert "Traceback" not in done.stderr
