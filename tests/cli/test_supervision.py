@@ -391,5 +391,9 @@ def test_run_leaves_its_process_no_subreaper(tmp_path: Path) -> None:
 
     assert subreaper() == 0
     url = f"sqlite:///{tmp_path}/locks.sqlite3"
+    assert main(["--url", url, "run", "--no-wait", "k", "--", "/nonexistent/cmd"]) == 127
+    assert subreaper() == 0
     assert main(["--url", url, "run", "--no-wait", "k", "--", "true"]) == 0
+    assert subreaper() == 0
+    assert main(["--url", url, "once", "k2", "--", "true"]) == 0
     assert subreaper() == 0

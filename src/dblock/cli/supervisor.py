@@ -221,11 +221,7 @@ class Child:
         self.subreaper = before is not None
         self._restore_subreaper = before is False
         try:
-            self.process = subprocess.Popen(  # noqa: S603 - running CMD is the point
-                list(argv),
-                env=env,
-                preexec_fn=_child_setup(self.terminal),  # noqa: PLW1509 - no locks taken
-            )
+            self.process = self._start(argv, env)
         except FileNotFoundError:
             raise CannotStart(f"{argv[0]}: command not found", exit_codes.NOT_FOUND) from None
         except PermissionError:
@@ -238,6 +234,19 @@ class Child:
             # would stop it with SIGTTOU just when it must stop CMD (CMD has its own default)
             with suppress(ValueError):  # not the main thread: no handlers there anyway
                 signal.signal(signal.SIGTTOU, signal.SIG_IGN)
+
+    def _start(
+        self, argv: Sequence[str], env: Mapping[str, str] | None
+    ) -> subprocess.Popen[bytes]:
+        try:
+            return subprocess.Popen(  # noqa: S603 - running CMD is the point
+                list(argv),
+                env=env,
+                preexec_fn=_child_setup(self.terminal),  # noqa: PLW1509 - no locks taken
+            )
+        except BaseException:
+            self.close()  # no CMD: nothing to adopt
+            raise
 
     @property
     def pid(self) -> int:
