@@ -31,6 +31,7 @@ import pytest
 
 from tests._proxy import Proxy
 from tests._servers import POSTGRESQL_URL, drop_tables, require_server
+from tests._waiting import until
 
 from .conftest import WAIT, Dblock, finish, wait_for
 
@@ -397,3 +398,22 @@ def test_run_leaves_its_process_no_subreaper(tmp_path: Path) -> None:
     assert subreaper() == 0
     assert main(["--url", url, "once", "k2", "--", "true"]) == 0
     assert subreaper() == 0
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc and subreapers")
+def test_run_in_process_leaves_the_programs_other_children_alone(tmp_path: Path) -> None:
+    """A program that calls ``run`` in-process may have children of its own: they are not
+    CMD's, so they are neither signalled nor reaped (their exit status stays theirs)."""
+    from dblock.cli import main
+
+    sleeper = subprocess.Popen(["sleep", "60"])
+    exited = subprocess.Popen(["sh", "-c", "exit 3"])
+    try:
+        until(lambda: Path(f"/proc/{exited.pid}/stat").read_text().split()[2] == "Z", "exit")
+        url = f"sqlite:///{tmp_path}/locks.sqlite3"
+        assert main(["--url", url, "run", "--no-wait", "k", "--", "sh", "-c", "sleep 0.3"]) == 0
+        assert sleeper.poll() is None, "run signalled a process that was not CMD's"
+        assert exited.wait(5) == 3, "run reaped a process that was not CMD's"
+    finally:
+        sleeper.kill()
+        sleeper.wait()

@@ -29,7 +29,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from types import FrameType, TracebackType
 from typing import Final
@@ -178,9 +178,10 @@ def _child_setup(terminal: int | None) -> Callable[[], None]:
     return setup
 
 
-def descendants(root: int) -> dict[int, bool]:
+def descendants(root: int, skip: Collection[int] = ()) -> dict[int, bool]:
     """Linux: every descendant of ``root`` found in /proc, mapped to whether it is still
-    running (False: a zombie). Empty where there is no /proc."""
+    running (False: a zombie), leaving out the processes in ``skip`` and theirs. Empty where
+    there is no /proc."""
     parents: dict[int, list[tuple[int, bool]]] = {}
     try:
         entries = os.listdir("/proc")
@@ -200,7 +201,7 @@ def descendants(root: int) -> dict[int, bool]:
     todo = [root]
     while todo:
         for pid, running in parents.get(todo.pop(), ()):
-            if pid not in found:
+            if pid not in found and pid not in skip:
                 found[pid] = running
                 todo.append(pid)
     return found
@@ -220,6 +221,9 @@ class Child:
         before = _become_subreaper()
         self.subreaper = before is not None
         self._restore_subreaper = before is False
+        #: processes of dblock's own from before CMD (a program that runs dblock in-process
+        #: may have some): never CMD's, never signalled or reaped here
+        self._theirs = frozenset(descendants(os.getpid())) if self.subreaper else frozenset()
         try:
             self.process = self._start(argv, env)
         except FileNotFoundError:
@@ -315,6 +319,9 @@ class Child:
                 return
             if info is None or info.si_pid == self.pid:
                 return
+            if info.si_pid in self._theirs:  # not ours to reap: reap CMD's the slow way
+                self.remaining()
+                return
             with suppress(ChildProcessError):
                 os.waitpid(info.si_pid, 0)
 
@@ -322,7 +329,7 @@ class Child:
         """Live processes of CMD's: its group (its leader's pid when the group is not empty)
         and every descendant in /proc; True for those still running. Reaps what was
         re-parented to dblock and has exited."""
-        found = descendants(os.getpid()) if self.subreaper else {}
+        found = descendants(os.getpid(), self._theirs) if self.subreaper else {}
         for pid, running in list(found.items()):
             if not running and pid != self.pid:
                 try:
