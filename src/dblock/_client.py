@@ -4,28 +4,24 @@ from __future__ import annotations
 
 import logging
 import math
-import secrets
-import socket
-import threading
 from collections.abc import Callable
 from dataclasses import replace
 from types import TracebackType
 from typing import ParamSpec, TypeVar
 
-from . import _forksafe
-from ._lock import Hold, Lock
+from ._core import Core
+from ._lock import Lock
 from ._patterns import OnceLock, locked, scheduled
-from ._renewer import Scheduler
 from ._rwlock import RWLock, Semaphore
 from ._types import LockInfo, State
 from ._url import parse_url
 from ._validate import MAX_PURGE_AGE, check_key, check_max_connections, check_table
-from .backends import Backend, open_backend
+from .backends import open_backend
+from .backends._contract import OnceRecords, Store, lacking
 
 log = logging.getLogger("dblock")
 P = ParamSpec("P")
 R = TypeVar("R")
-_HOST = socket.gethostname()[:64] or "localhost"
 
 
 def connect(
@@ -68,26 +64,24 @@ def connect(
 class Client:
     """A thread-safe handle on one lock table. Use it as a context manager or ``close()`` it."""
 
-    def __init__(self, backend: Backend) -> None:
-        self._backend = backend
-        self._scheduler = Scheduler(f"dblock-renewer[{backend.table}]")
-        self._reentrant: dict[tuple[str, int], Hold] = {}
-        self._registry_lock = _forksafe.lock()
-        self._poll_cap = backend.max_poll
+    def __init__(self, store: Store) -> None:
+        self._core = Core(store)
+        self._store = store
         self._closed = False
 
     @property
     def url(self) -> str:
         """The database URL, password hidden."""
-        return self._backend.safe_url
+        return self._store.safe_url
 
     @property
     def table(self) -> str:
-        return self._backend.table
+        return self._store.table
 
     @property
     def dialect(self) -> str:
-        return self._backend.dialect
+        """The store's name: "sqlite", "postgresql", "mysql", ..."""
+        return self._store.name
 
     # -- locks ----------------------------------------------------------------------------
     def lock(
@@ -105,7 +99,7 @@ class Client:
         # Every lock hands over in the order waiters arrived (see Lock._queue_kind), so
         # fair=True asks for what the default already gives.
         return Lock(
-            self,
+            self._core,
             key,
             ttl=ttl,
             timeout=timeout,
@@ -116,14 +110,14 @@ class Client:
 
     def rwlock(self, key: str, *, ttl: float = 30.0, timeout: float | None = None) -> RWLock:
         """A read-write lock: many readers at once, or one writer; writers are not starved."""
-        return RWLock(self, key, ttl=ttl, timeout=timeout)
+        return RWLock(self._core, key, ttl=ttl, timeout=timeout)
 
     def semaphore(
         self, key: str, permits: int, *, ttl: float = 30.0, timeout: float | None = None
     ) -> Semaphore:
         """At most ``permits`` holders of ``key`` at once; a crashed holder's permit comes back
         when its lease ends."""
-        return Semaphore(self, key, permits, ttl=ttl, timeout=timeout)
+        return Semaphore(self._core, key, permits, ttl=ttl, timeout=timeout)
 
     # -- patterns -------------------------------------------------------------------------
     def once(
@@ -140,11 +134,14 @@ class Client:
         >>> with client.once("payout:" + request_no, ttl=300, note="payout"):
         ...     pay(request_no)
         """
-        return OnceLock(self, key, ttl=ttl, note=note, auto_renew=auto_renew)
+        return OnceLock(self._core, key, ttl=ttl, note=note, auto_renew=auto_renew)
 
     def state(self, key: str) -> State | None:
         """The once-record of ``key``: "processing", "failed", "succeeded", or None."""
-        row = self._backend.once_state(check_key(key))
+        key = check_key(key)
+        if not isinstance(self._store, OnceRecords):
+            raise lacking(self._store, OnceRecords, "state()")
+        row = self._store.once_state(key)
         if row is None or row[0] != "once":
             return None
         value: State | None = row[1]  # type: ignore[assignment]
@@ -159,7 +156,7 @@ class Client:
         most ``at_most`` s; a job that ends early keeps the lock until ``at_least`` s after its
         start, so schedulers whose clocks differ a little do not run it twice.
         """
-        return scheduled(self, name, at_most, at_least)
+        return scheduled(self._core, name, at_most, at_least)
 
     def locked(
         self,
@@ -176,13 +173,18 @@ class Client:
         ... def settle(request_no, amount): ...   # busy -> LockTimeout
         """
         return locked(
-            self, template, ttl=ttl, timeout=timeout, reentrant=reentrant, auto_renew=auto_renew
+            self.lock,
+            template,
+            ttl=ttl,
+            timeout=timeout,
+            reentrant=reentrant,
+            auto_renew=auto_renew,
         )
 
     # -- inspection and maintenance -------------------------------------------------------
     def info(self, key: str) -> LockInfo | None:
         """The current, unexpired hold of ``key``, or None."""
-        return self._backend.info(check_key(key))
+        return self._store.info(check_key(key))
 
     def list(self, prefix: str = "") -> list[LockInfo]:
         """All current holds whose key starts with ``prefix``, sorted by key (code points)."""
@@ -190,7 +192,7 @@ class Client:
             raise TypeError(f"prefix must be a str, not {type(prefix).__name__}")
         if prefix:
             check_key(prefix)  # the same rules as a key: no NUL, valid Unicode
-        return self._backend.list(prefix)
+        return self._store.list(prefix)
 
     def force_release(self, key: str) -> bool:
         """Operator's override: end whatever live hold ``key`` has. True if one was freed.
@@ -199,7 +201,7 @@ class Client:
         one or ``auto_renew``); elsewhere at its next renewal, release (``LockLost``), renew or
         re-entrant acquire.
         """
-        return self._backend.force_release(check_key(key))
+        return self._store.force_release(check_key(key))
 
     def purge(self, older_than: float = 0.0, *, include_once: bool = False) -> int:
         """Delete rows of locks not held now, released or expired more than ``older_than`` s ago.
@@ -213,29 +215,7 @@ class Client:
             raise ValueError(f"older_than must be a finite number >= 0, got {older_than!r}")
         # no row is older than that: a larger age means the same, and overflows the
         # database's date arithmetic (or Python's int conversion)
-        return self._backend.purge(min(float(older_than), MAX_PURGE_AGE), bool(include_once))
-
-    # -- owner identity and re-entrant holds ----------------------------------------------
-    def _identity(self) -> str:
-        # <thread> names the thread for people; ownership is by the random part (in the
-        # database) and by _lock.thread_id (re-entrancy), neither of which is ever reused
-        return f"{_HOST}:{_forksafe.pid()}:{threading.get_ident()}"
-
-    def _new_owner(self) -> str:
-        return f"{self._identity()}:{secrets.token_hex(8)}"
-
-    def _reentrant_hold(self, key: str, tid: int) -> Hold | None:
-        with self._registry_lock:
-            return self._reentrant.get((key, tid))
-
-    def _set_reentrant_hold(self, key: str, tid: int, hold: Hold) -> None:
-        with self._registry_lock:
-            self._reentrant[(key, tid)] = hold
-
-    def _drop_reentrant_hold(self, key: str, tid: int, hold: Hold) -> None:
-        with self._registry_lock:
-            if self._reentrant.get((key, tid)) is hold:
-                del self._reentrant[(key, tid)]
+        return self._store.purge(min(float(older_than), MAX_PURGE_AGE), bool(include_once))
 
     # -- lifecycle ------------------------------------------------------------------------
     def close(self) -> None:
@@ -247,8 +227,7 @@ class Client:
         if self._closed:
             return
         self._closed = True
-        self._scheduler.stop()
-        self._backend.close()
+        self._core.close()
 
     def __enter__(self) -> Client:
         return self

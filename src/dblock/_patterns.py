@@ -19,14 +19,13 @@ import logging
 import string
 from collections.abc import Callable
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
+from ._core import Core
 from ._errors import AlreadyDone, ConfigurationError, InProgress
-from ._lock import Hold, Lock
+from ._lock import Lock
 from ._validate import check_note, check_seconds, check_ttl
-
-if TYPE_CHECKING:
-    from ._client import Client
+from .backends._contract import OnceRecords, lacking
 
 log = logging.getLogger("dblock")
 P = ParamSpec("P")
@@ -38,39 +37,32 @@ class OnceLock(Lock):
     """The hold behind ``client.once()``: claims a once-record, records the outcome."""
 
     def __init__(
-        self, client: Client, key: str, *, ttl: float, note: str | None, auto_renew: bool
+        self, core: Core, key: str, *, ttl: float, note: str | None, auto_renew: bool
     ) -> None:
-        super().__init__(client, key, ttl=ttl, reentrant=False, auto_renew=auto_renew, kind="once")
-        self._note = check_note(note)
-        self._outcome = "failed"
-
-    _queue_kind = None  # once() never waits
-
-    def _try_acquire(self, owner: str, queued: bool) -> int | None:
-        return self._client._backend.claim_once(self.key, owner, self.ttl, self._note)
-
-    def _end_hold(self, hold: Hold) -> bool:
-        return self._client._backend.finish_once(self.key, hold.owner, hold.token, self._outcome)
+        super().__init__(core, key, ttl=ttl, reentrant=False, auto_renew=auto_renew, kind="once")
+        self._spec.note = check_note(note)
 
     def __enter__(self) -> OnceLock:
-        backend = self._client._backend
+        store = self._core.store
+        if not isinstance(store, OnceRecords):
+            raise lacking(store, OnceRecords, "once()")
         for _ in range(_CLAIM_ATTEMPTS):
             if self.acquire(blocking=False):
                 return self
-            row = backend.once_state(self.key)
+            row = store.once_state(self.key)
             if row is None:
                 continue  # purged between the two statements: claim again
             kind, state, live = row
             if kind == "once" and state == "succeeded":
                 raise AlreadyDone(
-                    f"{self.key!r} has already succeeded (table {backend.table}); it runs at "
+                    f"{self.key!r} has already succeeded (table {store.table}); it runs at "
                     "most once successfully",
                     key=self.key,
                 )
             if live:
                 raise InProgress(
                     f"{self.key!r} is being processed by another owner right now (table "
-                    f"{backend.table}); try again after it finishes or its lease expires",
+                    f"{store.table}); try again after it finishes or its lease expires",
                     key=self.key,
                 )
         raise InProgress(
@@ -83,30 +75,20 @@ class OnceLock(Lock):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self._outcome = "succeeded" if exc_type is None else "failed"
+        self._spec.outcome = "succeeded" if exc_type is None else "failed"
         self.release()
 
 
 class ScheduledLock(Lock):
     """The hold behind ``client.scheduled()``: kept until ``at_least`` s after its start."""
 
-    def __init__(self, client: Client, name: str, *, at_most: float, at_least: float) -> None:
-        super().__init__(client, name, ttl=at_most, reentrant=False, kind="scheduled")
-        self._at_least = at_least
-
-    _queue_kind = None  # a scheduled run never waits
-
-    def _try_acquire(self, owner: str, queued: bool) -> int | None:
-        return self._client._backend.acquire(self.key, owner, self.ttl, self._kind)
-
-    def _end_hold(self, hold: Hold) -> bool:
-        return self._client._backend.finish_scheduled(
-            self.key, hold.owner, hold.token, self._at_least
-        )
+    def __init__(self, core: Core, name: str, *, at_most: float, at_least: float) -> None:
+        super().__init__(core, name, ttl=at_most, reentrant=False, kind="scheduled")
+        self._spec.at_least = at_least
 
 
 def scheduled(
-    client: Client, name: str, at_most: float, at_least: float = 0.0
+    core: Core, name: str, at_most: float, at_least: float = 0.0
 ) -> Callable[[Callable[P, R]], Callable[P, R | None]]:
     """Decorator: of N hosts calling the job at once, exactly one runs it; others get None."""
     at_most = check_ttl(at_most)
@@ -116,12 +98,12 @@ def scheduled(
             f"scheduled({name!r}): need 0 <= at_least <= at_most, got at_least={at_least:g} "
             f"and at_most={at_most:g}"
         )
-    ScheduledLock(client, name, at_most=at_most, at_least=at_least)  # validates the name now
+    ScheduledLock(core, name, at_most=at_most, at_least=at_least)  # validates the name now
 
     def decorate(fn: Callable[P, R]) -> Callable[P, R | None]:
         @functools.wraps(fn)
         def run(*args: P.args, **kwargs: P.kwargs) -> R | None:
-            lock = ScheduledLock(client, name, at_most=at_most, at_least=at_least)
+            lock = ScheduledLock(core, name, at_most=at_most, at_least=at_least)
             if not lock.acquire(blocking=False):
                 log.debug("scheduled job %r skipped: another host holds its lock", name)
                 return None
@@ -136,9 +118,15 @@ def scheduled(
 
 
 def locked(
-    client: Client, template: str, *, ttl: float, timeout: float | None, **options: Any
+    make_lock: Callable[..., Lock],
+    template: str,
+    *,
+    ttl: float,
+    timeout: float | None,
+    **options: Any,
 ) -> Callable[[Callable[P, R]], Callable[P, R]]:
-    """Decorator: hold the lock named by ``template.format(**arguments)`` during each call."""
+    """Decorator: hold the lock named by ``template.format(**arguments)`` during each call;
+    ``make_lock`` is the client's ``lock``."""
     if not isinstance(template, str):
         raise TypeError("the key template must be a str")
     check_ttl(ttl)
@@ -166,7 +154,7 @@ def locked(
             bound = signature.bind(*args, **kwargs)
             bound.apply_defaults()
             key = template.format(**bound.arguments)
-            with client.lock(key, ttl=ttl, timeout=timeout, **options):
+            with make_lock(key, ttl=ttl, timeout=timeout, **options):
                 return fn(*args, **kwargs)
 
         return call

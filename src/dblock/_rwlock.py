@@ -1,4 +1,4 @@
-"""Read-write locks and semaphores: Lock variants over the holders table.
+"""Read-write locks and semaphores: Lock objects of the shared kinds (``SharedHolds``).
 
 Each hold has its own lease and fencing token (taken from the key's counter, so tokens of one
 key increase across reads, writes and permits alike). Waiters that must keep their place — a
@@ -10,46 +10,22 @@ the queue for longer than that.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, TypeVar
+from typing import TypeVar
 
-from ._lock import Hold, Lock
-
-if TYPE_CHECKING:
-    from ._client import Client
+from ._core import Core
+from ._lock import Lock
+from ._validate import check_key, check_timeout, check_ttl
+from .backends._contract import FairQueue, SharedHolds, require
 
 L = TypeVar("L", bound=Lock)
 
 
-class _SharedHold(Lock):
-    """A hold stored in the holders table (a read hold or a semaphore permit)."""
-
-    _permits: int | None = None
-    _queue_kind = None
-
-    def _try_acquire(self, owner: str, queued: bool) -> int | None:
-        return self._client._backend.acquire_shared(
-            self.key, owner, self.ttl, self._kind, self._permits
-        )
-
-    def _end_hold(self, hold: Hold) -> bool:
-        return self._client._backend.release_shared(self.key, hold.owner, hold.token)
-
-    def _renew_hold(self, hold: Hold, ttl: float) -> bool:
-        return self._client._backend.renew_shared(self.key, hold.owner, hold.token, ttl)
-
-
-class ReadLock(_SharedHold):
+class ReadLock(Lock):
     """A read hold of an RWLock: many at once, none while a writer holds or waits."""
 
 
 class WriteLock(Lock):
     """The write hold of an RWLock: alone, and waiting writers block new readers."""
-
-    _queue_kind = "write"
-    _dequeues_itself = True
-
-    def _try_acquire(self, owner: str, queued: bool) -> int | None:
-        return self._client._backend.acquire_write(self.key, owner, self.ttl)
 
 
 class RWLock:
@@ -61,12 +37,13 @@ class RWLock:
     """
 
     def __init__(
-        self, client: Client, key: str, *, ttl: float = 30.0, timeout: float | None = None
+        self, core: Core, key: str, *, ttl: float = 30.0, timeout: float | None = None
     ) -> None:
-        self._client = client
+        self._core = core
         # validate now, with the same rules as a Lock
-        self._probe = Lock(client, key, ttl=ttl, timeout=timeout)
-        self.key, self.ttl, self.timeout = key, ttl, timeout
+        self.key, self.ttl, self.timeout = check_key(key), check_ttl(ttl), check_timeout(timeout)
+        require(core.store, SharedHolds, "read-write locks")
+        require(core.store, FairQueue, "read-write locks")
 
     def read_lock(
         self, *, on_lost: Callable[[Lock], object] | None = None, auto_renew: bool = False
@@ -88,7 +65,7 @@ class RWLock:
         auto_renew: bool,
     ) -> L:
         return cls(
-            self._client,
+            self._core,
             self.key,
             ttl=self.ttl,
             timeout=self.timeout,
@@ -102,7 +79,7 @@ class RWLock:
         return f"<dblock.RWLock key={self.key!r}>"
 
 
-class Semaphore(_SharedHold):
+class Semaphore(Lock):
     """At most ``permits`` holders of a key at once; each permit has its own lease.
 
     ``acquire``/``release``/``with`` work as on a Lock; every acquisition takes one permit.
@@ -113,7 +90,7 @@ class Semaphore(_SharedHold):
 
     def __init__(
         self,
-        client: Client,
+        core: Core,
         key: str,
         permits: int,
         *,
@@ -124,9 +101,9 @@ class Semaphore(_SharedHold):
             raise TypeError(f"permits must be an int, not {type(permits).__name__}")
         if permits < 1:
             raise ValueError(f"permits must be >= 1, got {permits}")
-        super().__init__(client, key, ttl=ttl, timeout=timeout, reentrant=False, kind="semaphore")
-        self._permits = permits
+        super().__init__(core, key, ttl=ttl, timeout=timeout, reentrant=False, kind="semaphore")
+        self._spec.permits = permits
 
     @property
     def permits(self) -> int:
-        return self._permits or 0
+        return self._spec.permits or 0

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import dblock
-from dblock._lock import QUEUE_TTL
+from dblock._engine import QUEUE_TTL
 from dblock.backends._names import aux_name
 from tests._servers import raw_connect
 from tests._waiting import until

@@ -213,7 +213,7 @@ def test_a_handed_over_lock_is_renewed_to_its_ttl(
     """A hand-over's lease is capped by the waiter's queue entry (here 1 s instead of 9 s);
     a holder that keeps the lock longer still has its full ttl, without asking for it."""
     client, _ = pg
-    monkeypatch.setattr(dblock._lock, "QUEUE_TTL", 1.0)
+    monkeypatch.setattr(dblock._engine.waiting, "QUEUE_TTL", 1.0)
     key = "k"
     holder = client.lock(key, ttl=30)
     assert holder.acquire()

@@ -6,7 +6,7 @@ import importlib
 from typing import TYPE_CHECKING
 
 from .._errors import ConfigurationError
-from ._protocol import Backend, Subscription
+from ._contract import CAPABILITIES, SchemaScript, Store, Subscription, capabilities, lacking
 
 if TYPE_CHECKING:
     from .._url import DatabaseURL
@@ -19,7 +19,7 @@ BACKENDS: dict[str, tuple[str, str, str | None]] = {
 }
 
 
-def open_backend(url: DatabaseURL, schema: str | None, table: str) -> Backend:
+def open_backend(url: DatabaseURL, schema: str | None, table: str) -> Store:
     """Instantiate the backend for ``url``; name the extra to install if its driver is missing."""
     module_name, class_name, extra = BACKENDS[url.dialect]
     try:
@@ -29,11 +29,19 @@ def open_backend(url: DatabaseURL, schema: str | None, table: str) -> Backend:
             f"the {url.dialect} backend needs its driver ({exc.name}): "
             f"pip install 'dblock[{extra}]'"
         ) from exc
-    backend: Backend = getattr(module, class_name)(url, schema, table)
-    return backend
+    store: Store = getattr(module, class_name)(url, schema, table)
+    return store
 
 
-__all__ = ["BACKENDS", "Backend", "Subscription", "ddl_for", "open_backend"]
+__all__ = [
+    "BACKENDS",
+    "CAPABILITIES",
+    "Store",
+    "Subscription",
+    "capabilities",
+    "ddl_for",
+    "open_backend",
+]
 
 
 def ddl_for(dialect: str, table: str = "dblock_locks") -> list[str]:
@@ -49,4 +57,7 @@ def ddl_for(dialect: str, table: str = "dblock_locks") -> list[str]:
     if dialect not in placeholder:
         raise ConfigurationError(f"unknown dialect {dialect!r}: use {', '.join(placeholder)}")
     schema, name = check_table(table)
-    return open_backend(parse_url(placeholder[dialect]), schema, name).ddl()
+    store = open_backend(parse_url(placeholder[dialect]), schema, name)
+    if not isinstance(store, SchemaScript):
+        raise lacking(store, SchemaScript, "dblock schema")
+    return store.ddl()

@@ -41,6 +41,7 @@ from typing import Any, Literal, TypeVar
 
 from .. import _forksafe
 from .._timing import Backoff, head_backoff
+from ._contract import Subscription
 from ._watchdog import Watchdog
 
 #: the longest one GET_LOCK sleeps before its waiter polls the table once, seconds
@@ -258,7 +259,7 @@ class Bells:
             self._close(conn)  # closing the session frees its bells
 
 
-class Doorbell:
+class Doorbell(Subscription):
     """A Subscription for MySQL: ``wait()`` sleeps in GET_LOCK on the key's bell."""
 
     live = True

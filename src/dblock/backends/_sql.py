@@ -24,7 +24,7 @@ import contextlib
 import random
 import threading
 import time
-from abc import ABC, abstractmethod
+from abc import abstractmethod
 from collections import deque
 from collections.abc import Callable
 from enum import Enum
@@ -35,7 +35,7 @@ from .. import _forksafe
 from .._errors import BackendError, DBLockError
 from .._timing import DeadlinePassed, bounded_wait
 from .._url import DatabaseURL, scrub, scrub_exception
-from ._protocol import Subscription
+from ._contract import Store, Subscription
 from ._watchdog import Watchdog
 
 C = TypeVar("C")
@@ -58,7 +58,7 @@ class Failure(Enum):
     FATAL = "fatal"  # anything else: wrap and raise
 
 
-class Sleeper:
+class Sleeper(Subscription):
     """A Subscription that only sleeps: for backends that cannot push releases."""
 
     live = False
@@ -89,12 +89,10 @@ class _Turn(Generic[C]):
         self.ready.acquire()
 
 
-class SqlBackend(ABC, Generic[C]):
+class SqlBackend(Store, Generic[C]):
     """Pool, retries and error wrapping around a DB-API driver. Subclasses supply SQL."""
 
     dialect: str
-    probe_first = False
-    max_poll = 0.25
 
     def __init__(self, url: DatabaseURL, table: str) -> None:
         self.safe_url = url.safe

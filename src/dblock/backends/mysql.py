@@ -39,10 +39,10 @@ from pymysql.constants import CLIENT
 from .._errors import ConfigurationError
 from .._types import Kind, LockInfo
 from .._url import MAX_URL_TIMEOUT, DatabaseURL, url_number
+from ._contract import FairQueue, OnceRecords, SchemaScript, SharedHolds, Subscription, Wakeups
 from ._doorbell import BELL_IDLE, FAILED, Bells, gate_sql
 from ._holders import HoldersMixin, Rows
 from ._names import aux_name, qualify
-from ._protocol import Subscription
 from ._schema import HOLDERS, MAIN, META, missing, refuse_foreign
 from ._schema import outdated as outdated_error
 from ._sql import MAINTENANCE_DEADLINE, Failure, Sleeper
@@ -131,10 +131,10 @@ class _Connection(pymysql.connections.Connection):  # type: ignore[misc]
         return _Connection._preferred
 
 
-class MysqlBackend(HoldersMixin[Any]):
+class MysqlBackend(HoldersMixin[Any], FairQueue, SharedHolds, OnceRecords, Wakeups, SchemaScript):
     """Lock table in MySQL 8 or MariaDB 10.5+."""
 
-    dialect = "mysql"
+    name = dialect = "mysql"
 
     def __init__(self, url: DatabaseURL, schema: str | None, table: str) -> None:
         super().__init__(url, f"{schema}.{table}" if schema else table)
@@ -194,7 +194,7 @@ class MysqlBackend(HoldersMixin[Any]):
             close=self._close_connection,
             watchdog=self._watchdog,
             abort=self._abort,
-            max_poll=self.max_poll,
+            max_poll=self.poll_cap,
             read_timeout=kwargs["read_timeout"],
             granted=self._granted,
             limit=self.max_connections,

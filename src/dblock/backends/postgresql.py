@@ -39,6 +39,16 @@ from .. import _forksafe
 from .._errors import ConfigurationError
 from .._types import Kind, LockInfo
 from .._url import MAX_URL_TIMEOUT, DatabaseURL, scrub, scrub_exception, url_number
+from ._contract import (
+    FairQueue,
+    LossPush,
+    OnceRecords,
+    QueueJoin,
+    SchemaScript,
+    SharedHolds,
+    Subscription,
+    Wakeups,
+)
 from ._holders import HoldersMixin, Rows
 from ._names import aux_name, qualify
 from ._schema import HOLDERS, MAIN, SEQUENCE, missing, outdated, refuse_foreign
@@ -70,10 +80,19 @@ def _utc(value: datetime) -> datetime:
     return value.astimezone(timezone.utc)
 
 
-class PostgresBackend(HoldersMixin[psycopg.Connection[Any]]):
+class PostgresBackend(
+    HoldersMixin[psycopg.Connection[Any]],
+    FairQueue,
+    SharedHolds,
+    OnceRecords,
+    Wakeups,
+    QueueJoin,
+    LossPush,
+    SchemaScript,
+):
     """Lock table in PostgreSQL."""
 
-    dialect = "postgresql"
+    name = dialect = "postgresql"
 
     def __init__(  # noqa: PLR0915 - one named SQL constant per operation, built once here
         self, url: DatabaseURL, schema: str | None, table: str
@@ -613,7 +632,7 @@ class PostgresBackend(HoldersMixin[psycopg.Connection[Any]]):
                 self._quiet.clear()
             self._quiet[key, owner] = joins
 
-    def listening(self) -> bool:
+    def joining(self) -> bool:
         """True if this client's LISTEN connection is up (subscribing costs nothing then)."""
         listener = self._listener
         return listener is not None and listener.alive() and listener.ready()
@@ -777,7 +796,7 @@ class PostgresBackend(HoldersMixin[psycopg.Connection[Any]]):
         super().close()
 
 
-class _Subscription:
+class _Subscription(Subscription):
     targeted = True
     latched = False
 

@@ -29,9 +29,9 @@ from .._errors import BackendError, ConfigurationError
 from .._timing import DeadlinePassed, bounded_wait
 from .._types import Kind, LockInfo
 from .._url import DatabaseURL, url_number
+from ._contract import FairQueue, OnceRecords, SchemaScript, SharedHolds, Subscription, Wakeups
 from ._holders import HoldersMixin, Rows
 from ._names import aux_name, qualify
-from ._protocol import Subscription
 from ._schema import HOLDERS, MAIN, META, missing, refuse_foreign
 from ._sql import MAINTENANCE_DEADLINE, Failure, Sleeper
 
@@ -44,7 +44,7 @@ NOW = "((julianday('now') - 2440587.5) * 86400.0)"
 _BUSY_CODES = {"SQLITE_BUSY", "SQLITE_LOCKED"}
 
 
-class _ChangeWatch:
+class _ChangeWatch(Subscription):
     """Wakes a waiter when another connection commits to the database file.
 
     ``PRAGMA data_version`` changes whenever another connection commits; reading it costs no
@@ -93,12 +93,19 @@ def _ts(value: float) -> datetime:
     return datetime.fromtimestamp(value, tz=timezone.utc)
 
 
-class SqliteBackend(HoldersMixin[sqlite3.Connection]):
+class SqliteBackend(
+    HoldersMixin[sqlite3.Connection],
+    FairQueue,
+    SharedHolds,
+    OnceRecords,
+    Wakeups,
+    SchemaScript,
+):
     """Lock table in a SQLite file."""
 
-    dialect = "sqlite"
-    probe_first = True  # local reads cost microseconds; writers queue for one file lock
-    max_poll = 0.1  # a local file: polling is cheap, and hand-off latency is bounded by this
+    name = dialect = "sqlite"
+    probe_before_try = True  # local reads cost microseconds; writers queue for one file lock
+    poll_cap = 0.1  # a local file: polling is cheap, and hand-off latency is bounded by this
 
     def __init__(self, url: DatabaseURL, schema: str | None, table: str) -> None:
         if sqlite3.sqlite_version_info < MIN_VERSION:

@@ -19,7 +19,8 @@ from .cmd_admin import info_command, list_command, purge_command, release_comman
 from .cmd_external import bench_command, demo_command
 from .cmd_run import once_command, run_command
 from .context import CliError, Settings, common_options, misconfigured, unavailable
-from .output import EscapingStream, printable
+from .logs import Logging
+from .output import EscapingStream
 from .supervisor import Interrupted
 
 log = logging.getLogger("dblock")
@@ -58,67 +59,6 @@ for _command in (
     cli.add_command(_command)
 
 
-class _QuietRepeats(logging.Filter):
-    """Without --debug: each warning once per message and key, so a database outage does not
-    flood stderr with renewal retries; the core's lease-lost line is left to ``run``'s own."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._seen: set[tuple[str, str]] = set()
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if log.level <= logging.DEBUG:
-            return True
-        if str(record.msg).startswith("lost the lease of lock"):
-            return False
-        first = str(record.args[0]) if isinstance(record.args, tuple) and record.args else ""
-        seen = (str(record.msg), first)
-        if seen in self._seen:
-            return False
-        self._seen.add(seen)
-        return True
-
-
-class _EscapingFormatter(logging.Formatter):
-    """Log messages quote keys and owners: escape what a terminal would act on (the traceback
-    that --debug adds is left as it is)."""
-
-    def formatMessage(self, record: logging.LogRecord) -> str:
-        return printable(super().formatMessage(record))
-
-
-class _Logging:
-    """The CLI's log handler on stderr: warnings by default, everything with --debug."""
-
-    handler: logging.Handler | None = None
-    previous_level = logging.NOTSET
-
-    @classmethod
-    def install(cls) -> None:
-        cls.handler = logging.StreamHandler(sys.stderr)
-        cls.handler.setFormatter(_EscapingFormatter("dblock: %(message)s"))
-        cls.handler.addFilter(_QuietRepeats())
-        cls.previous_level = log.level
-        log.addHandler(cls.handler)
-        log.setLevel(logging.WARNING)
-
-    @classmethod
-    def uninstall(cls) -> None:
-        if cls.handler is not None:
-            log.removeHandler(cls.handler)
-            cls.handler = None
-        log.setLevel(cls.previous_level)
-
-
-def enable_debug() -> None:
-    """--debug: log everything dblock does, with times and threads."""
-    if _Logging.handler is not None:
-        _Logging.handler.setFormatter(
-            _EscapingFormatter("%(asctime)s dblock[%(threadName)s] %(levelname)s %(message)s")
-        )
-    log.setLevel(logging.DEBUG)
-
-
 def _one_line(exc: BaseException) -> str:
     lines = str(exc).strip().splitlines()
     return lines[0] if lines else type(exc).__name__
@@ -136,7 +76,7 @@ def _failure(exc: dblock.DBLockError, settings: Settings) -> CliError:
 def run_main(argv: Sequence[str] | None) -> int:
     """Parse and run; map every failure to one stderr line and an exit status."""
     settings = Settings()
-    _Logging.install()
+    Logging.install()
     try:
         try:
             result = cli.main(
@@ -176,7 +116,7 @@ def run_main(argv: Sequence[str] | None) -> int:
             return exit_codes.FAILURE
         return result if isinstance(result, int) else exit_codes.OK
     finally:
-        _Logging.uninstall()
+        Logging.uninstall()
 
 
-__all__ = ["cli", "enable_debug", "run_main"]
+__all__ = ["cli", "run_main"]

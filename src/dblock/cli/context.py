@@ -15,6 +15,7 @@ from dblock._url import DatabaseURL, default_url, parse_url, redact, scrub
 from dblock._validate import MAX_TTL, check_key, check_seconds, check_table
 
 from . import exit_codes
+from .logs import enable_debug
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -92,8 +93,6 @@ def _store(name: str) -> Callable[[click.Context, click.Parameter, Any], None]:
                 click.echo(EXPOSED_URL_WARNING, err=True)
         setattr(settings, name, value)
         if name == "debug":
-            from .app import enable_debug
-
             enable_debug()
 
     return callback

@@ -1,0 +1,60 @@
+"""What the primitives of one client share: its store, background jobs, owner identity and
+re-entrant holds. Locks, patterns and the CLI reach the client only through this."""
+
+from __future__ import annotations
+
+import secrets
+import socket
+import threading
+from typing import TypeVar
+
+from . import _forksafe
+from ._drive import run
+from ._engine import Hold, Steps
+from ._renewer import Scheduler
+from .backends._contract import Store
+
+T = TypeVar("T")
+_HOST = socket.gethostname()[:64] or "localhost"
+
+
+class Core:
+    """The shared state of one blocking client."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.scheduler = Scheduler(f"dblock-renewer[{store.table}]")
+        self._reentrant: dict[tuple[str, int], Hold] = {}
+        self._registry_lock = _forksafe.lock()
+
+    def run(self, steps: Steps[T]) -> T:
+        """Run engine steps against the store, blocking this thread."""
+        return run(steps, self.store)
+
+    # -- owner identity -------------------------------------------------------------------
+    @staticmethod
+    def identity() -> str:
+        # <thread> names the thread for people; ownership is by the random part (in the
+        # store) and by thread_id (re-entrancy), neither of which is ever reused
+        return f"{_HOST}:{_forksafe.pid()}:{threading.get_ident()}"
+
+    def new_owner(self) -> str:
+        return f"{self.identity()}:{secrets.token_hex(8)}"
+
+    # -- re-entrant holds, by key and thread ----------------------------------------------
+    def reentrant_hold(self, key: str, tid: int) -> Hold | None:
+        with self._registry_lock:
+            return self._reentrant.get((key, tid))
+
+    def set_reentrant_hold(self, key: str, tid: int, hold: Hold) -> None:
+        with self._registry_lock:
+            self._reentrant[(key, tid)] = hold
+
+    def drop_reentrant_hold(self, key: str, tid: int, hold: Hold) -> None:
+        with self._registry_lock:
+            if self._reentrant.get((key, tid)) is hold:
+                del self._reentrant[(key, tid)]
+
+    def close(self) -> None:
+        self.scheduler.stop()
+        self.store.close()

@@ -1,0 +1,48 @@
+"""The blocking driver: runs engine steps against a store on the calling thread."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, TypeVar
+
+from ._engine import Call, Op, Sleep, Steps, Subscribe, Unsubscribe, Wait
+from .backends._contract import Store, Wakeups
+
+T = TypeVar("T")
+
+
+def run(steps: Steps[T], store: Store) -> T:
+    """Run ``steps`` to the end and return its value; an operation's exception is thrown into
+    the steps, so their cleanup runs (and may itself do operations) before it propagates."""
+    value: Any = None
+    error: BaseException | None = None
+    while True:
+        try:
+            op = steps.send(value) if error is None else steps.throw(error)
+        except StopIteration as stop:
+            result: T = stop.value
+            return result
+        finally:
+            error = None
+        try:
+            value = _execute(op, store)
+        except BaseException as exc:  # noqa: BLE001 - handed to the steps, which re-raise it
+            error, value = exc, None
+
+
+def _execute(op: Op, store: Store) -> Any:
+    if isinstance(op, Call):
+        return getattr(store, op.method)(*op.args)
+    if isinstance(op, Wait):
+        return op.subscription.wait(op.timeout)
+    if isinstance(op, Subscribe):
+        if not isinstance(store, Wakeups):
+            raise TypeError(f"the {store.name} store does not declare Wakeups")
+        return store.subscribe(op.key, op.owner, op.queue)
+    if isinstance(op, Unsubscribe):
+        op.subscription.close()
+        return None
+    if isinstance(op, Sleep):
+        time.sleep(op.seconds)
+        return None
+    raise TypeError(f"not an engine operation: {op!r}")

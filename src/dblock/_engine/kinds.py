@@ -1,0 +1,77 @@
+"""The kinds of hold, and which store operations take, renew and end each.
+
+A kind is data: the engine asks it which :class:`~dblock._engine.ops.Call` to run, so one
+waiting loop serves locks, read and write holds, permits, once-records and scheduled runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..backends._contract import FairQueue, OnceRecords, SharedHolds, Store, require
+from .ops import Call
+
+
+@dataclass
+class Spec:
+    """What a lock object asks for; ``outcome`` is set by ``once`` before it ends the hold."""
+
+    key: str
+    ttl: float
+    kind: str = "lock"
+    permits: int | None = None
+    note: str | None = None
+    at_least: float = 0.0
+    outcome: str = field(default="failed")
+
+    def check(self, store: Store) -> None:
+        """Raise ConfigurationError if ``store`` lacks a capability this kind needs."""
+        if self.kind in ("read", "semaphore"):
+            require(store, SharedHolds, f"{self.kind} holds")
+        elif self.kind == "write":
+            require(store, SharedHolds, "read-write locks")
+            require(store, FairQueue, "read-write locks")
+        elif self.kind in ("once", "scheduled"):
+            require(store, OnceRecords, f"{self.kind}()")
+
+    @property
+    def shared(self) -> bool:
+        """Held alongside others of the key (read holds, permits)."""
+        return self.kind in ("read", "semaphore")
+
+    def queue(self, store: Store) -> str | None:
+        """The kind of queue entry a waiter keeps (None: it does not queue). Plain locks queue
+        where the store can: waiters are served in arrival order, and a newcomer does not
+        take a free lock while others wait for it."""
+        if not isinstance(store, FairQueue):
+            return None
+        return {"lock": "lock", "write": "write"}.get(self.kind)
+
+    def try_call(self, store: Store, owner: str, queued: bool) -> Call:
+        """One attempt to take the hold; its value is the new token, or None if busy."""
+        k = self.key
+        if self.kind == "lock":
+            if isinstance(store, FairQueue):
+                return Call("acquire_fair", (k, owner, self.ttl, queued))
+            return Call("acquire", (k, owner, self.ttl, "lock"))
+        if self.kind in ("read", "semaphore"):
+            return Call("acquire_shared", (k, owner, self.ttl, self.kind, self.permits))
+        if self.kind == "write":
+            return Call("acquire_write", (k, owner, self.ttl))
+        if self.kind == "once":
+            return Call("claim_once", (k, owner, self.ttl, self.note))
+        return Call("acquire", (k, owner, self.ttl, self.kind))
+
+    def renew_call(self, owner: str, token: int, ttl: float) -> Call:
+        method = "renew_shared" if self.shared else "renew"
+        return Call(method, (self.key, owner, token, ttl))
+
+    def end_call(self, owner: str, token: int) -> Call:
+        k = self.key
+        if self.shared:
+            return Call("release_shared", (k, owner, token))
+        if self.kind == "once":
+            return Call("finish_once", (k, owner, token, self.outcome))
+        if self.kind == "scheduled":
+            return Call("finish_scheduled", (k, owner, token, self.at_least))
+        return Call("release", (k, owner, token))

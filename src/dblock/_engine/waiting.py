@@ -1,0 +1,278 @@
+"""Acquiring: tries, the wait queue, wake-ups, backoff and hand-overs. No I/O here.
+
+A waiter listens before its next try, so a release between the try and the wait is not
+missed. Where the store keeps a queue (``FairQueue``), waiters are served in arrival order;
+where it pushes releases (``Wakeups``), they sleep until told, polling only as a safety net;
+elsewhere they poll with capped, jittered backoff, paced by their place in the queue.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from .._errors import BackendError
+from .._timing import HEAD_POLL, Backoff, head_backoff, reset_deadline, set_deadline
+from ..backends._contract import FairQueue, QueueJoin, Store, Subscription, Wakeups
+from .hold import Hold
+from .kinds import Spec
+from .ops import Call, Sleep, Steps, Subscribe, Unsubscribe, Wait
+
+log = logging.getLogger("dblock")
+
+#: with pushed wake-ups, waiters poll only as a fallback for a missed notification (a
+#: holder that died without releasing, a woken waiter that died before it took its turn)
+PUSHED_POLL_CAP = 5.0
+FIRST_BACKOFF = 0.002
+#: lease of a waiter's queue entry: a waiter that died or froze leaves the queue after it
+QUEUE_TTL = 9.0
+
+
+def _fallback_backoff(cap: float) -> Backoff:
+    """Polls for a waiter that is woken when something changes: only a safety net, so they
+    start near the cap instead of ramping up from milliseconds."""
+    return Backoff(0.75 * cap, cap)
+
+
+class _TurnPacer:
+    """When to look again, for a queued waiter that is not told of releases.
+
+    It learns how fast the queue moves (seconds per position, from its own probes) and sleeps
+    about half the expected time to its turn; at the head it polls fast for a while, then
+    less and less often while the holder keeps the lock.
+    """
+
+    def __init__(self, cap: float) -> None:
+        self._cap = cap
+        self._per_position = 0.01  # a first guess, replaced by what is observed
+        self._last: tuple[float, int] | None = None
+        self._head: Backoff | None = None
+
+    def pause(self, ahead: int) -> float:
+        now = time.monotonic()
+        if self._last is not None and ahead < self._last[1]:
+            observed = (now - self._last[0]) / (self._last[1] - ahead)
+            self._per_position = 0.5 * self._per_position + 0.5 * observed
+        if self._last is None or ahead != self._last[1]:
+            self._last = (now, ahead)
+            self._head = None
+        if ahead > 0:
+            return min(self._cap, max(HEAD_POLL, 0.5 * ahead * self._per_position))
+        if self._head is None:
+            self._head = head_backoff(self._cap)
+        return self._head.next()
+
+
+class _QueueEntry:
+    """A waiter's entry in the key's wait queue, as the waiter knows it."""
+
+    def __init__(self) -> None:
+        #: local time when the statement that last made or refreshed it was sent
+        self.written_at: float | None = None
+        #: we made one (so the lock may have been handed to us)
+        self.made = False
+        #: a hand-over we hear of is for this entry, not an earlier one heard late
+        self.trusted = True
+
+    def written(self, sent: float) -> None:
+        self.written_at, self.made = sent, True
+
+    def gone(self) -> None:
+        self.written_at, self.trusted = None, False
+
+
+class Acquisition:
+    """One acquire call's waiting state machine: ``run()`` is its steps."""
+
+    def __init__(
+        self,
+        store: Store,
+        spec: Spec,
+        owner: str,
+        *,
+        blocking: bool,
+        timeout: float | None,
+    ) -> None:
+        self.store = store
+        self.spec = spec
+        self.owner = owner
+        self.blocking = blocking
+        self.timeout = timeout
+        self.queue = spec.queue(store)
+        self.fair: FairQueue | None = store if isinstance(store, FairQueue) else None
+        self.entry = _QueueEntry()
+        #: the subscription, or False where the store cannot wake waiters (they sleep)
+        self.subscription: Subscription | None = None
+        self.polling = not isinstance(store, Wakeups)
+
+    # -- the loop -----------------------------------------------------------------------------
+    def run(self) -> Steps[Hold | None]:  # noqa: PLR0912, PLR0915 - the state machine, in one place
+        spec, entry = self.spec, self.entry
+        cap = self.store.poll_cap
+        deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        backoff = Backoff(FIRST_BACKOFF, cap)
+        acquired = False
+        should_try = True
+        ahead = -1  # waiters ahead of us, as last probed (-1: not known)
+        pacer = _TurnPacer(cap)
+        # what waits inside a statement (a busy SQLite file, a free pooled connection) waits no
+        # longer than this acquire may; leaving the queue afterwards is not bounded by it
+        bound = set_deadline(deadline if self.blocking else time.monotonic())
+        try:
+            if (
+                self.blocking
+                and self.queue == "lock"
+                and (self.timeout is None or self.timeout > 0)
+            ):
+                hold = yield from self._take_or_join()
+                if hold is not None:
+                    acquired = True
+                    return hold
+                if self.subscription is not None:
+                    backoff = _fallback_backoff(PUSHED_POLL_CAP)
+                    should_try = False
+            while True:
+                if should_try:
+                    sent = time.monotonic()
+                    token = yield spec.try_call(
+                        self.store, self.owner, entry.written_at is not None
+                    )
+                    if token is not None:
+                        acquired = True
+                        return Hold(spec, self.owner, token, spec.ttl, sent)
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if not self.blocking or (remaining is not None and remaining <= 0):
+                    return None
+                if self.subscription is None and not self.polling:
+                    # listen before the next try, so a release in between is not missed
+                    self.subscription = yield Subscribe(spec.key, self.owner, self.queue)
+                    if self.subscription.live:
+                        backoff = _fallback_backoff(PUSHED_POLL_CAP)
+                if (yield from self._keep_queued()):
+                    should_try = True
+                    continue
+                pause = backoff.next()
+                live = self.subscription is not None and self.subscription.live
+                if ahead >= 0 and not live:
+                    pause = pacer.pause(ahead)
+                pause = pause if remaining is None else min(pause, remaining)
+                if self.subscription is None:
+                    yield Sleep(pause)
+                    should_try, ahead = yield from self._worth_trying()
+                    continue
+                yield Wait(self.subscription, pause)
+                if self.subscription.granted is not None:
+                    hold = yield from self._take_grant()
+                    if hold is not None:
+                        acquired = True
+                        return hold
+                    should_try = True
+                    continue
+                should_try, ahead = yield from self._worth_trying()
+        finally:
+            reset_deadline(bound)
+            if self.subscription is not None:
+                yield Unsubscribe(self.subscription)
+            if entry.made and not acquired:
+                yield from self._leave_queue()  # which also hands on a lock handed to us
+
+    # -- queue upkeep -------------------------------------------------------------------------
+    def _keep_queued(self) -> Steps[bool]:
+        """Make our queue entry, or refresh it when due; True if we should try again now."""
+        entry = self.entry
+        if (
+            self.queue is None
+            or self.fair is None
+            or (
+                entry.written_at is not None
+                and time.monotonic() - entry.written_at <= QUEUE_TTL / 3
+            )
+        ):
+            return False
+        sent = time.monotonic()
+        sub = self.subscription
+        if entry.written_at is None:
+            # the lock may be handed to a plain lock's waiter that hears of releases
+            lease = self.spec.ttl if sub is not None and sub.live and self.queue == "lock" else None
+            yield Call("enqueue", (self.spec.key, self.owner, self.queue, QUEUE_TTL, lease))
+            entry.written(sent)
+            # a release between our first try and our subscription was not announced to us:
+            # look once more (where a look is a write, the probe before the next try does),
+            # unless the subscription wakes for a release that came before its first wait
+            latched = sub is not None and sub.latched
+            return not self.fair.probe_before_try and not latched
+        kept = yield Call("requeue", (self.spec.key, self.owner, self.queue, QUEUE_TTL))
+        if not kept:
+            # Our entry is gone: the lock was handed to us (its notification is late or lost,
+            # and our own try takes it), or we were paused until the entry expired and was
+            # purged (we queue again).
+            entry.gone()
+            return True
+        entry.written(sent)
+        return False
+
+    def _leave_queue(self) -> Steps[None]:
+        try:
+            yield Call("dequeue", (self.spec.key, self.owner))
+        except BackendError as exc:  # the entry's own lease ends it soon enough
+            log.warning("could not leave the wait queue of %r: %s", self.spec.key, exc)
+
+    def _take_or_join(self) -> Steps[Hold | None]:
+        """Where wake-ups already flow to this client: subscribe first, then one statement
+        takes the lock or joins its queue (no separate enqueue and second try)."""
+        store = self.store
+        if not (isinstance(store, QueueJoin) and isinstance(store, Wakeups) and store.joining()):
+            return None
+        spec = self.spec
+        subscription = yield Subscribe(spec.key, self.owner, self.queue)
+        sent = time.monotonic()
+        try:
+            token = yield Call("acquire_or_enqueue", (spec.key, self.owner, spec.ttl, QUEUE_TTL))
+        except BaseException:
+            yield Unsubscribe(subscription)
+            raise
+        if token is None:
+            self.subscription = subscription
+            self.entry.written(sent)
+            return None
+        yield Unsubscribe(subscription)
+        return Hold(spec, self.owner, token, spec.ttl, sent)
+
+    def _take_grant(self) -> Steps[Hold | None]:
+        """The hold of a lock its releaser handed to us, or None if that lease already ran out
+        (then we queue again).
+
+        The hand-over's lease is the lock's ttl, capped by what was left of our queue entry's,
+        and it started after our entry was last written: a conservative local bound. It is
+        renewed first if that leaves less than half of it, or if the hand-over may be an
+        earlier one heard late: renewing checks owner, token and lease in the store.
+        """
+        spec, entry, sub = self.spec, self.entry, self.subscription
+        token = None
+        if sub is not None:
+            token, sub.granted = sub.granted, None
+        if token is not None and entry.written_at is not None:
+            lease = min(spec.ttl, QUEUE_TTL)
+            hold = Hold(spec, self.owner, token, spec.ttl, entry.written_at, lease=lease)
+            if entry.trusted and hold.expires_by - time.monotonic() >= lease / 2:
+                return hold
+            sent = time.monotonic()
+            if (yield spec.renew_call(self.owner, token, spec.ttl)):
+                return Hold(spec, self.owner, token, spec.ttl, sent)
+        entry.gone()
+        return None
+
+    def _worth_trying(self) -> Steps[tuple[bool, int]]:
+        """After a wait: try now? And how many waiters are ahead (-1: not asked).
+
+        A waiter that is woken only when it is its turn just tries. One that is not (polling
+        stores, or where writes are dear) asks a cheap read first, and tries only when the
+        lock is free and nobody queues ahead of it.
+        """
+        fair = self.fair
+        probe = self.entry.written_at is not None and self.queue == "lock" and fair is not None
+        targeted = self.subscription is not None and self.subscription.targeted
+        if not probe or fair is None or (targeted and not fair.probe_before_try):
+            return True, -1
+        free, ahead = yield Call("probe", (self.spec.key, self.owner))
+        return bool(free and ahead == 0), int(ahead)

@@ -1,0 +1,252 @@
+"""The store contract: what the lock engine asks of a store.
+
+A store is a handful of atomic operations on its lock table. Each is one round trip where
+the store allows it, measures time on the store's own clock only, and checks owner and
+fencing token in the same step that changes a hold. The engine (:mod:`dblock._engine`) owns
+everything else: waiting, backoff, re-entrancy, renewal, loss detection, validation.
+
+:class:`Store` is the required part, which any store can do. Everything else is an optional
+capability, a separate interface that a store *declares* by inheriting it; the engine checks
+``isinstance(store, Capability)`` and falls back, or raises a ConfigurationError naming the
+store and what it lacks (see :func:`require`).
+
+Every operation raises only :class:`dblock.BackendError` (driver errors wrapped, ``__cause__``
+set) or :class:`dblock.ConfigurationError`.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from .._errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from .._types import LockInfo
+
+
+class Store(ABC):
+    """Required: the atomic operations on one lock table (8, plus ``close``)."""
+
+    #: the store's name, for messages: "sqlite", "postgresql", "mysql", ...
+    name: str
+    #: the URL with its secrets replaced by ``***``, for messages
+    safe_url: str
+    #: the lock table's (qualified) name, for messages
+    table: str
+    #: longest pause between two tries of a waiter that is not woken by the store, seconds
+    poll_cap: float = 0.25
+
+    @abstractmethod
+    def ensure_schema(self, create: bool) -> None:
+        """Create the table if missing (``create``), else check that it exists."""
+
+    @abstractmethod
+    def acquire(self, key: str, owner: str, ttl: float, kind: str) -> int | None:
+        """Take ``key`` if it is free or its lease expired; its new fencing token, or None.
+
+        A hold of ``owner`` itself is taken again (a retry after a lost reply is idempotent);
+        the token still increases. Tokens of a key never go backwards.
+        """
+
+    @abstractmethod
+    def renew(self, key: str, owner: str, token: int, ttl: float) -> bool:
+        """Set a live hold's lease to ``ttl`` s from now; False if it was already gone."""
+
+    @abstractmethod
+    def release(self, key: str, owner: str, token: int) -> bool:
+        """End a live hold of (owner, token); False if its lease was already gone."""
+
+    @abstractmethod
+    def info(self, key: str) -> LockInfo | None:
+        """The current unexpired hold of ``key`` (one of them, for shared holds)."""
+
+    @abstractmethod
+    def list(self, prefix: str) -> list[LockInfo]:
+        """All current holds whose key starts with ``prefix``, sorted by key (code points)."""
+
+    @abstractmethod
+    def force_release(self, key: str) -> bool:
+        """End every live hold of ``key``; True if one was freed."""
+
+    @abstractmethod
+    def purge(self, older_than: float, include_once: bool) -> int:
+        """Delete records not held now, released or expired more than ``older_than`` s ago;
+        once-records only with ``include_once``. A key purged and taken again later still
+        gets a larger token than before."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Close every connection and background thread. Idempotent."""
+
+
+# -- optional capabilities ------------------------------------------------------------------
+
+
+class FairQueue(ABC):
+    """Waiters keep an entry in the key's queue and are served in arrival order."""
+
+    #: a waiter should read (``probe``) before each try: reads are nearly free and every try
+    #: contends for one write lock (a single-writer file)
+    probe_before_try: bool = False
+
+    @abstractmethod
+    def acquire_fair(self, key: str, owner: str, ttl: float, queued: bool) -> int | None:
+        """Like ``acquire``, but only if no live waiter is ahead of ``owner`` (any live
+        waiter, when ``owner`` is not ``queued``); success also removes its queue entry."""
+
+    @abstractmethod
+    def probe(self, key: str, owner: str) -> tuple[bool, int]:
+        """Read-only: (the key's lock is free, live waiters ahead of ``owner``)."""
+
+    @abstractmethod
+    def enqueue(
+        self, key: str, owner: str, kind: str, ttl: float, lease: float | None = None
+    ) -> None:
+        """Make or refresh ``owner``'s queue entry (a refresh keeps its place).
+
+        ``lease``: the lock's ttl, where the store may hand the lock to this waiter on
+        release (the waiter must then be subscribed: it learns of it by ``granted``).
+        """
+
+    @abstractmethod
+    def requeue(self, key: str, owner: str, kind: str, ttl: float) -> bool:
+        """Refresh ``owner``'s entry; False if it is gone (expired, or the lock was handed
+        to ``owner``): never re-made, so a hand-over is not undone."""
+
+    @abstractmethod
+    def dequeue(self, key: str, owner: str) -> None:
+        """Remove ``owner``'s entry (handing on a lock handed to it meanwhile)."""
+
+
+class SharedHolds(ABC):
+    """Several holds of one key at once: read holds, semaphore permits, a write hold."""
+
+    @abstractmethod
+    def acquire_shared(
+        self, key: str, owner: str, ttl: float, kind: str, permits: int | None
+    ) -> int | None:
+        """A read hold (``permits`` None) or a semaphore permit; its token, or None."""
+
+    @abstractmethod
+    def release_shared(self, key: str, owner: str, token: int) -> bool:
+        """End a live read hold or permit; False if its lease was already gone."""
+
+    @abstractmethod
+    def renew_shared(self, key: str, owner: str, token: int, ttl: float) -> bool:
+        """Extend a live read hold or permit; False if it was already gone."""
+
+    @abstractmethod
+    def acquire_write(self, key: str, owner: str, ttl: float) -> int | None:
+        """The write hold of a read-write lock, when no reader holds it; its token, or None."""
+
+
+class OnceRecords(ABC):
+    """Records that outlive their hold: ``once`` (P/F/S) and ``scheduled``'s ``at_least``."""
+
+    @abstractmethod
+    def claim_once(self, key: str, owner: str, ttl: float, note: str | None) -> int | None:
+        """Claim a once-record (absent, failed, or processing with an expired lease) as
+        processing; its token, or None if it is not claimable now."""
+
+    @abstractmethod
+    def once_state(self, key: str) -> tuple[str, str | None, bool] | None:
+        """(kind, state, lease live) of the key's record, or None if it has none."""
+
+    @abstractmethod
+    def finish_once(self, key: str, owner: str, token: int, state: str) -> bool:
+        """Record ``state`` and end the hold in one step; False if no longer ours."""
+
+    @abstractmethod
+    def finish_scheduled(self, key: str, owner: str, token: int, at_least: float) -> bool:
+        """End the hold, or keep it until ``at_least`` s after it started; False if lost."""
+
+
+class Subscription(ABC):
+    """A registration for wake-ups about one key, live before the waiter's next try."""
+
+    #: releases are pushed to it (else ``wait`` only sleeps)
+    live: bool = False
+    #: a release wakes only the waiter whose turn it is (no need to probe first)
+    targeted: bool = False
+    #: a release that came before ``wait()`` still wakes it
+    latched: bool = False
+    #: the token of a lock its releaser handed to this waiter; the waiter takes it by
+    #: setting this back to None
+    granted: int | None = None
+
+    @abstractmethod
+    def wait(self, timeout: float) -> bool:
+        """Sleep up to ``timeout`` s; True early if the key was released."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Stop listening."""
+
+
+class Wakeups(ABC):
+    """The store tells waiters of releases (instead of their polling)."""
+
+    @abstractmethod
+    def subscribe(self, key: str, owner: str, queue: str | None = None) -> Subscription:
+        """Register ``owner`` for release wake-ups of ``key``; ``queue``: the kind of queue
+        entry the waiter keeps. May return a subscription that is not ``live``."""
+
+
+class QueueJoin(ABC):
+    """Take the lock or join its queue in one step, while wake-ups already flow."""
+
+    @abstractmethod
+    def joining(self) -> bool:
+        """True if ``acquire_or_enqueue`` can be used now (wake-ups are flowing)."""
+
+    @abstractmethod
+    def acquire_or_enqueue(self, key: str, owner: str, ttl: float, queue_ttl: float) -> int | None:
+        """Take the lock like a newcomer (its token), or else join its queue (None)."""
+
+
+class LossPush(ABC):
+    """The store tells a holder's client at once when its hold is force-released."""
+
+    @abstractmethod
+    def watch(self, key: str, owner: str, heard: Callable[[], None]) -> Callable[[], None]:
+        """Call ``heard`` (quickly, from a store thread) when a force-release of ``owner``'s
+        hold of ``key`` takes effect; returns the call that stops watching."""
+
+
+class SchemaScript(ABC):
+    """The store's schema is DDL an operator can run by hand."""
+
+    @abstractmethod
+    def ddl(self) -> list[str]:
+        """The statements ``ensure_schema(create=True)`` runs."""
+
+
+CAPABILITIES: tuple[type, ...] = (
+    FairQueue,
+    SharedHolds,
+    OnceRecords,
+    Wakeups,
+    QueueJoin,
+    LossPush,
+    SchemaScript,
+)
+
+def lacking(store: Store, capability: type, feature: str) -> ConfigurationError:
+    """The error for using ``feature`` on a store that does not declare ``capability``."""
+    return ConfigurationError(
+        f"{feature} needs a store with {capability.__name__}, which the {store.name} store "
+        f"({store.safe_url}) does not provide"
+    )
+
+
+def require(store: Store, capability: type, feature: str) -> None:
+    """Raise a ConfigurationError naming the store and ``capability`` if it lacks it."""
+    if not isinstance(store, capability):
+        raise lacking(store, capability, feature)
+
+
+def capabilities(store: Store) -> frozenset[str]:
+    """The names of the capabilities ``store`` declares."""
+    return frozenset(c.__name__ for c in CAPABILITIES if isinstance(store, c))
