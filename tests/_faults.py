@@ -10,7 +10,7 @@ from tests._servers import raw_connect
 
 def session_ids(client: dblock.Client) -> list[int]:
     """Server-side ids of the client's pooled connections (reaches into the pool: tests only)."""
-    backend: Any = client._backend
+    backend: Any = client._store
     ids = []
     for conn in list(backend._idle):
         if client.dialect == "postgresql":

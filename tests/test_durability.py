@@ -88,7 +88,7 @@ def test_sqlite_release_relaxes_sync_for_its_own_commit_only(tmp_path: Path) -> 
         lock = client.lock("k", ttl=30)
         lock.acquire()
         lock.release()
-        backend = client._backend
+        backend = client._store
         conn = backend._checkout()  # the pool's one connection
         statements: list[str] = []
         conn.set_trace_callback(statements.append)

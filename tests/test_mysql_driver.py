@@ -15,7 +15,7 @@ def test_connections_share_one_default_tls_context() -> None:
     table = "t_" + uuid.uuid4().hex[:16]
     try:
         with dblock.connect(MYSQL_URL, table=table) as client:
-            backend = client._backend
+            backend = client._store
             first, second = backend._connect(), backend._connect()  # type: ignore[attr-defined]
             try:
                 assert first.ctx is not None, "PyMySQL no longer offers TLS by default"

@@ -36,7 +36,7 @@ def _session(client: dblock.Client, sql: str) -> Any:
             cur.execute(sql)
             return cur.fetchone()[-1]
 
-    return client._backend.run("probe", op)  # type: ignore[attr-defined]
+    return client._store.run("probe", op)  # type: ignore[attr-defined]
 
 
 def test_init_command_cannot_replace_dblocks_session_settings(mysql_table: str) -> None:

@@ -108,10 +108,10 @@ def test_a_newcomer_does_not_barge_past_waiters(
 ) -> None:
     holder = client.lock(key, fair=fair)
     holder.acquire()
-    client._backend.enqueue(key, "someone-waiting", "lock", 30)
+    client._store.enqueue(key, "someone-waiting", "lock", 30)
     holder.release()
     assert not client.lock(key, fair=fair).acquire(blocking=False)
-    client._backend.dequeue(key, "someone-waiting")
+    client._store.dequeue(key, "someone-waiting")
     assert client.lock(key, fair=fair).acquire(blocking=False)
 
 

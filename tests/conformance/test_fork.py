@@ -59,8 +59,8 @@ def _wait_for(pid: int, seconds: float) -> int | None:
 
 def _internal_locks(client: dblock.Client) -> list[Any]:
     """Every lock of the client's that a background or other thread can hold at a fork."""
-    backend: Any = client._backend
-    found = [client._scheduler._cond, client._registry_lock, backend._pool_lock]
+    backend: Any = client._store
+    found = [client._core.scheduler._cond, client._core._registry_lock, backend._pool_lock]
     for name in ("_quiet_lock", "_listener_lock"):  # PostgreSQL
         if hasattr(backend, name):
             found.append(getattr(backend, name))

@@ -29,7 +29,7 @@ def pg() -> Iterator[tuple[dblock.Client, PostgresBackend]]:
     require_server("postgresql", POSTGRESQL_URL)
     table = "t_" + uuid.uuid4().hex[:16]
     client = dblock.connect(POSTGRESQL_URL, table=table)
-    backend = client._backend
+    backend = client._store
     assert isinstance(backend, PostgresBackend)
     try:
         yield client, backend
@@ -220,7 +220,7 @@ def test_a_handed_over_lock_is_renewed_to_its_ttl(
     outcome: dict[str, Any] = {}
 
     def wait() -> None:
-        with dblock.connect(POSTGRESQL_URL, table=client._backend.table) as other:
+        with dblock.connect(POSTGRESQL_URL, table=client._store.table) as other:
             lock = other.lock(key, ttl=30)
             assert lock.acquire(timeout=10)
             outcome["owner"] = lock.owner
@@ -234,7 +234,7 @@ def test_a_handed_over_lock_is_renewed_to_its_ttl(
     thread = threading.Thread(target=wait)
     thread.start()
     deadline = time.monotonic() + 10
-    while client._backend.probe(key, "nobody")[1] < 1:
+    while client._store.probe(key, "nobody")[1] < 1:
         assert time.monotonic() < deadline
         time.sleep(0.02)
     holder.release()

@@ -156,7 +156,7 @@ def _line(proc: subprocess.Popen[str], timeout: float) -> str | None:
 def _waiters(client: dblock.Client, key: str, n: int) -> None:
     """Wait until ``n`` waiters queue for ``key``."""
     deadline = time.monotonic() + 20
-    while client._backend.probe(key, "nobody")[1] < n:
+    while client._store.probe(key, "nobody")[1] < n:
         assert time.monotonic() < deadline, f"{n} waiters never queued"
         time.sleep(0.05)
 
@@ -181,7 +181,7 @@ def test_paused_waiter_at_the_head_holds_the_queue_up_only_briefly(
             assert first_token is not None
             first_owner = first.owner
             first.release()
-            if client._backend.dialect == "postgresql":  # handed over to the frozen head
+            if client._store.dialect == "postgresql":  # handed over to the frozen head
                 handed = client.info(key)
                 assert handed is not None and handed.owner not in (first_owner, None)
             line = _line(behind, 25)  # the frozen head's place lasts at most 9 s

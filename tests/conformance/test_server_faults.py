@@ -135,7 +135,7 @@ def test_a_failed_release_stops_renewal_so_the_lease_lapses(
     ):
         lock = client.lock(key, ttl=1.0, auto_renew=True)
         lock.acquire()
-        backend = client._backend
+        backend = client._store
         real_release = backend.release
 
         def unreachable(*_args: object) -> bool:
