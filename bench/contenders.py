@@ -111,7 +111,7 @@ class DblockStatementsByHand:
         import dblock
 
         self.client = dblock.connect(t.mysql, table=t.table)
-        backend: Any = self.client._backend
+        backend: Any = self.client._store
         self.conn = backend._checkout()
         self.cur = self.conn.cursor()
         self.acquire_sqls: tuple[str, ...] = backend._acquire_newcomer

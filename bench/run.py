@@ -446,7 +446,7 @@ def _threads_rate(
     import dblock
 
     with dblock.connect(t.url(backend), table=table, max_connections=pool) as client:
-        pooled = client._backend
+        pooled = client._store
         start_line = threading.Barrier(threads + 1)
         stop = threading.Event()
         counts = [0] * threads
