@@ -10,7 +10,7 @@ from typing import TypeVar
 
 from . import _forksafe
 from ._drive import run
-from ._engine import Hold, Steps
+from ._engine import Hold, Steps, Traits
 from ._renewer import Scheduler
 from .backends._contract import Store
 
@@ -23,6 +23,8 @@ class Core:
 
     def __init__(self, store: Store) -> None:
         self.store = store
+        #: what the store declares, read once
+        self.traits = Traits.of(store)
         self.scheduler = Scheduler(f"dblock-renewer[{store.table}]")
         self._reentrant: dict[tuple[str, int], Hold] = {}
         self._registry_lock = _forksafe.lock()

@@ -181,7 +181,7 @@ class Lock:
                 self._push(tid, shared)
                 return True
         acquisition = _engine.Acquisition(
-            core.store, self._spec, core.new_owner(), blocking=blocking, timeout=wait
+            core.traits, self._spec, core.new_owner(), blocking=blocking, timeout=wait
         )
         try:
             hold = core.run(acquisition.run())
@@ -214,7 +214,9 @@ class Lock:
         """Where the store pushes a force-release to the holder, learn of it at once instead
         of at the next renewal, for holds whose loss someone hears of."""
         store = self._core.store
-        if not isinstance(store, LossPush) or (self._on_lost is None and not self._auto_renew):
+        if self._on_lost is None and not self._auto_renew:
+            return
+        if not isinstance(store, LossPush):
             return
         scheduler = self._core.scheduler
 

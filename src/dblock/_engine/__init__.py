@@ -12,6 +12,7 @@ from .hold import Cancellable, Hold
 from .kinds import Spec
 from .lease import Checked, Released, check, confirm_loss, reenter, release, renew
 from .ops import Call, Op, Sleep, Steps, Subscribe, Unsubscribe, Wait
+from .traits import Traits
 from .waiting import QUEUE_TTL, Acquisition
 
 __all__ = [
@@ -27,6 +28,7 @@ __all__ = [
     "Spec",
     "Steps",
     "Subscribe",
+    "Traits",
     "Unsubscribe",
     "Wait",
     "check",

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from ..backends._contract import FairQueue, OnceRecords, SharedHolds, Store, require
 from .ops import Call
+from .traits import Traits
 
 
 @dataclass
@@ -39,19 +40,19 @@ class Spec:
         """Held alongside others of the key (read holds, permits)."""
         return self.kind in ("read", "semaphore")
 
-    def queue(self, store: Store) -> str | None:
+    def queue(self, traits: Traits) -> str | None:
         """The kind of queue entry a waiter keeps (None: it does not queue). Plain locks queue
         where the store can: waiters are served in arrival order, and a newcomer does not
         take a free lock while others wait for it."""
-        if not isinstance(store, FairQueue):
+        if not traits.fair:
             return None
         return {"lock": "lock", "write": "write"}.get(self.kind)
 
-    def try_call(self, store: Store, owner: str, queued: bool) -> Call:
+    def try_call(self, traits: Traits, owner: str, queued: bool) -> Call:
         """One attempt to take the hold; its value is the new token, or None if busy."""
         k = self.key
         if self.kind == "lock":
-            if isinstance(store, FairQueue):
+            if traits.fair:
                 return Call("acquire_fair", (k, owner, self.ttl, queued))
             return Call("acquire", (k, owner, self.ttl, "lock"))
         if self.kind in ("read", "semaphore"):

@@ -9,7 +9,6 @@ failed operation is thrown into the generator at the ``yield``, so its ``finally
 from __future__ import annotations
 
 from collections.abc import Generator
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar, Union
 
 if TYPE_CHECKING:
@@ -18,45 +17,59 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 
-@dataclass(frozen=True, slots=True)
+# Plain classes with __slots__: one is built for every step, on the hot path of every
+# acquire and release, and a frozen dataclass costs several times more to construct.
+
+
 class Call:
     """Run one operation of the store contract (or of a capability the store declares):
     ``store.<method>(*args)``; the value is its result."""
 
-    method: str
-    args: tuple[Any, ...] = ()
+    __slots__ = ("args", "method")
+
+    def __init__(self, method: str, args: tuple[Any, ...] = ()) -> None:
+        self.method = method
+        self.args = args
+
+    def __repr__(self) -> str:
+        return f"Call({self.method!r}, {self.args!r})"
 
 
-@dataclass(frozen=True, slots=True)
 class Subscribe:
     """``store.subscribe(key, owner, queue)`` (a store with ``Wakeups``); the value is the
     Subscription."""
 
-    key: str
-    owner: str
-    queue: str | None
+    __slots__ = ("key", "owner", "queue")
+
+    def __init__(self, key: str, owner: str, queue: str | None) -> None:
+        self.key, self.owner, self.queue = key, owner, queue
 
 
-@dataclass(frozen=True, slots=True)
 class Wait:
     """Wait on a subscription up to ``timeout`` s; the value: True if woken early."""
 
-    subscription: Subscription
-    timeout: float
+    __slots__ = ("subscription", "timeout")
+
+    def __init__(self, subscription: Subscription, timeout: float) -> None:
+        self.subscription, self.timeout = subscription, timeout
 
 
-@dataclass(frozen=True, slots=True)
 class Sleep:
     """Sleep ``seconds`` (a waiter on a store that does not wake it)."""
 
-    seconds: float
+    __slots__ = ("seconds",)
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
 
 
-@dataclass(frozen=True, slots=True)
 class Unsubscribe:
     """Close a subscription."""
 
-    subscription: Subscription
+    __slots__ = ("subscription",)
+
+    def __init__(self, subscription: Subscription) -> None:
+        self.subscription = subscription
 
 
 Op = Union[Call, Subscribe, Wait, Sleep, Unsubscribe]  # noqa: UP007 - a runtime alias on 3.10

@@ -13,10 +13,11 @@ import time
 
 from .._errors import BackendError
 from .._timing import HEAD_POLL, Backoff, head_backoff, reset_deadline, set_deadline
-from ..backends._contract import FairQueue, QueueJoin, Store, Subscription, Wakeups
+from ..backends._contract import Subscription
 from .hold import Hold
 from .kinds import Spec
 from .ops import Call, Sleep, Steps, Subscribe, Unsubscribe, Wait
+from .traits import Traits
 
 log = logging.getLogger("dblock")
 
@@ -86,29 +87,28 @@ class Acquisition:
 
     def __init__(
         self,
-        store: Store,
+        traits: Traits,
         spec: Spec,
         owner: str,
         *,
         blocking: bool,
         timeout: float | None,
     ) -> None:
-        self.store = store
+        self.traits = traits
         self.spec = spec
         self.owner = owner
         self.blocking = blocking
         self.timeout = timeout
-        self.queue = spec.queue(store)
-        self.fair: FairQueue | None = store if isinstance(store, FairQueue) else None
+        self.queue = spec.queue(traits)
         self.entry = _QueueEntry()
         #: the subscription, or False where the store cannot wake waiters (they sleep)
         self.subscription: Subscription | None = None
-        self.polling = not isinstance(store, Wakeups)
+        self.polling = not traits.wakeups
 
     # -- the loop -----------------------------------------------------------------------------
     def run(self) -> Steps[Hold | None]:  # noqa: PLR0912, PLR0915 - the state machine, in one place
         spec, entry = self.spec, self.entry
-        cap = self.store.poll_cap
+        cap = self.traits.poll_cap
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
         backoff = Backoff(FIRST_BACKOFF, cap)
         acquired = False
@@ -135,7 +135,7 @@ class Acquisition:
                 if should_try:
                     sent = time.monotonic()
                     token = yield spec.try_call(
-                        self.store, self.owner, entry.written_at is not None
+                        self.traits, self.owner, entry.written_at is not None
                     )
                     if token is not None:
                         acquired = True
@@ -182,7 +182,7 @@ class Acquisition:
         entry = self.entry
         if (
             self.queue is None
-            or self.fair is None
+            or not self.traits.fair
             or (
                 entry.written_at is not None
                 and time.monotonic() - entry.written_at <= QUEUE_TTL / 3
@@ -200,7 +200,7 @@ class Acquisition:
             # look once more (where a look is a write, the probe before the next try does),
             # unless the subscription wakes for a release that came before its first wait
             latched = sub is not None and sub.latched
-            return not self.fair.probe_before_try and not latched
+            return not self.traits.probe_before_try and not latched
         kept = yield Call("requeue", (self.spec.key, self.owner, self.queue, QUEUE_TTL))
         if not kept:
             # Our entry is gone: the lock was handed to us (its notification is late or lost,
@@ -220,8 +220,8 @@ class Acquisition:
     def _take_or_join(self) -> Steps[Hold | None]:
         """Where wake-ups already flow to this client: subscribe first, then one statement
         takes the lock or joins its queue (no separate enqueue and second try)."""
-        store = self.store
-        if not (isinstance(store, QueueJoin) and isinstance(store, Wakeups) and store.joining()):
+        joiner = self.traits.joiner
+        if joiner is None or not joiner.joining():
             return None
         spec = self.spec
         subscription = yield Subscribe(spec.key, self.owner, self.queue)
@@ -269,10 +269,9 @@ class Acquisition:
         stores, or where writes are dear) asks a cheap read first, and tries only when the
         lock is free and nobody queues ahead of it.
         """
-        fair = self.fair
-        probe = self.entry.written_at is not None and self.queue == "lock" and fair is not None
+        probe = self.entry.written_at is not None and self.queue == "lock"
         targeted = self.subscription is not None and self.subscription.targeted
-        if not probe or fair is None or (targeted and not fair.probe_before_try):
+        if not probe or (targeted and not self.traits.probe_before_try):
             return True, -1
         free, ahead = yield Call("probe", (self.spec.key, self.owner))
         return bool(free and ahead == 0), int(ahead)

@@ -1,0 +1,41 @@
+"""What a store declares, read once per client: the engine's choices by capability."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..backends._contract import FairQueue, LossPush, QueueJoin, Store, Wakeups
+
+
+@dataclass(frozen=True)
+class Traits:
+    """The capabilities of one store that change how the engine waits."""
+
+    #: waiters keep a queue entry and are served in arrival order
+    fair: bool
+    #: a waiter reads before each try (``FairQueue.probe_before_try``)
+    probe_before_try: bool
+    #: the store wakes waiters; else they sleep between tries
+    wakeups: bool
+    #: take-or-join in one step, when wake-ups flow
+    join: bool
+    #: a force-release is pushed to the holder's client
+    loss_push: bool
+    #: longest pause between two tries of a waiter that is not woken
+    poll_cap: float
+    #: the store as ``QueueJoin`` (asked whether wake-ups flow now), if it is one
+    joiner: QueueJoin | None
+
+    @classmethod
+    def of(cls, store: Store) -> Traits:
+        wakeups = isinstance(store, Wakeups)
+        joiner = store if wakeups and isinstance(store, QueueJoin) else None
+        return cls(
+            fair=isinstance(store, FairQueue),
+            probe_before_try=store.probe_before_try if isinstance(store, FairQueue) else False,
+            wakeups=wakeups,
+            join=joiner is not None,
+            loss_push=isinstance(store, LossPush),
+            poll_cap=store.poll_cap,
+            joiner=joiner,
+        )
