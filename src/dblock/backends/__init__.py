@@ -41,11 +41,21 @@ __all__ = [
     "capabilities",
     "ddl_for",
     "open_backend",
+    "schema_script",
 ]
 
 
 def ddl_for(dialect: str, table: str = "dblock_locks") -> list[str]:
     """The DDL that ``connect(create_schema=True)`` runs for ``dialect``, without connecting."""
+    return _schema_store(dialect, table).ddl()
+
+
+def schema_script(dialect: str, table: str = "dblock_locks") -> str:
+    """``ddl_for`` as a script for the dialect's command-line client."""
+    return _schema_store(dialect, table).script()
+
+
+def _schema_store(dialect: str, table: str) -> SchemaScript:
     from .._url import parse_url
     from .._validate import check_table
 
@@ -60,4 +70,4 @@ def ddl_for(dialect: str, table: str = "dblock_locks") -> list[str]:
     store = open_backend(parse_url(placeholder[dialect]), schema, name)
     if not isinstance(store, SchemaScript):
         raise lacking(store, SchemaScript, "dblock schema")
-    return store.ddl()
+    return store

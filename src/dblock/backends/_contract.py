@@ -222,6 +222,10 @@ class SchemaScript(ABC):
     def ddl(self) -> list[str]:
         """The statements ``ensure_schema(create=True)`` runs."""
 
+    def script(self) -> str:
+        """The DDL as a script for the store's command-line client."""
+        return "\n".join(f"{s.strip().rstrip(';').rstrip()};\n" for s in self.ddl())
+
 
 CAPABILITIES: tuple[type, ...] = (
     FairQueue,

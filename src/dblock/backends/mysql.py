@@ -529,6 +529,18 @@ class MysqlBackend(HoldersMixin[Any], FairQueue, SharedHolds, OnceRecords, Wakeu
     def ddl(self) -> list[str]:
         return list(self._ddl)
 
+    def script(self) -> str:
+        """A statement with ``;`` inside (a trigger body) is wrapped in ``DELIMITER``, which
+        the mariadb/mysql client understands."""
+        parts = []
+        for raw in self._ddl:
+            statement = raw.strip().rstrip(";").rstrip()
+            if ";" in statement:
+                parts.append(f"DELIMITER //\n{statement} //\nDELIMITER ;\n")
+            else:
+                parts.append(f"{statement};\n")
+        return "\n".join(parts)
+
     def ensure_schema(self, create: bool) -> None:
         # what tables of dblock 0.1.0.dev before them lack: the queue mark, the queue entry's
         # lease for hand-overs (columns added), and keys that compare trailing spaces (the key

@@ -6,7 +6,7 @@ import click
 
 import dblock
 from dblock._url import parse_url
-from dblock.backends import ddl_for
+from dblock.backends import schema_script
 
 from . import exit_codes
 from .context import (
@@ -146,22 +146,6 @@ def purge_command(ctx: click.Context, older_than: float, include_once: bool) -> 
 DIALECTS = ("postgresql", "mysql", "sqlite")
 
 
-def sql_script(dialect: str, statements: list[str]) -> str:
-    """Statements as a script for psql, the mariadb/mysql client or sqlite3.
-
-    Statements end with ``;``. For MySQL a statement with ``;`` inside (a trigger or routine
-    body) is wrapped in ``DELIMITER``, which the mariadb/mysql client understands.
-    """
-    parts = []
-    for raw in statements:
-        statement = raw.strip().rstrip(";").rstrip()
-        if dialect == "mysql" and ";" in statement:
-            parts.append(f"DELIMITER //\n{statement} //\nDELIMITER ;\n")
-        else:
-            parts.append(f"{statement};\n")
-    return "\n".join(parts)
-
-
 @click.command(
     "schema",
     short_help="Print the DDL of the lock table.",
@@ -185,11 +169,11 @@ def schema_command(ctx: click.Context, dialect: str | None) -> int:
         except dblock.ConfigurationError as exc:  # DBLOCK_URL's (--url's is checked on entry)
             raise misconfigured(exc) from exc
     try:
-        statements = ddl_for(dialect, settings.table)
+        script = schema_script(dialect, settings.table)
     except ImportError as exc:
         raise CliError(f"the {dialect} backend is not available: {exc}") from exc
     click.echo(f"-- dblock {settings.table} ({dialect}): apply once; connect() checks for it")
-    click.echo(sql_script(dialect, statements), nl=False)
+    click.echo(script, nl=False)
     return exit_codes.OK
 
 
@@ -199,5 +183,4 @@ __all__ = [
     "purge_command",
     "release_command",
     "schema_command",
-    "sql_script",
 ]
