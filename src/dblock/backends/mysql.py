@@ -44,7 +44,6 @@ from ._holders import HoldersMixin, Rows
 from ._names import aux_name, qualify
 from ._protocol import Subscription
 from ._schema import HOLDERS, MAIN, META, missing, refuse_foreign
-from ._schema import outdated as outdated_error
 from ._sql import MAINTENANCE_DEADLINE, Failure, Sleeper
 
 NOW = "UTC_TIMESTAMP(6)"
@@ -530,49 +529,6 @@ class MysqlBackend(HoldersMixin[Any]):
         return list(self._ddl)
 
     def ensure_schema(self, create: bool) -> None:
-        # what tables of dblock 0.1.0.dev before them lack: the queue mark, the queue entry's
-        # lease for hand-overs (columns added), and keys that compare trailing spaces (the key
-        # columns once had a collation that pads)
-        added = (
-            (
-                self._names[0],
-                "queued_until",
-                f"ALTER TABLE {self._main} ADD COLUMN queued_until DATETIME(6)",
-            ),
-            (self._names[2], "lease", f"ALTER TABLE {self._holders} ADD COLUMN lease DOUBLE"),
-            (self._names[2], "bell", f"ALTER TABLE {self._holders} ADD COLUMN bell BIGINT"),
-        )
-        padded = {
-            name: f"ALTER TABLE {table} MODIFY lock_key {KEY_TYPE}"
-            for name, table in ((self._names[0], self._main), (self._names[2], self._holders))
-        }
-        wanted = " UNION ALL ".join(["SELECT %s AS name, %s AS col"] * len(added))
-        outdated_sql = (
-            f"SELECT t.name, t.col FROM ({wanted}) t "
-            "WHERE NOT EXISTS (SELECT 1 FROM information_schema.columns c WHERE "
-            "c.table_schema = COALESCE(%s, DATABASE()) AND c.table_name = t.name AND "
-            "c.column_name = t.col) "
-            "UNION ALL SELECT table_name, NULL FROM information_schema.columns WHERE "
-            "table_schema = COALESCE(%s, DATABASE()) AND table_name IN (%s, %s) AND "
-            "column_name = 'lock_key' AND collation_name NOT IN (%s, %s)"
-        )
-        outdated_args = (
-            *[x for name, col, _ in added for x in (name, col)],
-            self._schema,
-            self._schema,
-            *padded,
-            NOPAD_MARIADB,
-            NOPAD_MYSQL,
-        )
-
-        def outdated(cur: Any, mysql8: bool) -> list[str]:
-            """The ALTER statements that bring the tables up to date."""
-            cur.execute(outdated_sql, outdated_args)
-            found = {(row[0], row[1]) for row in cur.fetchall()}
-            alters = [alter for name, col, alter in added if (name, col) in found]
-            alters += [alter for name, alter in padded.items() if (name, None) in found]
-            return [_for_server(alter, mysql8) for alter in alters]
-
         required = dict(zip(self._names, (MAIN, META, HOLDERS), strict=True))
 
         def op(conn: Any) -> None:
@@ -595,21 +551,13 @@ class MysqlBackend(HoldersMixin[Any]):
                     found.setdefault(ours[name.lower()], set()).update([column] if column else [])
                 refuse_foreign(self.table, self.safe_url, found, required)
                 if len(found) == len(self._names):
-                    alters = outdated(cur, mysql8)
-                    if not alters:
-                        return
-                    if not create:
-                        lacking = [a.split(" ", 2)[2] for a in alters]  # "ALTER TABLE x ..."
-                        raise outdated_error(self.table, self.safe_url, self.dialect, lacking)
-                elif not create:
+                    return
+                if not create:
                     raise missing(self.table, self.safe_url, self.dialect)
                 cur.execute("SELECT GET_LOCK(%s, 60)", (self._ddl_lock,))
                 try:
                     for statement in self._ddl:
                         cur.execute(_for_server(statement, mysql8))
-                    # looked at again under the lock: another process may have done them
-                    for alter in outdated(cur, mysql8):
-                        cur.execute(alter)
                 finally:
                     cur.execute("SELECT RELEASE_LOCK(%s)", (self._ddl_lock,))
 

@@ -41,7 +41,7 @@ from .._types import Kind, LockInfo
 from .._url import MAX_URL_TIMEOUT, DatabaseURL, scrub, scrub_exception, url_number
 from ._holders import HoldersMixin, Rows
 from ._names import aux_name, qualify
-from ._schema import HOLDERS, MAIN, SEQUENCE, missing, outdated, refuse_foreign
+from ._schema import HOLDERS, MAIN, SEQUENCE, missing, refuse_foreign
 from ._sql import MAINTENANCE_DEADLINE, Failure
 
 log = logging.getLogger("dblock")
@@ -358,13 +358,6 @@ class PostgresBackend(HoldersMixin[psycopg.Connection[Any]]):
             "LEFT JOIN pg_attribute a ON a.attrelid = n.oid AND a.attnum > 0 "
             "AND NOT a.attisdropped WHERE n.oid IS NOT NULL"
         )
-        # the hand-over's columns, absent from tables of dblock 0.1.0.dev before it: part of
-        # the DDL, so that applying `dblock schema` upgrades such tables too
-        self._ddl += [
-            f"ALTER TABLE {holders} ADD COLUMN IF NOT EXISTS lease double precision",
-            f"ALTER TABLE {holders} ADD COLUMN IF NOT EXISTS channel varchar(63)",
-            f"ALTER TABLE {t} ADD COLUMN IF NOT EXISTS joins bigint NOT NULL DEFAULT 0",
-        ]
         self._names = {"t": t, "s": seq, "h": holders}
         digest = hashlib.sha1(t.encode(), usedforsecurity=False).digest()
         self._ddl_lock_id = int.from_bytes(digest[:8], "big", signed=True)
@@ -413,8 +406,8 @@ class PostgresBackend(HoldersMixin[psycopg.Connection[Any]]):
         head is locked with SKIP LOCKED: a waiter that is leaving the queue (or refreshing its
         entry) just now is passed over, not granted.
         The row remembers the token that handed it over (``note``), for a retried release.
-        Without a waiter that takes hand-overs (an entry without a lease, made by an older
-        dblock) it is freed, and the head, or for a write lock everyone, is rung instead
+        Without a waiter that takes hand-overs (an entry without a lease: its client hears no
+        releases) it is freed, and the head, or for a write lock everyone, is rung instead
         (``<owner> <key>``).
 
         A waiter that joins the queue while the lock is released would be missed by both: the
@@ -504,8 +497,6 @@ class PostgresBackend(HoldersMixin[psycopg.Connection[Any]]):
 
     def ensure_schema(self, create: bool) -> None:
         required = {"t": MAIN, "s": SEQUENCE, "h": HOLDERS}
-        # what tables of dblock 0.1.0.dev before them lack
-        added = {("h", "lease"), ("h", "channel"), ("t", "joins")}
 
         def op(conn: psycopg.Connection[Any]) -> None:
             found: dict[str, set[str]] = {}
@@ -517,13 +508,10 @@ class PostgresBackend(HoldersMixin[psycopg.Connection[Any]]):
                 {self._names[k]: v for k, v in found.items()},
                 {self._names[k]: v for k, v in required.items()},
             )
-            lacking = sorted(f"{self._names[k]}.{c}" for k, c in added if c not in found.get(k, ()))
-            if len(found) == len(required) and not lacking:
+            if len(found) == len(required):
                 return
             if not create:
-                if len(found) < len(required):
-                    raise missing(self.table, self.safe_url, self.dialect)
-                raise outdated(self.table, self.safe_url, self.dialect, lacking)
+                raise missing(self.table, self.safe_url, self.dialect)
             # CREATE ... IF NOT EXISTS races on the catalog when many processes start at
             # once; a transaction-scoped advisory lock serialises them.
             with conn.transaction():

@@ -220,7 +220,7 @@ def misconfigured(exc: dblock.ConfigurationError) -> CliError:
 
 
 def open_client(ctx: click.Context, *, close_on_exit: bool = True) -> dblock.Client:
-    """Connect as the options say, creating or upgrading the lock table if need be; exit 2 for
+    """Connect as the options say, creating the lock table if need be; exit 2 for
     a configuration mistake, 69 if the database cannot be reached."""
     settings = settings_of(ctx)
     url = settings.effective_url()
@@ -236,7 +236,7 @@ def open_client(ctx: click.Context, *, close_on_exit: bool = True) -> dblock.Cli
 
 
 def open_reader(ctx: click.Context) -> dblock.Client | None:
-    """Like open_client, for the commands that only look: they never create or upgrade
+    """Like open_client, for the commands that only look: they never create or alter
     anything. None when the lock table does not exist yet (nothing was ever held in it)."""
     from dblock.backends._schema import MissingTable
 
