@@ -936,8 +936,7 @@ def run(
                 "pools": list(budget.pools),
             },
             "contenders": {
-                c.id: {"kind": c.kind, "backend": c.backend, "note": c.note, **c.options}
-                for c in contenders
+                c.id: {"kind": c.kind, "backend": c.backend, "note": c.note} for c in contenders
             },
             "unavailable": unavailable,
             "e_postgresql_database": (
