@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import logging
 import socket
 import time
 from collections.abc import Iterator
@@ -39,7 +40,7 @@ from pymysql.constants import CLIENT
 from .._errors import ConfigurationError
 from .._types import Kind, LockInfo
 from .._url import MAX_URL_TIMEOUT, DatabaseURL, url_number
-from ._doorbell import BELL_IDLE, FAILED, Bells, gate_sql
+from ._doorbell import BELL_IDLE, Bells, gate_sql
 from ._holders import HoldersMixin, Rows
 from ._names import aux_name, qualify
 from ._protocol import Subscription
@@ -47,6 +48,7 @@ from ._schema import HOLDERS, MAIN, META, missing, refuse_foreign
 from ._sql import MAINTENANCE_DEADLINE, Failure, Sleeper
 
 NOW = "UTC_TIMESTAMP(6)"
+log = logging.getLogger("dblock")
 # server gone away, lost connection, killed (MariaDB 1927), shutdown, idle disconnect
 # (MySQL 4031), commands out of sync after an interrupted read
 _DISCONNECT = {2006, 2013, 2055, 1927, 1053, 4031, 2014, 0}
@@ -738,14 +740,18 @@ class MysqlBackend(HoldersMixin[Any]):
         behind it) hands the lock to the waiter the bell wakes, on the bell's connection,
         which lets go of the bell inside that transaction (see _build_hand_over)."""
         params: dict[str, Any] = {"key": key, "owner": owner, "token": token}
-        handed = self._bells.release_holding(
-            key, owner, lambda conn: self._hand_over_on(conn, params)
-        )
-        if handed is None or handed is FAILED:
-            # no bell; or the hand-over failed, which closed its connection (rolling back what
-            # it had not committed, and freeing the bell): the plain release, which first
-            # checks whether the hand-over committed
-            return self._release_lease(params, after_failure=handed is FAILED)
+        try:
+            handed = self._bells.release_holding(
+                key, owner, lambda conn: self._hand_over_on(conn, params)
+            )
+        except Exception:
+            # the hand-over failed, which closed its connection (rolling back what it had not
+            # committed, and freeing the bell): the plain release, which first checks whether
+            # the hand-over committed
+            log.debug("dblock: the hand-over on the bell's connection failed", exc_info=True)
+            return self._release_lease(params, after_failure=True)
+        if handed is None:  # no bell
+            return self._release_lease(params)
         return bool(handed)
 
     def _release_lease(
