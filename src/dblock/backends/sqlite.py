@@ -41,7 +41,6 @@ MAX_BUSY_TIMEOUT = 3600.0
 #: the files SQLite keeps beside a database (they take the database file's mode)
 _COMPANIONS = ("", "-wal", "-shm", "-journal")
 NOW = "((julianday('now') - 2440587.5) * 86400.0)"
-_BUSY_CODES = {"SQLITE_BUSY", "SQLITE_LOCKED"}
 
 
 class _ChangeWatch:
