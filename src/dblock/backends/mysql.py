@@ -69,6 +69,42 @@ _INT_PARAMS = {"connect_timeout", "read_timeout", "write_timeout"}
 _STR_PARAMS = {"unix_socket", "ssl_ca", "ssl_cert", "ssl_key", "init_command"}
 
 
+def connection_kwargs(url: DatabaseURL, connect_timeout: int) -> dict[str, Any]:
+    """PyMySQL's arguments for ``url``: where and as whom to connect, utf8mb4, autocommit, and
+    the URL's parameters but ``init_command`` (timeouts in whole seconds, ``connect_timeout``
+    if the URL gives none). ConfigurationError for a parameter dblock does not accept."""
+    unknown = set(url.query) - _INT_PARAMS - _STR_PARAMS
+    if unknown:
+        raise ConfigurationError(
+            f"unknown MySQL URL parameter(s) {sorted(unknown)} in {url.safe!r}; supported: "
+            f"{', '.join(sorted(_INT_PARAMS | _STR_PARAMS))}"
+        )
+    kwargs: dict[str, Any] = {
+        "host": url.host or "localhost",
+        "port": url.port or 3306,
+        "user": url.user or "root",
+        "password": url.password or "",
+        "database": url.database or None,
+        "charset": "utf8mb4",
+        "autocommit": True,
+        "connect_timeout": connect_timeout,
+    }
+    for name in _INT_PARAMS & set(url.query):  # whole seconds, as PyMySQL takes them
+        kwargs[name] = int(
+            url_number(
+                url.query[name],
+                name,
+                0,
+                safe=url.safe,
+                minimum=1,
+                maximum=MAX_URL_TIMEOUT,
+                integer=True,
+            )
+        )
+    kwargs.update({k: v for k, v in url.query.items() if k in _STR_PARAMS - {"init_command"}})
+    return kwargs
+
+
 def _utc(value: datetime) -> datetime:
     return value.replace(tzinfo=timezone.utc)
 
@@ -139,39 +175,11 @@ class MysqlBackend(HoldersMixin[Any]):
 
     def __init__(self, url: DatabaseURL, schema: str | None, table: str) -> None:
         super().__init__(url, f"{schema}.{table}" if schema else table)
-        unknown = set(url.query) - _INT_PARAMS - _STR_PARAMS
-        if unknown:
-            raise ConfigurationError(
-                f"unknown MySQL URL parameter(s) {sorted(unknown)} in {url.safe!r}; supported: "
-                f"{', '.join(sorted(_INT_PARAMS | _STR_PARAMS))}"
-            )
-        kwargs: dict[str, Any] = {
-            "host": url.host or "localhost",
-            "port": url.port or 3306,
-            "user": url.user or "root",
-            "password": url.password or "",
-            "database": url.database or None,
-            "charset": "utf8mb4",
-            "autocommit": True,
-            "connect_timeout": 10,
-            # the hand-over release is one transaction sent as one packet (see _hand_over)
-            "client_flag": CLIENT.MULTI_RESULTS | CLIENT.MULTI_STATEMENTS,
-            # INSERT ... SELECT takes shared locks on what it reads only under REPEATABLE READ
-            "init_command": "SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ",
-        }
-        for name in _INT_PARAMS & set(url.query):  # whole seconds, as PyMySQL takes them
-            kwargs[name] = int(
-                url_number(
-                    url.query[name],
-                    name,
-                    0,
-                    safe=url.safe,
-                    minimum=1,
-                    maximum=MAX_URL_TIMEOUT,
-                    integer=True,
-                )
-            )
-        kwargs.update({k: v for k, v in url.query.items() if k in _STR_PARAMS - {"init_command"}})
+        kwargs = connection_kwargs(url, connect_timeout=10)
+        # the hand-over release is one transaction sent as one packet (see _hand_over)
+        kwargs["client_flag"] = CLIENT.MULTI_RESULTS | CLIENT.MULTI_STATEMENTS
+        # INSERT ... SELECT takes shared locks on what it reads only under REPEATABLE READ
+        kwargs["init_command"] = "SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ"
         #: the URL's init_command: run before dblock's own (see _Connection.connect)
         self._user_init = url.query.get("init_command") or None
         # PyMySQL reads the server's greeting with read_timeout: unset, a server that accepts
