@@ -60,7 +60,7 @@ class Budget:
     #: (e) how long the waiters have been queued when the window starts: their joining is
     #: over, and PostgreSQL has published its counts (a backend reports the statements it ran
     #: within a second of its last report only at its next statement a second or more later,
-    #: here the waiters' 3 s refresh: a 1 s settle counted their start-up in the window)
+    #: here the waiters' 3 s refresh, so a shorter settle counts their start-up in the window)
     settle: float = 6.0
     e_repeats: int = 2
     many_keys: tuple[int, ...] = (10, 1_000, 100_000)

@@ -1,8 +1,8 @@
 """MySQL 8 and MariaDB backend (PyMySQL).
 
 The SQL is written for both; where they differ it says so. Time is ``UTC_TIMESTAMP(6)``
-(fixed for the duration of a statement, and free of the session time zone and its DST jumps:
-PITFALLS 14); columns are ``DATETIME(6)`` holding UTC.
+(fixed for the duration of a statement, and free of the session time zone and its DST
+jumps); columns are ``DATETIME(6)`` holding UTC.
 
 Acquire is one ``UPDATE`` (one round trip) in the common case: the key has a row, whose lease
 has expired, and no waiters queued for it lately. Only where that changed nothing is a second
@@ -52,7 +52,7 @@ log = logging.getLogger("dblock")
 # server gone away, lost connection, killed (MariaDB 1927), shutdown, idle disconnect
 # (MySQL 4031), commands out of sync after an interrupted read
 _DISCONNECT = {2006, 2013, 2055, 1927, 1053, 4031, 2014, 0}
-_TRANSIENT = {1213, 1205}  # deadlock, lock wait timeout (PITFALLS 6)
+_TRANSIENT = {1213, 1205}  # deadlock, lock wait timeout
 _HANDED = 5  # the statement of MysqlBackend._hand_over whose affected rows tell the outcome
 #: keys this client remembers having found busy (forgotten all at once beyond this many)
 _BUSY_KEYS = 1024
@@ -117,8 +117,8 @@ class _Connection(pymysql.connections.Connection):  # type: ignore[misc]
     """A PyMySQL connection that shares the default TLS context of the process.
 
     PyMySQL 2 offers TLS on every connection ("preferred") and builds a new default context
-    for each, loading the system's CA certificates: about 45 ms a connection here, a hundred
-    times the rest of connecting. That context (no TLS options given) is built once and shared:
+    for each, loading the system's CA certificates, which costs far more than the rest of
+    connecting. That context (no TLS options given) is built once and shared:
     an SSLContext may serve many connections and threads. Contexts for explicit TLS options
     are built as PyMySQL builds them.
     """
@@ -276,13 +276,13 @@ class MysqlBackend(HoldersMixin[Any]):
         ours = f"{row}owner = VALUES(owner)"
 
         # MySQL parses and plans every statement anew (PyMySQL has no server-side prepared
-        # statements), so what a statement costs grows with its text: a subquery on the queue
-        # made an uncontended acquire 0.8x the hand-written floor even where it was never run.
-        # So acquiring tries a plain UPDATE first, which serves the common case (the key has a
-        # row, and no waiters in the last seconds), and only where it changed nothing a second
-        # statement that covers the rest. Waiters keep `queued_until` of the key's row later
-        # than their queue entries' leases (see enqueue): before it, a newcomer must look
-        # into the queue, which only the second statement does.
+        # statements), so what a statement costs grows with its text, even the parts it never
+        # runs, such as a subquery on the queue. So acquiring tries a plain UPDATE first, which
+        # serves the common case (the key has a row, and no waiters in the last seconds), and
+        # only where it changed nothing a second statement that covers the rest. Waiters keep
+        # `queued_until` of the key's row later than their queue entries' leases (see
+        # enqueue): before it, a newcomer must look into the queue, which only the second
+        # statement does.
         # key ttl_us -> marks the key's queue busy at least ttl_us (plus a second) from now.
         # It writes (a row lock and a durable commit on the lock's own row, in the way of a
         # hand-over) only when the mark would end sooner, and then sets it twice as far.

@@ -47,7 +47,7 @@ from ._sql import MAINTENANCE_DEADLINE, Failure
 log = logging.getLogger("dblock")
 
 NOW = "statement_timestamp()"
-_TRANSIENT = {"40001", "40P01"}  # serialization failure, deadlock detected (PITFALLS 6)
+_TRANSIENT = {"40001", "40P01"}  # serialization failure, deadlock detected
 
 
 #: SQL that commits the statement's transaction without waiting for its WAL to reach disk.
@@ -111,8 +111,7 @@ class PostgresBackend(HoldersMixin[psycopg.Connection[Any]]):
         # durable commits for whatever issues a token; and plain index scans, which mark the
         # dead index entries they meet (a bitmap scan does not), so that the queue entries a
         # busy key churns through cost a scan nothing once it has seen them, vacuum or not
-        # (without it each queue scan of a key that had been busy a while walked every entry
-        # it ever had: 14,000 of them, ~1.2 ms, after a few seconds at 8 processes)
+        # (see docs/how-it-works.md)
         pinned = "-c synchronous_commit=on -c enable_bitmapscan=off"
         self._options["options"] = f"{url.query.get('options', '')} {pinned}".strip()
         try:  # libpq's names for parameters, checked without connecting

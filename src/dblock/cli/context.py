@@ -169,7 +169,7 @@ AGE = Seconds(allow_zero=True, maximum=100 * 365.25 * 86400)
 
 
 def validate_key(ctx: click.Context, param: click.Parameter, value: str) -> str:
-    """Click callback: a lock key as API.md allows it."""
+    """Click callback: a lock key as the library allows it (see check_key)."""
     try:
         return check_key(value)
     except (TypeError, ValueError) as exc:
