@@ -14,7 +14,7 @@ import sqlite3
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -64,8 +64,6 @@ class Contender:
     #: False for the SELECT 1 floors: not a lock, measured in scenario (a) only
     is_lock: bool = True
     note: str = ""
-    #: dblock options, for the JSON
-    options: dict[str, Any] = field(default_factory=dict)
 
     @property
     def id(self) -> str:
@@ -86,11 +84,11 @@ def _backoff_sleeps(base: float = 0.001, cap: float = 0.1) -> Callable[[], float
 
 # -- dblock ---------------------------------------------------------------------------------
 class DblockAdapter:
-    def __init__(self, url: str, table: str, key: str, **options: Any) -> None:
+    def __init__(self, url: str, table: str, key: str) -> None:
         import dblock
 
         self.client = dblock.connect(url, table=table)
-        self.lock = self.client.lock(key, ttl=60, **options)
+        self.lock = self.client.lock(key, ttl=60)
 
     def acquire(self) -> None:
         if not self.lock.acquire():
@@ -135,9 +133,9 @@ class DblockStatementsByHand:
         self.client.close()
 
 
-def _dblock_for(backend: str, **options: Any) -> Factory:
+def _dblock_for(backend: str) -> Factory:
     def make(t: Targets, key: str) -> LockAdapter:
-        return DblockAdapter(t.url(backend), t.table, key, **options)
+        return DblockAdapter(t.url(backend), t.table, key)
 
     return make
 
@@ -511,11 +509,6 @@ def all_contenders() -> list[Contender]:
     c: list[Contender] = []
     for b in ("postgresql", "mysql", "sqlite"):
         c.append(Contender(b, "dblock", "dblock", _dblock_for(b)))
-        c.append(
-            Contender(
-                b, "dblock fair=True", "dblock", _dblock_for(b, fair=True), options={"fair": True}
-            )
-        )
     for b in BACKENDS:
         trip = "PING" if b == "redis" else "SELECT 1"
         c.append(Contender(b, f"floor: {trip} x1", "floor", _select1(b, 1), is_lock=False))

@@ -142,8 +142,8 @@ def _spin() -> None:
 def spinner(enabled: bool = True) -> Iterator[None]:
     """Keep the otherwise idle core busy at nice 19, so it does not sleep between round trips.
 
-    On this VM an idle core's wake-up adds 100-300 µs to a round trip at random; a spinner at
-    the lowest priority keeps it awake and yields to every real process.
+    An idle core's wake-up adds to a round trip at random, on a VM especially; a spinner at the
+    lowest priority keeps it awake and yields to every real process.
     """
     if not enabled:
         yield

@@ -41,6 +41,7 @@ from typing import Any
 
 from bench import procs, servers, workload
 from bench.contenders import BACKENDS, Contender, Targets, select
+from dblock.bench import handoffs, median, new_counter, percentile, read_counter
 
 SCENARIOS = ("a", "b", "c", "d", "e", "f")
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
@@ -59,7 +60,7 @@ class Budget:
     #: (e) how long the waiters have been queued when the window starts: their joining is
     #: over, and PostgreSQL has published its counts (a backend reports the statements it ran
     #: within a second of its last report only at its next statement a second or more later,
-    #: here the waiters' 3 s refresh: a 1 s settle counted their start-up in the window)
+    #: here the waiters' 3 s refresh, so a shorter settle counts their start-up in the window)
     settle: float = 6.0
     e_repeats: int = 2
     many_keys: tuple[int, ...] = (10, 1_000, 100_000)
@@ -122,10 +123,10 @@ def scenario_a(cs: list[Contender], t: Targets, b: Budget) -> dict[str, Any]:
                 log(f"[a] round {r + 1}/{b.repeats} {cid}: {v['pairs_per_s']:,.0f} pairs/s")
     for v in out.values():
         rates = [x["pairs_per_s"] for x in v["repeats"]]
-        v["pairs_per_s"] = workload.median(rates)
+        v["pairs_per_s"] = median(rates)
         v["min"] = min(rates) if rates else math.nan
         v["max"] = max(rates) if rates else math.nan
-        v["cpu_us_per_pair"] = workload.median([x["cpu_us_per_pair"] for x in v["repeats"]])
+        v["cpu_us_per_pair"] = median([x["cpu_us_per_pair"] for x in v["repeats"]])
     return out
 
 
@@ -133,7 +134,7 @@ def run_contended(
     c: Contender, t: Targets, b: Budget, workers: int, duration: float, tmp: str
 ) -> dict[str, Any]:
     counter = os.path.join(tmp, f"counter-{uuid.uuid4().hex[:8]}")
-    workload.new_counter(counter)
+    new_counter(counter)
     key = _key("b")
     barrier = procs._CTX.Barrier(workers)
     args = [(c, t, key, w, counter, barrier, duration, b.max_ops, b.pause) for w in range(workers)]
@@ -141,7 +142,7 @@ def run_contended(
         results = procs.run_parallel(workload.contended_worker, args, timeout=duration + 90)
         records = [rec for rs in results for rec in rs]
         stats = workload.contended_stats(records, workers)
-        stats.update(workload.check_exclusion(records, workload.read_counter(counter)))
+        stats.update(workload.check_exclusion(records, read_counter(counter)))
         return stats
     finally:
         os.unlink(counter)
@@ -180,7 +181,7 @@ def scenario_b(cs: list[Contender], t: Targets, b: Budget, tmp: str) -> dict[str
             "handoff_p50_ms",
             "handoff_p99_ms",
         ):
-            v[field] = workload.median([x[field] for x in reps if field in x])
+            v[field] = median([x[field] for x in reps if field in x])
         v["lost_updates"] = sum(x.get("lost_updates", 0) for x in reps)
         v["overlaps"] = sum(x.get("overlaps", 0) for x in reps)
         v["exclusive"] = bool(reps) and all(x.get("exclusive") for x in reps)
@@ -194,7 +195,7 @@ def scenario_c(cs: list[Contender], t: Targets, b: Budget, tmp: str) -> dict[str
     for r in range(reps):
         for c in workload.rounds(locks, r):
             counter = os.path.join(tmp, f"counter-{uuid.uuid4().hex[:8]}")
-            workload.new_counter(counter)
+            new_counter(counter)
             key = _key("c")
             barrier = procs._CTX.Barrier(2)
             seq = procs._CTX.Value("q", 0, lock=False)
@@ -209,28 +210,28 @@ def scenario_c(cs: list[Contender], t: Targets, b: Budget, tmp: str) -> dict[str
                 log(f"[c] {c.id}: {out[c.id]['error']}")
                 continue
             finally:
-                value = workload.read_counter(counter)
+                value = read_counter(counter)
                 os.unlink(counter)
             records = [rec for rs in results for rec in rs]
-            samples = workload.handoffs(records)[1:]  # the first one sets up LISTEN etc.
+            samples = handoffs(records)[1:]  # the first one sets up LISTEN etc.
             excl = workload.check_exclusion(records, value)
             out[c.id]["samples"].extend(samples)
             out[c.id]["repeats"].append(
                 {
-                    "p50_ms": workload.percentile(samples, 50) * 1000,
-                    "p99_ms": workload.percentile(samples, 99) * 1000,
+                    "p50_ms": percentile(samples, 50) * 1000,
+                    "p99_ms": percentile(samples, 99) * 1000,
                     "n": len(samples),
                     **excl,
                 }
             )
             log(
                 f"[c] round {r + 1}/{reps} {c.id}: hand-off p50 "
-                f"{workload.percentile(samples, 50) * 1000:.2f} ms, n={len(samples)}"
+                f"{percentile(samples, 50) * 1000:.2f} ms, n={len(samples)}"
             )
     for v in out.values():
         samples = v.pop("samples")
-        v["p50_ms"] = workload.median([x["p50_ms"] for x in v["repeats"]])
-        v["p99_ms"] = workload.percentile(samples, 99) * 1000
+        v["p50_ms"] = median([x["p50_ms"] for x in v["repeats"]])
+        v["p99_ms"] = percentile(samples, 99) * 1000
         v["n"] = len(samples)
         v["exclusive"] = bool(v["repeats"]) and all(x["exclusive"] for x in v["repeats"])
     return out
@@ -336,7 +337,7 @@ def scenario_d(backends: list[str], t: Targets, b: Budget) -> dict[str, Any]:
                     reps[n].append(rate)
                     log(f"[d] round {r + 1} {backend} {n:,} held: {rate:,.0f} pairs/s")
             for n in tables:
-                res["rates"][str(n)] = {"pairs_per_s": workload.median(reps[n]), "repeats": reps[n]}
+                res["rates"][str(n)] = {"pairs_per_s": median(reps[n]), "repeats": reps[n]}
             lo, hi = min(tables), max(tables)
             res["ratio"] = (
                 res["rates"][str(hi)]["pairs_per_s"] / res["rates"][str(lo)]["pairs_per_s"]
@@ -350,7 +351,7 @@ def scenario_d(backends: list[str], t: Targets, b: Budget) -> dict[str, Any]:
                     rows = client.list()
                     list_times.append(time.perf_counter() - t0)
                 res["list_rows"] = len(rows)
-                res["list_s"] = workload.median(list_times)
+                res["list_s"] = median(list_times)
                 purge_times = []
                 for i in range(2 if b.repeats > 2 else 1):
                     if i:
@@ -360,7 +361,7 @@ def scenario_d(backends: list[str], t: Targets, b: Budget) -> dict[str, Any]:
                     purged = client.purge()
                     purge_times.append(time.perf_counter() - t0)
                     res["purged_rows"] = purged
-                res["purge_s"] = workload.median(purge_times)
+                res["purge_s"] = median(purge_times)
             log(
                 f"[d] {backend}: list() of {res['list_rows']:,} rows {res['list_s']:.2f} s, "
                 f"purge() of {res['purged_rows']:,} rows {res['purge_s']:.2f} s"
@@ -425,7 +426,7 @@ def scenario_f(backends: list[str], t: Targets, b: Budget) -> dict[str, Any]:
                     )
             for cell, rates in reps.items():
                 res[cell] = {
-                    "pairs_per_s": workload.median(rates),
+                    "pairs_per_s": median(rates),
                     "repeats": rates,
                     "connections": opened[cell],
                 }
@@ -936,8 +937,7 @@ def run(
                 "pools": list(budget.pools),
             },
             "contenders": {
-                c.id: {"kind": c.kind, "backend": c.backend, "note": c.note, **c.options}
-                for c in contenders
+                c.id: {"kind": c.kind, "backend": c.backend, "note": c.note} for c in contenders
             },
             "unavailable": unavailable,
             "e_postgresql_database": (

@@ -7,8 +7,6 @@ records of different processes can be merged and compared.
 from __future__ import annotations
 
 import contextlib
-import itertools
-import math
 import os
 import time
 import uuid
@@ -16,10 +14,9 @@ from typing import Any, TypeVar
 
 from bench.contenders import Contender, LockAdapter, Targets
 
-# the statistics are the ones `dblock bench` (the user-facing tool) reports
-from dblock.bench import Record
-from dblock.bench import _median as median  # noqa: F401 - bench.run uses workload.median
-from dblock.bench import _percentile as percentile
+# the loops and statistics are the ones `dblock bench` (the user-facing tool) runs and reports
+from dblock.bench import Record, exclusion, handoff_loop, handoffs, percentile, section_loop
+from dblock.bench import contended_stats as _lock_stats
 
 T = TypeVar("T")
 
@@ -88,24 +85,6 @@ def uncontended_interleaved(
 
 
 # -- (b) contended critical sections and (c) hand-off -----------------------------------------
-def _read_modify_write(fd: int, pause: float) -> None:
-    raw = os.pread(fd, 32, 0)
-    value = int(raw.strip(b"\x00 \n") or b"0")
-    if pause:
-        time.sleep(pause)
-    os.pwrite(fd, b"%-20d\n" % (value + 1), 0)
-
-
-def new_counter(path: str) -> None:
-    with open(path, "wb") as f:
-        f.write(b"%-20d\n" % 0)
-
-
-def read_counter(path: str) -> int:
-    with open(path, "rb") as f:
-        return int(f.read().strip() or b"0")
-
-
 def contended_worker(
     c: Contender,
     t: Targets,
@@ -120,22 +99,11 @@ def contended_worker(
     """Loop: acquire, read-modify-write the shared counter file, release. Until time/ops run out."""
     adapter = c.factory(t, key)
     fd = os.open(counter, os.O_RDWR)
-    records: list[Record] = []
     try:
-        barrier.wait(60)
-        end = time.monotonic() + duration
-        while len(records) < max_ops and time.monotonic() < end:
-            t_req = time.monotonic()
-            adapter.acquire()
-            t_acq = time.monotonic()
-            _read_modify_write(fd, pause)
-            t_rel = time.monotonic()
-            adapter.release()
-            records.append((worker, t_req, t_acq, t_rel))
+        return section_loop(adapter, fd, worker, barrier, duration, max_ops, pause)
     finally:
         os.close(fd)
         _close(adapter)
-    return records
 
 
 def handoff_worker(
@@ -150,50 +118,19 @@ def handoff_worker(
     max_ops: int,
     hold: float,
 ) -> list[Record]:
-    """Two of these ping-pong one key. After releasing, a worker waits until the other one has
-    acquired before it competes again, so every hand-off goes to a waiter that was already
-    blocked (a poller cannot be overtaken by the releaser coming straight back)."""
+    """Two of these ping-pong one key (see dblock.bench.handoff_loop)."""
     adapter = c.factory(t, key)
     fd = os.open(counter, os.O_RDWR)
-    records: list[Record] = []
     try:
-        barrier.wait(60)
-        end = time.monotonic() + duration
-        while len(records) < max_ops:
-            t_req = time.monotonic()
-            adapter.acquire()
-            t_acq = time.monotonic()
-            seq.value += 1
-            mine = seq.value
-            time.sleep(hold)  # the other one is blocked in acquire() by now
-            _read_modify_write(fd, 0.0)
-            t_rel = time.monotonic()
-            adapter.release()
-            records.append((worker, t_req, t_acq, t_rel))
-            if time.monotonic() >= end:
-                break
-            give_up = time.monotonic() + 30
-            while seq.value == mine and time.monotonic() < give_up:
-                time.sleep(0.0002)
-            if seq.value == mine:
-                break
+        return handoff_loop(adapter, fd, worker, barrier, seq, duration, max_ops, hold)
     finally:
         os.close(fd)
         _close(adapter)
-    return records
 
 
 def check_exclusion(records: list[Record], counter_value: int) -> dict[str, Any]:
-    """Lost updates (counter vs sections) and overlapping hold intervals (a proof of overlap:
-    a later acquisition returned before an earlier holder had even started its release)."""
-    ordered = sorted(records, key=lambda r: r[2])
-    overlaps = 0
-    latest_release = -math.inf
-    for _, _, t_acq, t_rel in ordered:
-        if t_acq < latest_release:
-            overlaps += 1
-        latest_release = max(latest_release, t_rel)
-    lost = len(records) - counter_value
+    """Lost updates (counter vs sections) and overlapping hold intervals."""
+    lost, overlaps = exclusion(records, counter_value)
     return {
         "sections": len(records),
         "counter": counter_value,
@@ -203,32 +140,15 @@ def check_exclusion(records: list[Record], counter_value: int) -> dict[str, Any]
     }
 
 
-def handoffs(records: list[Record]) -> list[float]:
-    """Release-to-next-acquisition gaps where the lock passed to another worker."""
-    ordered = sorted(records, key=lambda r: r[2])
-    return [b[2] - a[3] for a, b in itertools.pairwise(ordered) if a[0] != b[0] and b[2] >= a[3]]
-
-
 def contended_stats(records: list[Record], workers: int) -> dict[str, Any]:
+    """dblock bench's statistics, with the sections per worker and the hand-off times."""
+    stats = _lock_stats(records, workers)
     if not records:
-        return {"throughput": 0.0}
-    first = min(r[2] for r in records)
-    last = max(r[3] for r in records)
-    span = max(last - first, 1e-9)
-    throughput = len(records) / span
-    waits = [r[2] - r[1] for r in records]
-    per_worker = [sum(1 for r in records if r[0] == w) for w in range(workers)]
-    ideal = (workers - 1) / throughput if throughput else math.nan
-    p99 = percentile(waits, 99)
+        return stats
     ho = handoffs(records)
     return {
-        "throughput": throughput,
-        "wait_p50_ms": percentile(waits, 50) * 1000,
-        "wait_p99_ms": p99 * 1000,
-        "ideal_wait_ms": ideal * 1000,
-        "p99_over_ideal": p99 / ideal if ideal else math.nan,
-        "fairness": min(per_worker) / max(per_worker) if max(per_worker) else 0.0,
-        "per_worker": per_worker,
+        **stats,
+        "per_worker": [sum(1 for r in records if r[0] == w) for w in range(workers)],
         "handoff_p50_ms": percentile(ho, 50) * 1000,
         "handoff_p99_ms": percentile(ho, 99) * 1000,
     }

@@ -22,7 +22,7 @@ import pytest
 import dblock
 from tests._servers import MYSQL_URL, POSTGRESQL_URL
 
-#: far below the URL's busy timeout (10 s) that these waits used to sit out, far above what
+#: far below the URL's busy timeout (10 s), which these waits must not sit out, far above what
 #: the waits are allowed (their timeout plus a quarter of a second); not a speed measurement
 BOUND = 5.0
 

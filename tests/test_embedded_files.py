@@ -66,7 +66,7 @@ def test_command_line_default_is_private(state: Path) -> None:
 
 
 def test_loose_modes_of_our_own_directory_are_tightened(state: Path) -> None:
-    """A directory and file made by an older dblock (0755 / 0644) are made private."""
+    """A directory and file of ours with looser modes (0755 / 0644) are made private."""
     directory = state / "dblock"
     directory.mkdir(parents=True)
     directory.chmod(0o755)

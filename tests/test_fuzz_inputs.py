@@ -1,14 +1,13 @@
 """Bad-input fuzzing (hypothesis): keys, notes, ttls, timeouts, table names and URLs.
 
 No input may make dblock hang, raise outside its hierarchy (TypeError / ValueError only where
-API.md says so; ConfigurationError is a ValueError, LockTimeout a TimeoutError), or put a
+the README says so; ConfigurationError is a ValueError, LockTimeout a TimeoutError), or put a
 secret (the password, or the value of a query parameter such as ``sslpassword``) into a
 message, ``repr(client)`` or ``client.url``. Servers are reached on loopback only: unreachable
 ports are closed loopback ports, and every connect URL carries a short connect_timeout.
 
-The bugs it found are fixed; the tests that found them stay as regression tests:
-surrogate keys, a password cut out of a malformed URL, and MySQL endpoints that accept TCP but
-never greet.
+Named cases pin what random inputs rarely reach: surrogate keys, a password cut out of a
+malformed URL, and MySQL endpoints that accept TCP but never greet.
 """
 
 from __future__ import annotations

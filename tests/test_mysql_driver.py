@@ -10,7 +10,7 @@ from tests._servers import MYSQL_URL, drop_tables, require_server
 
 def test_connections_share_one_default_tls_context() -> None:
     # PyMySQL builds a TLS context per connection by default, loading the CA certificates
-    # each time (~45 ms): a new process's or a waiter's first connection paid it on the spot
+    # each time: a new process's or a waiter's first connection would pay for it on the spot
     require_server("mysql", MYSQL_URL)
     table = "t_" + uuid.uuid4().hex[:16]
     try:

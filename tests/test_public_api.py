@@ -1,4 +1,4 @@
-"""The public surface matches ../shared/API.md, and `import dblock` stays light."""
+"""The public surface is what the README documents, and `import dblock` stays light."""
 
 from __future__ import annotations
 

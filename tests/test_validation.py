@@ -1,4 +1,4 @@
-"""Bad input is refused before any SQL runs, with the error classes API.md names."""
+"""Bad input is refused before any SQL runs, with the documented error classes."""
 
 from __future__ import annotations
 

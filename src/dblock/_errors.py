@@ -62,8 +62,8 @@ class EventLoopError(DBLockError, RuntimeError):
     """A blocking acquire was called on a thread that is running an asyncio event loop.
 
     All coroutines of a loop share its thread, so per-thread re-entrancy would let every one of
-    them in at once, and a blocking wait would freeze the loop. Not exported by name (API.md
-    fixes the tree): catch it as ``DBLockError`` or ``RuntimeError``.
+    them in at once, and a blocking wait would freeze the loop. Not exported by name (the
+    public error tree is fixed): catch it as ``DBLockError`` or ``RuntimeError``.
     """
 
 

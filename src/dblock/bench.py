@@ -33,7 +33,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from ._client import connect
 from ._errors import BackendError, ConfigurationError
@@ -43,10 +43,13 @@ EX_USAGE = 2
 
 #: (worker, t_request, t_acquired, t_release_called), time.monotonic() (system-wide on Linux)
 Record = tuple[int, float, float, float]
+#: how long a worker waits at the start barrier for the others, seconds
+BARRIER_WAIT = 120
 
 
-# -- statistics -----------------------------------------------------------------------------
-def _percentile(values: Sequence[float], q: float) -> float:
+# -- statistics (``python -m bench`` in the repository reports the same) ----------------------
+def percentile(values: Sequence[float], q: float) -> float:
+    """The ``q``-th percentile (nearest rank); NaN for no values."""
     if not values:
         return math.nan
     ordered = sorted(values)
@@ -54,18 +57,21 @@ def _percentile(values: Sequence[float], q: float) -> float:
     return ordered[min(rank, len(ordered)) - 1]
 
 
-def _median(values: Sequence[float]) -> float:
+def median(values: Sequence[float]) -> float:
+    """The median of the values that are not NaN; NaN if none are."""
     kept = [v for v in values if not math.isnan(v)]
     return statistics.median(kept) if kept else math.nan
 
 
-def _handoffs(records: list[Record]) -> list[float]:
+def handoffs(records: list[Record]) -> list[float]:
+    """Release-to-next-acquisition gaps where the lock passed to another worker."""
     ordered = sorted(records, key=lambda r: r[2])
     return [b[2] - a[3] for a, b in itertools.pairwise(ordered) if a[0] != b[0] and b[2] >= a[3]]
 
 
-def _exclusion(records: list[Record], counter: int) -> tuple[int, int]:
-    """(lost updates, overlapping holds) — both 0 for a lock that excludes."""
+def exclusion(records: list[Record], counter: int) -> tuple[int, int]:
+    """(lost updates, overlapping holds) — both 0 for a lock that excludes. An overlap is a
+    proof: a later acquisition returned before an earlier holder had even started its release."""
     overlaps = 0
     latest_release = -math.inf
     for _, _, t_acq, t_rel in sorted(records, key=lambda r: r[2]):
@@ -75,22 +81,117 @@ def _exclusion(records: list[Record], counter: int) -> tuple[int, int]:
     return len(records) - counter, overlaps
 
 
+def contended_stats(records: list[Record], workers: int) -> dict[str, Any]:
+    """Throughput of critical sections, waits against the ideal FIFO wait, and fairness
+    (fewest/most sections per worker)."""
+    if not records:
+        return {"throughput": 0.0}
+    first = min(r[2] for r in records)
+    last = max(r[3] for r in records)
+    throughput = len(records) / max(last - first, 1e-9)
+    waits = [r[2] - r[1] for r in records]
+    per_worker = [sum(1 for r in records if r[0] == w) for w in range(workers)]
+    ideal = (workers - 1) / throughput
+    p99 = percentile(waits, 99)
+    return {
+        "throughput": throughput,
+        "wait_p50_ms": percentile(waits, 50) * 1000,
+        "wait_p99_ms": p99 * 1000,
+        "ideal_wait_ms": ideal * 1000,
+        "p99_over_ideal": p99 / ideal if ideal else math.nan,
+        "fairness": min(per_worker) / max(per_worker) if max(per_worker) else 0.0,
+    }
+
+
 # -- the counter file -----------------------------------------------------------------------
-def _rmw(fd: int) -> None:
+def read_modify_write(fd: int, pause: float = 0.0) -> None:
+    """Add one to the counter file, ``pause`` seconds between the read and the write."""
     value = int(os.pread(fd, 32, 0).strip(b"\x00 \n") or b"0")
+    if pause:
+        time.sleep(pause)
     os.pwrite(fd, b"%-20d\n" % (value + 1), 0)
 
 
-def _read_counter(path: str) -> int:
+def read_counter(path: str) -> int:
     with open(path, "rb") as f:
         return int(f.read().strip() or b"0")
 
 
-def _new_counter(directory: str) -> str:
-    path = os.path.join(directory, f"counter-{uuid.uuid4().hex[:8]}")
+def new_counter(path: str) -> None:
     with open(path, "wb") as f:
         f.write(b"%-20d\n" % 0)
-    return path
+
+
+# -- the loops each worker process runs -----------------------------------------------------
+class Acquirable(Protocol):
+    """What the loops need of a lock: blocking ``acquire()`` and ``release()``."""
+
+    def acquire(self) -> object: ...
+
+    def release(self) -> object: ...
+
+
+def section_loop(
+    lock: Acquirable,
+    fd: int,
+    worker: int,
+    barrier: Any,
+    duration: float,
+    max_ops: int,
+    pause: float = 0.0,
+) -> list[Record]:
+    """Once all workers are at ``barrier``: acquire, read-modify-write the counter file
+    ``fd``, release; until ``duration`` seconds or ``max_ops`` sections have passed."""
+    records: list[Record] = []
+    barrier.wait(BARRIER_WAIT)
+    end = time.monotonic() + duration
+    while len(records) < max_ops and time.monotonic() < end:
+        t_req = time.monotonic()
+        lock.acquire()
+        t_acq = time.monotonic()
+        read_modify_write(fd, pause)
+        t_rel = time.monotonic()
+        lock.release()
+        records.append((worker, t_req, t_acq, t_rel))
+    return records
+
+
+def handoff_loop(
+    lock: Acquirable,
+    fd: int,
+    worker: int,
+    barrier: Any,
+    seq: Any,
+    duration: float,
+    max_ops: int,
+    hold: float,
+) -> list[Record]:
+    """Two workers ping-pong one key. After releasing, a worker waits until the other one has
+    acquired (``seq``, a shared counter, moves on) before it competes again, so every hand-off
+    goes to a waiter that was already blocked (a poller cannot be overtaken by the releaser
+    coming straight back)."""
+    records: list[Record] = []
+    barrier.wait(BARRIER_WAIT)
+    end = time.monotonic() + duration
+    while len(records) < max_ops:
+        t_req = time.monotonic()
+        lock.acquire()
+        t_acq = time.monotonic()
+        seq.value += 1
+        mine = seq.value
+        time.sleep(hold)  # the other one is blocked in acquire() by now
+        read_modify_write(fd)
+        t_rel = time.monotonic()
+        lock.release()
+        records.append((worker, t_req, t_acq, t_rel))
+        if time.monotonic() >= end:
+            break
+        give_up = time.monotonic() + 30
+        while seq.value == mine and time.monotonic() < give_up:
+            time.sleep(0.0002)
+        if seq.value == mine:
+            break
+    return records
 
 
 # -- worker processes (module level: started with "spawn") ----------------------------------
@@ -112,16 +213,7 @@ def _section_worker(
         try:
             with connect(url, table=table) as client:
                 lock = client.lock(key, ttl=60)
-                barrier.wait(120)
-                end = time.monotonic() + duration
-                while len(records) < max_ops and time.monotonic() < end:
-                    t_req = time.monotonic()
-                    lock.acquire()
-                    t_acq = time.monotonic()
-                    _rmw(fd)
-                    t_rel = time.monotonic()
-                    lock.release()
-                    records.append((worker, t_req, t_acq, t_rel))
+                records = section_loop(lock, fd, worker, barrier, duration, max_ops)
         finally:
             os.close(fd)
     except Exception as exc:  # noqa: BLE001 - reported to the parent, which decides
@@ -141,8 +233,6 @@ def _handoff_worker(
     hold: float,
     results: Any,
 ) -> None:
-    """Two of these ping-pong one key; after releasing, a worker waits until the other one has
-    acquired, so every hand-off goes to a waiter that was already blocked."""
     records: list[Record] = []
     error = None
     try:
@@ -150,31 +240,18 @@ def _handoff_worker(
         try:
             with connect(url, table=table) as client:
                 lock = client.lock(key, ttl=60)
-                barrier.wait(120)
-                end = time.monotonic() + duration
-                while len(records) < 100_000:
-                    t_req = time.monotonic()
-                    lock.acquire()
-                    t_acq = time.monotonic()
-                    seq.value += 1
-                    mine = seq.value
-                    time.sleep(hold)
-                    _rmw(fd)
-                    t_rel = time.monotonic()
-                    lock.release()
-                    records.append((worker, t_req, t_acq, t_rel))
-                    if time.monotonic() >= end:
-                        break
-                    give_up = time.monotonic() + 30
-                    while seq.value == mine and time.monotonic() < give_up:
-                        time.sleep(0.0002)
-                    if seq.value == mine:
-                        break
+                records = handoff_loop(lock, fd, worker, barrier, seq, duration, 100_000, hold)
         finally:
             os.close(fd)
     except Exception as exc:  # noqa: BLE001 - reported to the parent
         error = f"{type(exc).__name__}: {exc}"
     results.put((worker, records, error))
+
+
+def _new_counter_in(directory: str) -> str:
+    path = os.path.join(directory, f"counter-{uuid.uuid4().hex[:8]}")
+    new_counter(path)
+    return path
 
 
 class _Failed(Exception):
@@ -255,27 +332,15 @@ def _contended(
     tick: Callable[[], None],
 ) -> dict[str, Any]:
     ctx = mp.get_context("spawn")
-    counter = _new_counter(tmp)
+    counter = _new_counter_in(tmp)
     key = f"dblock-bench:{uuid.uuid4().hex[:12]}"
     barrier = ctx.Barrier(workers)
     argsets = [(url, table, key, w, counter, barrier, seconds, max_ops) for w in range(workers)]
     records = _run_workers(_section_worker, argsets, ctx.Queue(), seconds + 180, tick)
-    lost, overlaps = _exclusion(records, _read_counter(counter))
-    first = min(r[2] for r in records)
-    last = max(r[3] for r in records)
-    throughput = len(records) / max(last - first, 1e-9)
-    waits = [r[2] - r[1] for r in records]
-    per_worker = [sum(1 for r in records if r[0] == w) for w in range(workers)]
-    ideal = (workers - 1) / throughput
-    p99 = _percentile(waits, 99)
+    lost, overlaps = exclusion(records, read_counter(counter))
     return {
         "sections": len(records),
-        "throughput": throughput,
-        "wait_p50_ms": _percentile(waits, 50) * 1000,
-        "wait_p99_ms": p99 * 1000,
-        "ideal_wait_ms": ideal * 1000,
-        "p99_over_ideal": p99 / ideal,
-        "fairness": min(per_worker) / max(per_worker) if max(per_worker) else 0.0,
+        **contended_stats(records, workers),
         "lost_updates": lost,
         "overlaps": overlaps,
     }
@@ -285,16 +350,16 @@ def _handoff(
     url: str | None, table: str, seconds: float, tmp: str, tick: Callable[[], None]
 ) -> list[float]:
     ctx = mp.get_context("spawn")
-    counter = _new_counter(tmp)
+    counter = _new_counter_in(tmp)
     key = f"dblock-bench:{uuid.uuid4().hex[:12]}"
     barrier = ctx.Barrier(2)
     seq = ctx.Value("q", 0, lock=False)
     argsets = [(url, table, key, w, counter, barrier, seq, seconds, 0.01) for w in range(2)]
     records = _run_workers(_handoff_worker, argsets, ctx.Queue(), seconds + 180, tick)
-    lost, overlaps = _exclusion(records, _read_counter(counter))
+    lost, overlaps = exclusion(records, read_counter(counter))
     if lost or overlaps:
         raise _Failed(f"mutual exclusion violated: {lost} lost updates, {overlaps} overlaps")
-    return _handoffs(records)[1:]  # the first sets up the waiter's wake-up channel
+    return handoffs(records)[1:]  # the first sets up the waiter's wake-up channel
 
 
 # -- command line ---------------------------------------------------------------------------
@@ -388,7 +453,7 @@ def _measure(args: argparse.Namespace, where: str, dialect: str) -> dict[str, An
             _uncontended(args.url, args.table, per_run, args.max_ops, tick) for _ in range(repeats)
         ]
         done()
-        result["uncontended"] = {"pairs_per_s": _median(rates), "runs": rates}
+        result["uncontended"] = {"pairs_per_s": median(rates), "runs": rates}
 
         tick, done = timed(f"(b) {args.workers} processes on one key")
         runs = [
@@ -397,7 +462,7 @@ def _measure(args: argparse.Namespace, where: str, dialect: str) -> dict[str, An
         ]
         done()
         summary = {
-            k: _median([r[k] for r in runs])
+            k: median([r[k] for r in runs])
             for k in runs[0]
             if k not in ("sections", "lost_updates", "overlaps")
         }
@@ -413,8 +478,8 @@ def _measure(args: argparse.Namespace, where: str, dialect: str) -> dict[str, An
             samples += _handoff(args.url, args.table, per_run, tmp, tick)
         done()
         result["handoff"] = {
-            "p50_ms": _percentile(samples, 50) * 1000,
-            "p99_ms": _percentile(samples, 99) * 1000,
+            "p50_ms": percentile(samples, 50) * 1000,
+            "p99_ms": percentile(samples, 99) * 1000,
             "samples": len(samples),
         }
     return result

@@ -13,6 +13,7 @@ import pytest
 from bench.contenders import Targets, select
 
 from bench import run, workload
+from dblock.bench import handoffs, percentile
 
 TINY = ["--duration", "0.3", "--repeats", "1", "--max-ops", "150", "--no-spinner"]
 
@@ -142,8 +143,8 @@ def test_check_exclusion_on_synthetic_records() -> None:
     assert verdict["overlaps"] == 1 and not verdict["exclusive"]
     lost = workload.check_exclusion(good, 2)
     assert lost["lost_updates"] == 1 and not lost["exclusive"]
-    assert workload.handoffs(good) == pytest.approx([0.1, 0.2])
-    assert workload.percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.0
+    assert handoffs(good) == pytest.approx([0.1, 0.2])
+    assert percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.0
 
 
 def test_threads_scenario_stays_within_the_pool(tmp_path: Path) -> None:

@@ -167,7 +167,7 @@ def test_bench_gets_its_arguments(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_bench_gets_the_table(monkeypatch: pytest.MonkeyPatch) -> None:
-    """`dblock bench --table T` used to be taken by dblock's own --table and dropped."""
+    """`dblock bench --table T` reaches the bench, not only dblock's own --table."""
     seen: list[list[str]] = []
 
     def fake_main(argv: list[str]) -> int:

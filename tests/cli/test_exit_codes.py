@@ -1,5 +1,5 @@
 """Every configuration mistake exits 2 with one line; 69 only for a database that cannot be
-reached (issue 29, point 14; API.md "Command line")."""
+reached (issue 29, point 14)."""
 
 from __future__ import annotations
 
@@ -88,5 +88,5 @@ def test_list_prefix_no_key_can_have_exits_2(
     tmp_path: Path, prefix: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     url = f"sqlite:///{tmp_path}/locks.sqlite3"
-    assert main(["--url", url, "list", "--prefix", prefix]) == 2  # found by test_fuzz_cli
+    assert main(["--url", url, "list", "--prefix", prefix]) == 2
     assert "--prefix" in capsys.readouterr().err

@@ -30,16 +30,6 @@ from dblock.cli import main
 from dblock.cli.supervisor import shortest_ttl
 from tests._servers import MYSQL_URL, POSTGRESQL_URL, drop_tables, raw_connect, reachable
 
-#: The colleague's points 5 and 10 (secret query parameters redacted everywhere a URL is shown;
-#: every URL parameter dblock reads validated) were fixed in parallel with this test, in
-#: dblock/_url.py and the backends. Until they are merged:
-#: - URLs with ``?password=`` / ``?sslpassword=`` are not generated (their value is shown
-#:   in "database unavailable: ..." messages);
-#: - SQLite's ``?timeout=nan|inf`` may still exit 69 (and ``-5``, ``1e300`` succeed) instead of 2.
-#: Set both to True after merging them.
-QUERY_SECRETS_REDACTED = True
-URL_PARAMETERS_VALIDATED = True
-
 DOCUMENTED = {0, 1, 2, 69, 70, 75, 126, 127}
 #: generous bound on one invocation: a hang, not a performance figure
 BUDGET = 60.0
@@ -96,7 +86,7 @@ def _number(draw: st.DrawFn, clean: bool) -> tuple[str, bool, bool]:
 
 
 def _key_valid(key: str) -> bool:
-    """A key as API.md allows it, that click also takes for an argument (not an option)."""
+    """A key as the library allows it, that click also takes for an argument (not an option)."""
     if not key or len(key) > 255 or "\x00" in key or key.startswith("-"):
         return False
     try:
@@ -112,7 +102,6 @@ def cases(  # noqa: PLR0912 - one grammar
 ) -> Case:
     case = Case()
     bad = False  # a mistake in what was given: exit 2
-    pending = False  # an input class of points 5/10 (see URL_PARAMETERS_VALIDATED)
     secret = draw(SECRET)
     # half the cases make no mistake, so that the commands' own paths run often too
     clean = draw(st.booleans())
@@ -136,15 +125,11 @@ def cases(  # noqa: PLR0912 - one grammar
         url = f"sqlite:///{db_file}?timeout={value}"
         connects_to = "sqlite"
         # refused by the commands that connect (`schema` only reads the URL's dialect)
-        if value == "abc":
-            param_bad = True
-        elif value in ("nan", "inf", "-5", "1e300"):
-            param_bad = URL_PARAMETERS_VALIDATED
-            pending = not URL_PARAMETERS_VALIDATED
+        param_bad = value in ("abc", "nan", "inf", "-5", "1e300")
     elif kind == "unreachable":
         scheme = draw(st.sampled_from(["postgresql", "mysql"]))
         url = f"{scheme}://dbuser:{secret}@127.0.0.1:1/db"
-        if QUERY_SECRETS_REDACTED and draw(st.booleans()):  # points 5/10: see above
+        if draw(st.booleans()):  # a secret in a query parameter is hidden too
             name = draw(st.sampled_from(["password", "sslpassword"]))
             url = f"postgresql://dbuser@127.0.0.1:1/db?{name}={secret}"
         case.secrets.append(secret)
@@ -280,8 +265,6 @@ def cases(  # noqa: PLR0912 - one grammar
     # -- what must happen ---------------------------------------------------------------
     if bad:  # every one of these is refused before connecting
         case.expect = {2}
-    elif pending:
-        case.expect = None
     elif connects and connects_to == "unreachable":
         case.expect = {69}
     elif connects and table == APP_TABLE:

@@ -32,12 +32,10 @@ waiters beyond that poll.
 from __future__ import annotations
 
 import hashlib
-import logging
 import threading
 import time
 from collections.abc import Callable
-from enum import Enum
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar
 
 from .. import _forksafe
 from .._timing import Backoff, head_backoff
@@ -65,14 +63,6 @@ T = TypeVar("T")
 def gate_sql(bell_param: str) -> str:
     """SQL for the name of the gate of the bell named by the parameter ``bell_param``."""
     return f"CONCAT(%({bell_param})s, '{GATE}')"
-
-
-class Outcome(Enum):
-    FAILED = "failed"  # Bells.release_holding: the release on the bell's connection failed
-
-
-FAILED = Outcome.FAILED
-log = logging.getLogger("dblock")
 
 
 class Bells:
@@ -196,14 +186,12 @@ class Bells:
             self.let_go(conn, bell.name if bell.has_bell else None)
 
     # -- holders ----------------------------------------------------------------------------
-    def release_holding(
-        self, key: str, owner: str, release: Callable[[Any], T]
-    ) -> T | Literal[Outcome.FAILED] | None:
+    def release_holding(self, key: str, owner: str, release: Callable[[Any], T]) -> T | None:
         """The hold (key, owner) is ending: ``release(conn)`` on its bell's connection, which
         must end the lease and let go of the bell (and so wake the next waiter) in one
-        transaction. Its result; None if the hold keeps no bell; ``FAILED`` if it raised (the
-        connection is closed then, which frees the bell and rolls back what it had not
-        committed)."""
+        transaction. Its result; None if the hold keeps no bell. What it raises propagates
+        after the connection is closed, which frees the bell and rolls back what it had not
+        committed."""
         with self._mutex:
             if self._pid != _forksafe.pid():
                 return None
@@ -214,13 +202,9 @@ class Bells:
         ident, _ = self.watchdog.watch(_STATEMENT_SLACK, lambda: self.abort(conn))
         try:
             result = release(conn)
-        except BaseException as exc:
+        except BaseException:
             self._close(conn)
-            if not isinstance(exc, Exception):
-                raise
-            # the caller ends the lease without the bell
-            log.debug("dblock: the hand-over on the bell's connection failed", exc_info=True)
-            return FAILED
+            raise
         finally:
             self.watchdog.done(ident)
         self.checkin(conn)

@@ -1,13 +1,11 @@
-"""Recognising dblock's own tables before anything is created, upgraded or used.
+"""Recognising dblock's own tables before anything is created or used.
 
 A table name is the user's to give, and it may name a table of the application. dblock
-recognises its own by their columns: every version of dblock created the lock table, its
-``_holders`` table and its ``_meta`` table (SQLite, MySQL) or ``_token_seq`` sequence
-(PostgreSQL) with at least the columns below. An object of one of those names that lacks them
-is someone else's: dblock refuses it (ConfigurationError) whatever ``create_schema`` says, and
-never creates, alters or writes anything beside it. A dblock table that only lacks columns a
-later version added is upgraded by ``connect(create_schema=True)`` (and the commands that
-write), never by ``create_schema=False`` (and the read-only commands).
+recognises its own by their columns: it creates the lock table, its ``_holders`` table and its
+``_meta`` table (SQLite, MySQL) or ``_token_seq`` sequence (PostgreSQL) with at least the
+columns below. An object of one of those names that lacks them is someone else's: dblock
+refuses it (ConfigurationError) whatever ``create_schema`` says, and never creates, alters or
+writes anything beside it.
 """
 
 from __future__ import annotations
@@ -17,7 +15,7 @@ from typing import Final
 
 from .._errors import ConfigurationError
 
-#: columns every dblock version gave the lock table
+#: columns the lock table has
 MAIN: Final = frozenset(
     {"lock_key", "kind", "owner", "token", "acquired_at", "expires_at", "state", "note"}
 )
@@ -72,18 +70,6 @@ def missing(table: str, safe_url: str, dialect: str) -> MissingTable:
     )
 
 
-def outdated(
-    table: str, safe_url: str, dialect: str, lacking: Collection[str]
-) -> ConfigurationError:
-    """The error for create_schema=False when the lock table is of an earlier dblock."""
-    return ConfigurationError(
-        f"the lock table {table} in {safe_url} is of an earlier dblock ({', '.join(lacking)}); "
-        "it is upgraded by connect(create_schema=True) and by the dblock commands that write "
-        f"(run, once, release, purge), or apply `dblock schema --dialect {dialect}`; read-only "
-        "commands never alter it"
-    )
-
-
 __all__ = [
     "HOLDERS",
     "MAIN",
@@ -91,6 +77,5 @@ __all__ = [
     "SEQUENCE",
     "MissingTable",
     "missing",
-    "outdated",
     "refuse_foreign",
 ]

@@ -1,6 +1,6 @@
 """What the SQL backends share: connection pool, retry policy, error wrapping.
 
-Retry policy (PITFALLS 6 and 10): a statement that fails because its pooled connection was
+Retry policy: a statement that fails because its pooled connection was
 dropped (server restart, ``pg_terminate_backend``, MariaDB ``KILL``) is run once more on a
 fresh connection (the idle pool is emptied too: a restart kills every pooled connection); a
 deadlock or serialization failure is retried a few times with backoff. Both are safe because

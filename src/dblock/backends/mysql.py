@@ -1,8 +1,8 @@
 """MySQL 8 and MariaDB backend (PyMySQL).
 
 The SQL is written for both; where they differ it says so. Time is ``UTC_TIMESTAMP(6)``
-(fixed for the duration of a statement, and free of the session time zone and its DST jumps:
-PITFALLS 14); columns are ``DATETIME(6)`` holding UTC.
+(fixed for the duration of a statement, and free of the session time zone and its DST
+jumps); columns are ``DATETIME(6)`` holding UTC.
 
 Acquire is one ``UPDATE`` (one round trip) in the common case: the key has a row, whose lease
 has expired, and no waiters queued for it lately. Only where that changed nothing is a second
@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import logging
 import socket
 import time
 from collections.abc import Iterator
@@ -40,18 +41,18 @@ from .._errors import ConfigurationError
 from .._types import Kind, LockInfo
 from .._url import MAX_URL_TIMEOUT, DatabaseURL, url_number
 from ._contract import FairQueue, OnceRecords, SchemaScript, SharedHolds, Subscription, Wakeups
-from ._doorbell import BELL_IDLE, FAILED, Bells, gate_sql
+from ._doorbell import BELL_IDLE, Bells, gate_sql
 from ._holders import HoldersMixin, Rows
 from ._names import aux_name, qualify
 from ._schema import HOLDERS, MAIN, META, missing, refuse_foreign
-from ._schema import outdated as outdated_error
 from ._sql import MAINTENANCE_DEADLINE, Failure, Sleeper
 
 NOW = "UTC_TIMESTAMP(6)"
+log = logging.getLogger("dblock")
 # server gone away, lost connection, killed (MariaDB 1927), shutdown, idle disconnect
 # (MySQL 4031), commands out of sync after an interrupted read
 _DISCONNECT = {2006, 2013, 2055, 1927, 1053, 4031, 2014, 0}
-_TRANSIENT = {1213, 1205}  # deadlock, lock wait timeout (PITFALLS 6)
+_TRANSIENT = {1213, 1205}  # deadlock, lock wait timeout
 _HANDED = 5  # the statement of MysqlBackend._hand_over whose affected rows tell the outcome
 #: keys this client remembers having found busy (forgotten all at once beyond this many)
 _BUSY_KEYS = 1024
@@ -68,6 +69,42 @@ _INT_PARAMS = {"connect_timeout", "read_timeout", "write_timeout"}
 _STR_PARAMS = {"unix_socket", "ssl_ca", "ssl_cert", "ssl_key", "init_command"}
 
 
+def connection_kwargs(url: DatabaseURL, connect_timeout: int) -> dict[str, Any]:
+    """PyMySQL's arguments for ``url``: where and as whom to connect, utf8mb4, autocommit, and
+    the URL's parameters but ``init_command`` (timeouts in whole seconds, ``connect_timeout``
+    if the URL gives none). ConfigurationError for a parameter dblock does not accept."""
+    unknown = set(url.query) - _INT_PARAMS - _STR_PARAMS
+    if unknown:
+        raise ConfigurationError(
+            f"unknown MySQL URL parameter(s) {sorted(unknown)} in {url.safe!r}; supported: "
+            f"{', '.join(sorted(_INT_PARAMS | _STR_PARAMS))}"
+        )
+    kwargs: dict[str, Any] = {
+        "host": url.host or "localhost",
+        "port": url.port or 3306,
+        "user": url.user or "root",
+        "password": url.password or "",
+        "database": url.database or None,
+        "charset": "utf8mb4",
+        "autocommit": True,
+        "connect_timeout": connect_timeout,
+    }
+    for name in _INT_PARAMS & set(url.query):  # whole seconds, as PyMySQL takes them
+        kwargs[name] = int(
+            url_number(
+                url.query[name],
+                name,
+                0,
+                safe=url.safe,
+                minimum=1,
+                maximum=MAX_URL_TIMEOUT,
+                integer=True,
+            )
+        )
+    kwargs.update({k: v for k, v in url.query.items() if k in _STR_PARAMS - {"init_command"}})
+    return kwargs
+
+
 def _utc(value: datetime) -> datetime:
     return value.replace(tzinfo=timezone.utc)
 
@@ -80,8 +117,8 @@ class _Connection(pymysql.connections.Connection):  # type: ignore[misc]
     """A PyMySQL connection that shares the default TLS context of the process.
 
     PyMySQL 2 offers TLS on every connection ("preferred") and builds a new default context
-    for each, loading the system's CA certificates: about 45 ms a connection here, a hundred
-    times the rest of connecting. That context (no TLS options given) is built once and shared:
+    for each, loading the system's CA certificates, which costs far more than the rest of
+    connecting. That context (no TLS options given) is built once and shared:
     an SSLContext may serve many connections and threads. Contexts for explicit TLS options
     are built as PyMySQL builds them.
     """
@@ -138,39 +175,11 @@ class MysqlBackend(HoldersMixin[Any], FairQueue, SharedHolds, OnceRecords, Wakeu
 
     def __init__(self, url: DatabaseURL, schema: str | None, table: str) -> None:
         super().__init__(url, f"{schema}.{table}" if schema else table)
-        unknown = set(url.query) - _INT_PARAMS - _STR_PARAMS
-        if unknown:
-            raise ConfigurationError(
-                f"unknown MySQL URL parameter(s) {sorted(unknown)} in {url.safe!r}; supported: "
-                f"{', '.join(sorted(_INT_PARAMS | _STR_PARAMS))}"
-            )
-        kwargs: dict[str, Any] = {
-            "host": url.host or "localhost",
-            "port": url.port or 3306,
-            "user": url.user or "root",
-            "password": url.password or "",
-            "database": url.database or None,
-            "charset": "utf8mb4",
-            "autocommit": True,
-            "connect_timeout": 10,
-            # the hand-over release is one transaction sent as one packet (see _hand_over)
-            "client_flag": CLIENT.MULTI_RESULTS | CLIENT.MULTI_STATEMENTS,
-            # INSERT ... SELECT takes shared locks on what it reads only under REPEATABLE READ
-            "init_command": "SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ",
-        }
-        for name in _INT_PARAMS & set(url.query):  # whole seconds, as PyMySQL takes them
-            kwargs[name] = int(
-                url_number(
-                    url.query[name],
-                    name,
-                    0,
-                    safe=url.safe,
-                    minimum=1,
-                    maximum=MAX_URL_TIMEOUT,
-                    integer=True,
-                )
-            )
-        kwargs.update({k: v for k, v in url.query.items() if k in _STR_PARAMS - {"init_command"}})
+        kwargs = connection_kwargs(url, connect_timeout=10)
+        # the hand-over release is one transaction sent as one packet (see _hand_over)
+        kwargs["client_flag"] = CLIENT.MULTI_RESULTS | CLIENT.MULTI_STATEMENTS
+        # INSERT ... SELECT takes shared locks on what it reads only under REPEATABLE READ
+        kwargs["init_command"] = "SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ"
         #: the URL's init_command: run before dblock's own (see _Connection.connect)
         self._user_init = url.query.get("init_command") or None
         # PyMySQL reads the server's greeting with read_timeout: unset, a server that accepts
@@ -267,13 +276,13 @@ class MysqlBackend(HoldersMixin[Any], FairQueue, SharedHolds, OnceRecords, Wakeu
         ours = f"{row}owner = VALUES(owner)"
 
         # MySQL parses and plans every statement anew (PyMySQL has no server-side prepared
-        # statements), so what a statement costs grows with its text: a subquery on the queue
-        # made an uncontended acquire 0.8x the hand-written floor even where it was never run.
-        # So acquiring tries a plain UPDATE first, which serves the common case (the key has a
-        # row, and no waiters in the last seconds), and only where it changed nothing a second
-        # statement that covers the rest. Waiters keep `queued_until` of the key's row later
-        # than their queue entries' leases (see enqueue): before it, a newcomer must look
-        # into the queue, which only the second statement does.
+        # statements), so what a statement costs grows with its text, even the parts it never
+        # runs, such as a subquery on the queue. So acquiring tries a plain UPDATE first, which
+        # serves the common case (the key has a row, and no waiters in the last seconds), and
+        # only where it changed nothing a second statement that covers the rest. Waiters keep
+        # `queued_until` of the key's row later than their queue entries' leases (see
+        # enqueue): before it, a newcomer must look into the queue, which only the second
+        # statement does.
         # key ttl_us -> marks the key's queue busy at least ttl_us (plus a second) from now.
         # It writes (a row lock and a durable commit on the lock's own row, in the way of a
         # hand-over) only when the mark would end sooner, and then sets it twice as far.
@@ -542,49 +551,6 @@ class MysqlBackend(HoldersMixin[Any], FairQueue, SharedHolds, OnceRecords, Wakeu
         return "\n".join(parts)
 
     def ensure_schema(self, create: bool) -> None:
-        # what tables of dblock 0.1.0.dev before them lack: the queue mark, the queue entry's
-        # lease for hand-overs (columns added), and keys that compare trailing spaces (the key
-        # columns once had a collation that pads)
-        added = (
-            (
-                self._names[0],
-                "queued_until",
-                f"ALTER TABLE {self._main} ADD COLUMN queued_until DATETIME(6)",
-            ),
-            (self._names[2], "lease", f"ALTER TABLE {self._holders} ADD COLUMN lease DOUBLE"),
-            (self._names[2], "bell", f"ALTER TABLE {self._holders} ADD COLUMN bell BIGINT"),
-        )
-        padded = {
-            name: f"ALTER TABLE {table} MODIFY lock_key {KEY_TYPE}"
-            for name, table in ((self._names[0], self._main), (self._names[2], self._holders))
-        }
-        wanted = " UNION ALL ".join(["SELECT %s AS name, %s AS col"] * len(added))
-        outdated_sql = (
-            f"SELECT t.name, t.col FROM ({wanted}) t "
-            "WHERE NOT EXISTS (SELECT 1 FROM information_schema.columns c WHERE "
-            "c.table_schema = COALESCE(%s, DATABASE()) AND c.table_name = t.name AND "
-            "c.column_name = t.col) "
-            "UNION ALL SELECT table_name, NULL FROM information_schema.columns WHERE "
-            "table_schema = COALESCE(%s, DATABASE()) AND table_name IN (%s, %s) AND "
-            "column_name = 'lock_key' AND collation_name NOT IN (%s, %s)"
-        )
-        outdated_args = (
-            *[x for name, col, _ in added for x in (name, col)],
-            self._schema,
-            self._schema,
-            *padded,
-            NOPAD_MARIADB,
-            NOPAD_MYSQL,
-        )
-
-        def outdated(cur: Any, mysql8: bool) -> list[str]:
-            """The ALTER statements that bring the tables up to date."""
-            cur.execute(outdated_sql, outdated_args)
-            found = {(row[0], row[1]) for row in cur.fetchall()}
-            alters = [alter for name, col, alter in added if (name, col) in found]
-            alters += [alter for name, alter in padded.items() if (name, None) in found]
-            return [_for_server(alter, mysql8) for alter in alters]
-
         required = dict(zip(self._names, (MAIN, META, HOLDERS), strict=True))
 
         def op(conn: Any) -> None:
@@ -607,21 +573,13 @@ class MysqlBackend(HoldersMixin[Any], FairQueue, SharedHolds, OnceRecords, Wakeu
                     found.setdefault(ours[name.lower()], set()).update([column] if column else [])
                 refuse_foreign(self.table, self.safe_url, found, required)
                 if len(found) == len(self._names):
-                    alters = outdated(cur, mysql8)
-                    if not alters:
-                        return
-                    if not create:
-                        lacking = [a.split(" ", 2)[2] for a in alters]  # "ALTER TABLE x ..."
-                        raise outdated_error(self.table, self.safe_url, self.dialect, lacking)
-                elif not create:
+                    return
+                if not create:
                     raise missing(self.table, self.safe_url, self.dialect)
                 cur.execute("SELECT GET_LOCK(%s, 60)", (self._ddl_lock,))
                 try:
                     for statement in self._ddl:
                         cur.execute(_for_server(statement, mysql8))
-                    # looked at again under the lock: another process may have done them
-                    for alter in outdated(cur, mysql8):
-                        cur.execute(alter)
                 finally:
                     cur.execute("SELECT RELEASE_LOCK(%s)", (self._ddl_lock,))
 
@@ -802,14 +760,18 @@ class MysqlBackend(HoldersMixin[Any], FairQueue, SharedHolds, OnceRecords, Wakeu
         behind it) hands the lock to the waiter the bell wakes, on the bell's connection,
         which lets go of the bell inside that transaction (see _build_hand_over)."""
         params: dict[str, Any] = {"key": key, "owner": owner, "token": token}
-        handed = self._bells.release_holding(
-            key, owner, lambda conn: self._hand_over_on(conn, params)
-        )
-        if handed is None or handed is FAILED:
-            # no bell; or the hand-over failed, which closed its connection (rolling back what
-            # it had not committed, and freeing the bell): the plain release, which first
-            # checks whether the hand-over committed
-            return self._release_lease(params, after_failure=handed is FAILED)
+        try:
+            handed = self._bells.release_holding(
+                key, owner, lambda conn: self._hand_over_on(conn, params)
+            )
+        except Exception:
+            # the hand-over failed, which closed its connection (rolling back what it had not
+            # committed, and freeing the bell): the plain release, which first checks whether
+            # the hand-over committed
+            log.debug("dblock: the hand-over on the bell's connection failed", exc_info=True)
+            return self._release_lease(params, after_failure=True)
+        if handed is None:  # no bell
+            return self._release_lease(params)
         return bool(handed)
 
     def _release_lease(

@@ -51,13 +51,13 @@ from ._contract import (
 )
 from ._holders import HoldersMixin, Rows
 from ._names import aux_name, qualify
-from ._schema import HOLDERS, MAIN, SEQUENCE, missing, outdated, refuse_foreign
+from ._schema import HOLDERS, MAIN, SEQUENCE, missing, refuse_foreign
 from ._sql import MAINTENANCE_DEADLINE, Failure
 
 log = logging.getLogger("dblock")
 
 NOW = "statement_timestamp()"
-_TRANSIENT = {"40001", "40P01"}  # serialization failure, deadlock detected (PITFALLS 6)
+_TRANSIENT = {"40001", "40P01"}  # serialization failure, deadlock detected
 
 
 #: SQL that commits the statement's transaction without waiting for its WAL to reach disk.
@@ -130,8 +130,7 @@ class PostgresBackend(
         # durable commits for whatever issues a token; and plain index scans, which mark the
         # dead index entries they meet (a bitmap scan does not), so that the queue entries a
         # busy key churns through cost a scan nothing once it has seen them, vacuum or not
-        # (without it each queue scan of a key that had been busy a while walked every entry
-        # it ever had: 14,000 of them, ~1.2 ms, after a few seconds at 8 processes)
+        # (see docs/how-it-works.md)
         pinned = "-c synchronous_commit=on -c enable_bitmapscan=off"
         self._options["options"] = f"{url.query.get('options', '')} {pinned}".strip()
         try:  # libpq's names for parameters, checked without connecting
@@ -377,13 +376,6 @@ class PostgresBackend(
             "LEFT JOIN pg_attribute a ON a.attrelid = n.oid AND a.attnum > 0 "
             "AND NOT a.attisdropped WHERE n.oid IS NOT NULL"
         )
-        # the hand-over's columns, absent from tables of dblock 0.1.0.dev before it: part of
-        # the DDL, so that applying `dblock schema` upgrades such tables too
-        self._ddl += [
-            f"ALTER TABLE {holders} ADD COLUMN IF NOT EXISTS lease double precision",
-            f"ALTER TABLE {holders} ADD COLUMN IF NOT EXISTS channel varchar(63)",
-            f"ALTER TABLE {t} ADD COLUMN IF NOT EXISTS joins bigint NOT NULL DEFAULT 0",
-        ]
         self._names = {"t": t, "s": seq, "h": holders}
         digest = hashlib.sha1(t.encode(), usedforsecurity=False).digest()
         self._ddl_lock_id = int.from_bytes(digest[:8], "big", signed=True)
@@ -432,8 +424,8 @@ class PostgresBackend(
         head is locked with SKIP LOCKED: a waiter that is leaving the queue (or refreshing its
         entry) just now is passed over, not granted.
         The row remembers the token that handed it over (``note``), for a retried release.
-        Without a waiter that takes hand-overs (an entry without a lease, made by an older
-        dblock) it is freed, and the head, or for a write lock everyone, is rung instead
+        Without a waiter that takes hand-overs (an entry without a lease: its client hears no
+        releases) it is freed, and the head, or for a write lock everyone, is rung instead
         (``<owner> <key>``).
 
         A waiter that joins the queue while the lock is released would be missed by both: the
@@ -523,8 +515,6 @@ class PostgresBackend(
 
     def ensure_schema(self, create: bool) -> None:
         required = {"t": MAIN, "s": SEQUENCE, "h": HOLDERS}
-        # what tables of dblock 0.1.0.dev before them lack
-        added = {("h", "lease"), ("h", "channel"), ("t", "joins")}
 
         def op(conn: psycopg.Connection[Any]) -> None:
             found: dict[str, set[str]] = {}
@@ -536,13 +526,10 @@ class PostgresBackend(
                 {self._names[k]: v for k, v in found.items()},
                 {self._names[k]: v for k, v in required.items()},
             )
-            lacking = sorted(f"{self._names[k]}.{c}" for k, c in added if c not in found.get(k, ()))
-            if len(found) == len(required) and not lacking:
+            if len(found) == len(required):
                 return
             if not create:
-                if len(found) < len(required):
-                    raise missing(self.table, self.safe_url, self.dialect)
-                raise outdated(self.table, self.safe_url, self.dialect, lacking)
+                raise missing(self.table, self.safe_url, self.dialect)
             # CREATE ... IF NOT EXISTS races on the catalog when many processes start at
             # once; a transaction-scoped advisory lock serialises them.
             with conn.transaction():

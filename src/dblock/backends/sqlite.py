@@ -41,7 +41,6 @@ MAX_BUSY_TIMEOUT = 3600.0
 #: the files SQLite keeps beside a database (they take the database file's mode)
 _COMPANIONS = ("", "-wal", "-shm", "-journal")
 NOW = "((julianday('now') - 2440587.5) * 86400.0)"
-_BUSY_CODES = {"SQLITE_BUSY", "SQLITE_LOCKED"}
 
 
 class _ChangeWatch(Subscription):
@@ -592,7 +591,8 @@ def _private_file(path: Path) -> None:
     Anyone who can read the file reads every key, owner and note; anyone who can open it can
     block every client by holding SQLite's locks. A directory owned by another user, or that
     others may write to (they could swap the file), is refused; a file SQLite keeps there that
-    is not ours is refused too. Ours with looser modes (made by an older dblock) are tightened.
+    is not ours is refused too. Ours with looser modes (a directory made by hand under the umask's
+    0755, say) are tightened.
     """
     directory = path.parent
     # each missing directory 0700, the XDG state home too (os.makedirs would give the ones

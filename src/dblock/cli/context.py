@@ -168,7 +168,7 @@ AGE = Seconds(allow_zero=True, maximum=100 * 365.25 * 86400)
 
 
 def validate_key(ctx: click.Context, param: click.Parameter, value: str) -> str:
-    """Click callback: a lock key as API.md allows it."""
+    """Click callback: a lock key as the library allows it (see check_key)."""
     try:
         return check_key(value)
     except (TypeError, ValueError) as exc:
@@ -219,7 +219,7 @@ def misconfigured(exc: dblock.ConfigurationError) -> CliError:
 
 
 def open_client(ctx: click.Context, *, close_on_exit: bool = True) -> dblock.Client:
-    """Connect as the options say, creating or upgrading the lock table if need be; exit 2 for
+    """Connect as the options say, creating the lock table if need be; exit 2 for
     a configuration mistake, 69 if the database cannot be reached."""
     settings = settings_of(ctx)
     url = settings.effective_url()
@@ -235,7 +235,7 @@ def open_client(ctx: click.Context, *, close_on_exit: bool = True) -> dblock.Cli
 
 
 def open_reader(ctx: click.Context) -> dblock.Client | None:
-    """Like open_client, for the commands that only look: they never create or upgrade
+    """Like open_client, for the commands that only look: they never create or alter
     anything. None when the lock table does not exist yet (nothing was ever held in it)."""
     from dblock.backends._schema import MissingTable
 

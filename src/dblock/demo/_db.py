@@ -15,8 +15,6 @@ WAREHOUSE = "WH1"
 PREFIX = "dblock_demo_"
 CONNECT_TIMEOUT = 5
 SQLITE_BUSY_TIMEOUT = 60.0
-_MYSQL_INT = {"connect_timeout", "read_timeout", "write_timeout"}
-_MYSQL_STR = {"unix_socket", "ssl_ca", "ssl_cert", "ssl_key", "init_command"}
 
 
 class DemoDB:
@@ -89,19 +87,11 @@ def _connect(url: DatabaseURL) -> Any:
         return psycopg.connect(url.raw, **options)
     import pymysql
 
-    kwargs: dict[str, Any] = {
-        "host": url.host or "localhost",
-        "port": url.port or 3306,
-        "user": url.user or "root",
-        "password": url.password or "",
-        "database": url.database or None,
-        "autocommit": True,
-        "connect_timeout": CONNECT_TIMEOUT,
-        "charset": "utf8mb4",
-    }
-    # the URL parameters dblock's MySQL backend accepts (it rejects the others)
-    kwargs.update({k: int(v) for k, v in url.query.items() if k in _MYSQL_INT})
-    kwargs.update({k: v for k, v in url.query.items() if k in _MYSQL_STR})
+    from ..backends.mysql import connection_kwargs
+
+    kwargs = connection_kwargs(url, CONNECT_TIMEOUT)
+    if "init_command" in url.query:
+        kwargs["init_command"] = url.query["init_command"]
     return pymysql.connect(**kwargs)
 
 

@@ -42,7 +42,6 @@ STRATEGIES: tuple[Strategy, ...] = (
     Strategy(6, "dblock", "dblock lock", correct=True),
     Strategy(7, "advisory", "advisory lock", correct=True),
 )
-BY_NUMBER = {s.number: s for s in STRATEGIES}
 
 
 def parse_strategies(text: str) -> list[Strategy]:
