@@ -155,3 +155,14 @@ def test_every_store_implements_the_contract_and_declares_what_it_has(scheme: st
     assert not getattr(cls, "__abstractmethods__", None), "every declared operation exists"
     declared = [c for c in CAPABILITIES if issubclass(cls, c)]
     assert declared, f"{class_name} declares no capability at all"
+
+
+def test_the_cli_imports_only_the_public_api_and_its_own_modules() -> None:
+    modules = _modules()
+    allowed = {"dblock", "dblock.tools"}
+    for name, path in modules.items():
+        if not name.startswith("dblock.cli"):
+            continue
+        used = {i for i in _imports(name, path, modules) if i.split(".")[0] == "dblock"}
+        stray = {i for i in used if i not in allowed and not i.startswith("dblock.cli")}
+        assert not stray, f"{name} imports {sorted(stray)}"

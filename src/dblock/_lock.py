@@ -138,10 +138,12 @@ class Lock:
             return hold.owner
         return self._core.identity() + ":-"
 
-    def _lease_end(self) -> float | None:
+    @property
+    def lease_end(self) -> float | None:
         """The ``time.monotonic()`` moment from which the current hold's lease may have ended
-        (the statement that started it was sent no earlier than its ttl before); None when
-        nothing is held or the hold is known lost. ``dblock run`` stops CMD ahead of it."""
+        (the request that started or last renewed it was sent no earlier than its ttl before);
+        None when nothing is held or the hold is known lost. Work that must not outlive the
+        lease stops before it: ``dblock run`` stops its command ahead of it."""
         hold = self._current()
         if hold is None or hold.lost or not hold.ours():
             return None

@@ -5,8 +5,7 @@ from __future__ import annotations
 import click
 
 import dblock
-from dblock._url import parse_url
-from dblock.backends import schema_script
+from dblock.tools import parse_url, schema_script
 
 from . import exit_codes
 from .context import (

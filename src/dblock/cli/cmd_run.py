@@ -246,7 +246,7 @@ def _full_lease(lock: dblock.Lock) -> None:
     """Renew now if the lease left is short (a lock handed over by its releaser comes with
     what is left of the waiter's queue entry, at most 9 s): CMD would otherwise be stopped
     before its first renewal, the lease's end being nearer than the kill grace."""
-    end = lock._lease_end()
+    end = lock.lease_end
     if end is not None and end - time.monotonic() < lock.ttl * 2 / 3:
         lock.renew()
 
@@ -279,11 +279,11 @@ class _Guard:
     def __post_init__(self) -> None:
         self.margin = stop_margin(self.lock.ttl)
         #: the latest known moment from which the lease may have ended (time.monotonic())
-        self.end = self.lock._lease_end() or time.monotonic()
+        self.end = self.lock.lease_end or time.monotonic()
 
     def _current_end(self) -> float | None:
         """The lease's end as the lock knows it now; None once it is known to be lost."""
-        end = self.lock._lease_end()
+        end = self.lock.lease_end
         if end is None or self.lost.is_set():
             return None
         self.end = end

@@ -11,8 +11,18 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 
 import dblock
-from dblock._url import DatabaseURL, default_url, parse_url, redact, scrub
-from dblock._validate import MAX_TTL, check_key, check_seconds, check_table
+from dblock.tools import (
+    MAX_TTL,
+    DatabaseURL,
+    MissingTable,
+    check_key,
+    check_seconds,
+    check_table,
+    default_url,
+    parse_url,
+    redact,
+    scrub,
+)
 
 from . import exit_codes
 from .logs import enable_debug
@@ -237,8 +247,6 @@ def open_client(ctx: click.Context, *, close_on_exit: bool = True) -> dblock.Cli
 def open_reader(ctx: click.Context) -> dblock.Client | None:
     """Like open_client, for the commands that only look: they never create or alter
     anything. None when the lock table does not exist yet (nothing was ever held in it)."""
-    from dblock.backends._schema import MissingTable
-
     settings = settings_of(ctx)
     url = settings.effective_url()
     try:

@@ -1,0 +1,28 @@
+"""What dblock's own tools (the command line, the demo) use besides the API of ``dblock``:
+URL handling that never shows a secret, the validation the API applies to its arguments, the
+schema as a script, and the error for a lock table that does not exist yet.
+
+The tools import only ``dblock`` and this module, so the inside can change under them.
+"""
+
+from __future__ import annotations
+
+from ._url import DatabaseURL, default_url, parse_url, redact, scrub
+from ._validate import MAX_TTL, check_key, check_seconds, check_table
+from .backends import ddl_for, schema_script
+from .backends._schema import MissingTable
+
+__all__ = [
+    "MAX_TTL",
+    "DatabaseURL",
+    "MissingTable",
+    "check_key",
+    "check_seconds",
+    "check_table",
+    "ddl_for",
+    "default_url",
+    "parse_url",
+    "redact",
+    "schema_script",
+    "scrub",
+]
