@@ -42,10 +42,10 @@ from .._types import Kind, LockInfo
 from .._url import MAX_URL_TIMEOUT, DatabaseURL, url_number
 from ._contract import FairQueue, OnceRecords, SchemaScript, SharedHolds, Subscription, Wakeups
 from ._doorbell import BELL_IDLE, Bells, gate_sql
-from ._holders import HoldersMixin, Rows
-from ._names import aux_name, qualify
-from ._schema import HOLDERS, MAIN, META, missing, refuse_foreign
-from ._sql import MAINTENANCE_DEADLINE, Failure, Sleeper
+from .sql.base import MAINTENANCE_DEADLINE, Failure, Sleeper
+from .sql.holders import HoldersMixin, Rows
+from .sql.names import aux_name, qualify
+from .sql.schema import HOLDERS, MAIN, META, missing, refuse_foreign
 
 NOW = "UTC_TIMESTAMP(6)"
 log = logging.getLogger("dblock")
@@ -245,7 +245,7 @@ class MysqlBackend(HoldersMixin[Any], FairQueue, SharedHolds, OnceRecords, Wakeu
             "    PRIMARY KEY (lock_key, holder)\n"
             ") ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin",
         ]
-        # dialect pieces for the multi-holder operations (see _holders.py)
+        # dialect pieces for the multi-holder operations (see sql/holders.py)
         self._main, self._holders, self._now = t, holders, NOW
         self._ensure_parent = (
             f"INSERT INTO {t} (lock_key, kind, owner, token, acquired_at, expires_at)\n"

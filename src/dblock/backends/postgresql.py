@@ -49,10 +49,10 @@ from ._contract import (
     Subscription,
     Wakeups,
 )
-from ._holders import HoldersMixin, Rows
-from ._names import aux_name, qualify
-from ._schema import HOLDERS, MAIN, SEQUENCE, missing, refuse_foreign
-from ._sql import MAINTENANCE_DEADLINE, Failure
+from .sql.base import MAINTENANCE_DEADLINE, Failure
+from .sql.holders import HoldersMixin, Rows
+from .sql.names import aux_name, qualify
+from .sql.schema import HOLDERS, MAIN, SEQUENCE, missing, refuse_foreign
 
 log = logging.getLogger("dblock")
 
@@ -167,7 +167,7 @@ class PostgresBackend(
             "    PRIMARY KEY (lock_key, holder)\n"
             ")",
         ]
-        # dialect pieces for the multi-holder operations (see _holders.py)
+        # dialect pieces for the multi-holder operations (see sql/holders.py)
         self._main, self._holders, self._now, self._seq = t, holders, NOW, seq
         self._ensure_parent = (
             f"INSERT INTO {t} (lock_key, kind, owner, token, acquired_at, expires_at)\n"

@@ -30,10 +30,10 @@ from .._timing import DeadlinePassed, bounded_wait
 from .._types import Kind, LockInfo
 from .._url import DatabaseURL, url_number
 from ._contract import FairQueue, OnceRecords, SchemaScript, SharedHolds, Subscription, Wakeups
-from ._holders import HoldersMixin, Rows
-from ._names import aux_name, qualify
-from ._schema import HOLDERS, MAIN, META, missing, refuse_foreign
-from ._sql import MAINTENANCE_DEADLINE, Failure, Sleeper
+from .sql.base import MAINTENANCE_DEADLINE, Failure, Sleeper
+from .sql.holders import HoldersMixin, Rows
+from .sql.names import aux_name, qualify
+from .sql.schema import HOLDERS, MAIN, META, missing, refuse_foreign
 
 MIN_VERSION = (3, 35, 0)
 #: the longest busy timeout a URL may ask for (``?timeout=``), seconds
@@ -172,7 +172,7 @@ class SqliteBackend(
             "    PRIMARY KEY (lock_key, holder)\n"
             ") WITHOUT ROWID",
         ]
-        # dialect pieces for the multi-holder operations (see _holders.py)
+        # dialect pieces for the multi-holder operations (see sql/holders.py)
         self._ensure_parent = (
             f"INSERT INTO {t} (lock_key, kind, owner, token, acquired_at, expires_at)\n"
             f"SELECT %(key)s, 'lock', NULL, hwm + 1, {NOW}, {NOW} FROM {meta} WHERE id = 1\n"

@@ -237,7 +237,7 @@ def open_client(ctx: click.Context, *, close_on_exit: bool = True) -> dblock.Cli
 def open_reader(ctx: click.Context) -> dblock.Client | None:
     """Like open_client, for the commands that only look: they never create or alter
     anything. None when the lock table does not exist yet (nothing was ever held in it)."""
-    from dblock.backends._schema import MissingTable
+    from dblock.backends.sql.schema import MissingTable
 
     settings = settings_of(ctx)
     url = settings.effective_url()

@@ -28,7 +28,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, Generic, TypeVar
 
-from ._sql import SqlBackend
+from .base import SqlBackend
 
 C = TypeVar("C")
 _NAMED = re.compile(r"%\((\w+)\)s")
