@@ -120,7 +120,7 @@ def create_tables(url: str, resource: str, audit: str, keys: int) -> None:
 
 def drop_tables(url: str, names: list[str]) -> None:
     """Drop tables, and for a dblock lock table what lives beside it."""
-    from dblock.backends._names import aux_name
+    from dblock.backends.sql.names import aux_name
 
     d = dialect_of(url)
     conn = connect(url, autocommit=True)

@@ -112,8 +112,8 @@ class DblockStatementsByHand:
         backend: Any = self.client._store
         self.conn = backend._checkout()
         self.cur = self.conn.cursor()
-        self.acquire_sqls: tuple[str, ...] = backend._acquire_newcomer
-        self.release_sql: str = backend._release_plain
+        self.acquire_sqls: tuple[str, ...] = backend.sql.acquire_as_newcomer
+        self.release_sql: str = backend.sql.release
         owner = f"by-hand:{uuid.uuid4().hex}"
         self.params = {"key": key, "kind": "lock", "owner": owner, "ttl_us": 60_000_000}
         self.token = 0

@@ -73,8 +73,8 @@ def require_server(name: str, url: str) -> None:
 
 
 def drop_tables(url: str, table: str) -> None:
-    """Drop the lock table and what lives beside it (names as in dblock.backends._names)."""
-    from dblock.backends._names import aux_name
+    """Drop the lock table and what lives beside it (names as in dblock.backends.sql.names)."""
+    from dblock.backends.sql.names import aux_name
 
     conn = raw_connect(url)
     try:

@@ -85,7 +85,7 @@ def _drop_fuzz_tables() -> Iterator[None]:
 
 def drop_all(url: str, name: str) -> None:
     """The lock table and everything dblock keeps beside it."""
-    from dblock.backends._names import aux_name
+    from dblock.backends.sql.names import aux_name
 
     drop_tables(url, name)
     with contextlib.closing(raw_connect(url)) as conn:

@@ -63,7 +63,7 @@ def test_a_queue_scan_walks_the_entries_a_busy_key_churned_through_once(pg_table
         index = f'"{pg_table}_holders_pkey"'
 
         first, *later = backend.run(
-            "probe", lambda conn: _entries_returned(conn, backend._probe_sql, params, index)
+            "probe", lambda conn: _entries_returned(conn, backend.sql.probe, params, index)
         )
         assert first >= 5000, "the first scan meets every dead entry"
         assert later == [0, 0], f"later scans walked the dead entries again: {first}, {later}"

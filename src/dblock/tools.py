@@ -10,7 +10,7 @@ from __future__ import annotations
 from ._url import DatabaseURL, default_url, parse_url, redact, scrub
 from ._validate import MAX_TTL, check_key, check_seconds, check_table
 from .backends import ddl_for, schema_script
-from .backends._schema import MissingTable
+from .backends.sql.schema import MissingTable
 
 __all__ = [
     "MAX_TTL",

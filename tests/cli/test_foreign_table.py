@@ -12,7 +12,7 @@ from urllib.parse import urlsplit
 import pytest
 
 import dblock
-from dblock.backends._names import aux_name
+from dblock.backends.sql.names import aux_name
 from dblock.cli import main
 from tests._servers import drop_tables, raw_connect
 

@@ -353,7 +353,7 @@ def test_a_waiter_frozen_at_the_bell_is_handed_the_lock_and_holds_up_the_rest_no
 def _queue(backend: MysqlBackend, key: str, owner: str, bell: int, ttl: float = 9.0) -> None:
     """A queue entry of ``owner`` that takes hand-overs at the bell on connection ``bell``."""
     params = {"key": key, "owner": owner, "kind": "lock", "ttl": ttl, "lease": 30, "bell": bell}
-    backend.run("queueing", lambda conn: backend._exec(conn, backend._enqueue_entry, params))
+    backend.run("queueing", lambda conn: backend._exec(conn, backend.sql.enqueue, params))
 
 
 def test_the_hand_over_goes_to_the_waiter_the_bell_wakes_not_the_queues_head(
@@ -382,7 +382,7 @@ def test_the_hand_over_goes_to_the_waiter_the_bell_wakes_not_the_queues_head(
             sleeper.start()
             until(lambda: bool(_in_get_lock(raw)), "b sleeps at the bell")
             params = {"key": key, "owner": "a", "token": held, "bell": bell}
-            counts = _batch(a_conn, backend._hand_over, params)
+            counts = _batch(a_conn, backend.sql.release_and_hand_over, params)
             assert counts[_HANDED] == 1
             sleeper.join(10)
             assert rang == [1], "the release let go of the bell"

@@ -12,7 +12,7 @@ import pytest
 
 import dblock
 from dblock._engine import QUEUE_TTL
-from dblock.backends._names import aux_name
+from dblock.backends.sql.names import aux_name
 from tests._servers import raw_connect
 from tests._waiting import until
 

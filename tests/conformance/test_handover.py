@@ -129,8 +129,10 @@ def test_a_retried_release_after_a_hand_over_counts_as_released(
     assert backend.release(key, "a", token)
     conn = raw_connect(POSTGRESQL_URL)
     try:
-        row = conn.execute(backend._released_by, {"key": key, "token": token}).fetchone()
-        other = conn.execute(backend._released_by, {"key": key, "token": token + 1000}).fetchone()
+        row = conn.execute(backend.sql.released_by, {"key": key, "token": token}).fetchone()
+        other = conn.execute(
+            backend.sql.released_by, {"key": key, "token": token + 1000}
+        ).fetchone()
     finally:
         conn.close()
     assert row is not None and row[0], "the row shows a handed it over"
@@ -165,7 +167,7 @@ def test_a_join_while_the_lock_is_released_is_rung(
         # channel None: b has no listener of its own, so notices for it go on the table's
         params = {"key": key, "kind": "lock", "owner": "b", "ttl": 30, "qttl": QUEUE_TTL}
         params.update(channel=None)
-        row = joiner.execute(backend._acquire_or_enqueue, params).fetchone()
+        row = joiner.execute(backend.sql.acquire_or_enqueue, params).fetchone()
         assert row is not None and row[:2] == (None, False), "held: b joins the queue"
         # the release waits for the row b's join counted itself on
         assert _blocked(lambda: backend.release(key, "a", token), joiner.commit)
@@ -188,7 +190,7 @@ def test_a_join_that_waits_for_a_release_takes_the_lock(
     try:
         releaser.autocommit = False
         row = releaser.execute(
-            backend._release, {"key": key, "owner": "a", "token": token}
+            backend.sql.release_and_hand_over, {"key": key, "owner": "a", "token": token}
         ).fetchone()
         assert row is not None
         # b's join sees the lock held, and waits for the row to count itself on it
@@ -200,7 +202,7 @@ def test_a_join_that_waits_for_a_release_takes_the_lock(
     conn = raw_connect(POSTGRESQL_URL)
     try:
         entries = conn.execute(
-            f"SELECT count(*) FROM {backend._holders} WHERE lock_key = %s", (key,)
+            f"SELECT count(*) FROM {backend.sql.holders} WHERE lock_key = %s", (key,)
         ).fetchone()
     finally:
         conn.close()
@@ -268,7 +270,7 @@ def _joining(backend: PostgresBackend, key: str, waiter: str) -> Any:
     joiner = raw_connect(POSTGRESQL_URL)
     joiner.autocommit = False
     params = {"key": key, "owner": waiter, "kind": "lock", "ttl": QUEUE_TTL, "lease": 30}
-    joiner.execute(backend._enqueue, {**params, "channel": None})
+    joiner.execute(backend.sql.enqueue, {**params, "channel": None})
     return joiner
 
 

@@ -40,7 +40,7 @@ from typing import Any, TypeVar
 from .. import _forksafe
 from .._timing import Backoff, head_backoff
 from ._contract import Subscription
-from ._watchdog import Watchdog
+from .sql.watchdog import Watchdog
 
 #: the longest one GET_LOCK sleeps before its waiter polls the table once, seconds
 RING_WAIT = 2.0

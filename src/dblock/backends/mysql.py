@@ -25,7 +25,6 @@ cannot read a stale ``hwm`` while a purge is deleting that key.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import logging
 import socket
 import time
@@ -41,30 +40,23 @@ from .._errors import ConfigurationError
 from .._types import Kind, LockInfo
 from .._url import MAX_URL_TIMEOUT, DatabaseURL, url_number
 from ._contract import FairQueue, OnceRecords, SchemaScript, SharedHolds, Subscription, Wakeups
-from ._doorbell import BELL_IDLE, Bells, gate_sql
-from ._holders import HoldersMixin, Rows
-from ._names import aux_name, qualify
-from ._schema import HOLDERS, MAIN, META, missing, refuse_foreign
-from ._sql import MAINTENANCE_DEADLINE, Failure, Sleeper
+from ._doorbell import BELL_IDLE, Bells
+from .sql.base import MAINTENANCE_DEADLINE, Failure, Sleeper
+from .sql.holders import HoldersMixin, Rows
+from .sql.mysql import HANDED as _HANDED
+from .sql.mysql import NOPAD_MARIADB, NOPAD_MYSQL, MysqlStatements
+from .sql.schema import HOLDERS, MAIN, META, missing, refuse_foreign
 
-NOW = "UTC_TIMESTAMP(6)"
 log = logging.getLogger("dblock")
 # server gone away, lost connection, killed (MariaDB 1927), shutdown, idle disconnect
 # (MySQL 4031), commands out of sync after an interrupted read
 _DISCONNECT = {2006, 2013, 2055, 1927, 1053, 4031, 2014, 0}
 _TRANSIENT = {1213, 1205}  # deadlock, lock wait timeout
-_HANDED = 5  # the statement of MysqlBackend._hand_over whose affected rows tell the outcome
 #: keys this client remembers having found busy (forgotten all at once beyond this many)
 _BUSY_KEYS = 1024
 #: a queue mark seen this much longer than a new entry needs is left alone (clock drift,
 #: and the time between the look and the entry)
 _MARK_MARGIN = 1.0
-#: Keys compare character for character: 'a' and 'a ' are two keys. Under utf8mb4_bin (PAD
-#: SPACE) they compare equal and share one row; these collations do not pad. The DDL names
-#: MariaDB's; connecting to MySQL 8 swaps in its own.
-NOPAD_MARIADB, NOPAD_MYSQL = "utf8mb4_nopad_bin", "utf8mb4_0900_bin"
-KEY_TYPE = f"VARCHAR(255) CHARACTER SET utf8mb4 COLLATE {NOPAD_MARIADB} NOT NULL"
-KEY_NOTE = f"MySQL 8: {NOPAD_MYSQL}; utf8mb4_bin pads ('a' = 'a ')"
 _INT_PARAMS = {"connect_timeout", "read_timeout", "write_timeout"}
 _STR_PARAMS = {"unix_socket", "ssl_ca", "ssl_cert", "ssl_key", "init_command"}
 
@@ -172,6 +164,7 @@ class MysqlBackend(HoldersMixin[Any], FairQueue, SharedHolds, OnceRecords, Wakeu
     """Lock table in MySQL 8 or MariaDB 10.5+."""
 
     name = dialect = "mysql"
+    sql: MysqlStatements
 
     def __init__(self, url: DatabaseURL, schema: str | None, table: str) -> None:
         super().__init__(url, f"{schema}.{table}" if schema else table)
@@ -187,9 +180,8 @@ class MysqlBackend(HoldersMixin[Any], FairQueue, SharedHolds, OnceRecords, Wakeu
         kwargs.setdefault("read_timeout", kwargs["connect_timeout"])
         kwargs.setdefault("write_timeout", kwargs["connect_timeout"])
         self._kwargs = kwargs
-        self._build_statements(schema, table)
-        self._build_hand_over(self._main, self._holders)
-        self._look_sql = self._look_statement()
+        self.sql = MysqlStatements(schema, table)
+        self._schema = schema
         #: keys whose last try by this client found them busy -> until when (monotonic) their
         #: queue mark was last seen to hold (0: not seen)
         self._busy: dict[str, float] = {}
@@ -205,299 +197,8 @@ class MysqlBackend(HoldersMixin[Any], FairQueue, SharedHolds, OnceRecords, Wakeu
             abort=self._abort,
             max_poll=self.poll_cap,
             read_timeout=kwargs["read_timeout"],
-            granted=self._granted,
+            granted=self.sql.granted,
             limit=self.max_connections,
-        )
-
-    def _build_statements(self, schema: str | None, table: str) -> None:
-        """The SQL of every operation, with its parameters and what its result means."""
-        t = qualify(schema, table, "`")
-        meta = qualify(schema, aux_name(table, "_meta"), "`")
-        holders = qualify(schema, aux_name(table, "_holders"), "`")
-        self._ddl = [
-            f"CREATE TABLE IF NOT EXISTS {t} (\n"
-            f"    lock_key    {KEY_TYPE},  -- {KEY_NOTE}\n"
-            "    kind        VARCHAR(16) NOT NULL DEFAULT 'lock',\n"
-            "    owner       VARCHAR(255),\n"
-            "    token       BIGINT NOT NULL,\n"
-            "    acquired_at DATETIME(6) NOT NULL,  -- UTC\n"
-            "    expires_at  DATETIME(6) NOT NULL,  -- UTC\n"
-            "    state       VARCHAR(16),\n"
-            "    note        TEXT,\n"
-            "    queued_until DATETIME(6),  -- UTC; no live queue entry of the key outlives it\n"
-            "    PRIMARY KEY (lock_key)\n"
-            ") ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin",
-            f"CREATE TABLE IF NOT EXISTS {meta} (\n"
-            "    id  TINYINT NOT NULL PRIMARY KEY,\n"
-            "    hwm BIGINT NOT NULL  -- highest fencing token ever purged\n"
-            ") ENGINE=InnoDB",
-            f"INSERT IGNORE INTO {meta} (id, hwm) VALUES (1, 0)",
-            f"CREATE TABLE IF NOT EXISTS {holders} (\n"
-            f"    lock_key    {KEY_TYPE},  -- {KEY_NOTE}\n"
-            "    holder      VARCHAR(255) NOT NULL,  -- the owner of a hold or queue entry\n"
-            "    kind        VARCHAR(16) NOT NULL,\n"
-            "    waiting     SMALLINT NOT NULL DEFAULT 0,  -- 1: a queue entry, not a hold\n"
-            "    token       BIGINT NOT NULL,\n"
-            "    acquired_at DATETIME(6) NOT NULL,  -- UTC\n"
-            "    expires_at  DATETIME(6) NOT NULL,  -- UTC\n"
-            "    lease       DOUBLE,  -- a waiter's lease for a hand-over (NULL: none)\n"
-            "    bell        BIGINT,  -- the connection id of the waiter's doorbell\n"
-            "    PRIMARY KEY (lock_key, holder)\n"
-            ") ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin",
-        ]
-        # dialect pieces for the multi-holder operations (see _holders.py)
-        self._main, self._holders, self._now = t, holders, NOW
-        self._ensure_parent = (
-            f"INSERT INTO {t} (lock_key, kind, owner, token, acquired_at, expires_at)\n"
-            f"SELECT %(key)s, 'lock', NULL, m.hwm + 1, {NOW}, {NOW} FROM {meta} m WHERE m.id = 1\n"
-            "ON DUPLICATE KEY UPDATE lock_key = lock_key"
-        )
-        self._lock_parent = (
-            f"SELECT owner, owner IS NOT NULL AND expires_at > {NOW} FROM {t} "
-            "WHERE lock_key = %(key)s FOR UPDATE"
-        )
-        # `acquired_at` is assigned before `waiting`, which its condition reads
-        self._upsert_holder = (
-            f"INSERT INTO {holders} (lock_key, holder, kind, waiting, token, acquired_at,\n"
-            "    expires_at)\n"
-            "VALUES (%(key)s, %(owner)s, %(kind)s, %(waiting)s, %(token)s,\n"
-            f"    {NOW}, {NOW} + INTERVAL %(ttl_us)s MICROSECOND)\n"
-            "ON DUPLICATE KEY UPDATE kind = VALUES(kind), token = VALUES(token),\n"
-            "    expires_at = VALUES(expires_at),\n"
-            "    acquired_at = IF(waiting = 1 AND VALUES(waiting) = 1, acquired_at,\n"
-            "        VALUES(acquired_at)),\n"
-            "    waiting = VALUES(waiting)"
-        )
-        self._prefix_match = "LEFT(lock_key, %(n)s) = %(prefix)s"
-        # inside the parent-locking transaction, count with a locking read: it sees the latest
-        # committed rows whatever snapshot REPEATABLE READ would otherwise give
-        self._locking_read = " LOCK IN SHARE MODE"
-        row = f"{t}."  # MySQL has no alias for an INSERT target: qualify with the table itself
-        ours = f"{row}owner = VALUES(owner)"
-
-        # MySQL parses and plans every statement anew (PyMySQL has no server-side prepared
-        # statements), so what a statement costs grows with its text, even the parts it never
-        # runs, such as a subquery on the queue. So acquiring tries a plain UPDATE first, which
-        # serves the common case (the key has a row, and no waiters in the last seconds), and
-        # only where it changed nothing a second statement that covers the rest. Waiters keep
-        # `queued_until` of the key's row later than their queue entries' leases (see
-        # enqueue): before it, a newcomer must look into the queue, which only the second
-        # statement does.
-        # key ttl_us -> marks the key's queue busy at least ttl_us (plus a second) from now.
-        # It writes (a row lock and a durable commit on the lock's own row, in the way of a
-        # hand-over) only when the mark would end sooner, and then sets it twice as far.
-        soon = f"{NOW} + INTERVAL %(ttl_us)s MICROSECOND + INTERVAL 1 SECOND"
-        self._mark_queued = (
-            f"UPDATE {t} SET queued_until = {soon} + INTERVAL %(ttl_us)s MICROSECOND\n"
-            f"WHERE lock_key = %(key)s AND (queued_until IS NULL OR queued_until < {soon})"
-        )
-        # key -> (the lock is held, microseconds left of the queue mark); no row: free. A
-        # plain read, which waits for no row lock: a newcomer to a busy key asks it before it
-        # tries (see _take_as_newcomer)
-        self._busy_look = (
-            f"SELECT owner IS NOT NULL AND expires_at > {NOW}, "
-            f"TIMESTAMPDIFF(MICROSECOND, {NOW}, queued_until) FROM {t} WHERE lock_key = %(key)s"
-        )
-
-        def update_sql(fair: str = "") -> str:
-            """key kind owner ttl_us -> 1 row changed, with the new token as insert id
-            (``LAST_INSERT_ID(expr)``), if the key's row was taken; 0 if it is held, absent or
-            (with ``fair``) the key had waiters lately. A live row is taken only by its own
-            owner (an idempotent retry); a `once` record never by a lock."""
-            also = f" AND {fair}" if fair else ""
-            return (
-                f"UPDATE {t} SET owner = %(owner)s, token = LAST_INSERT_ID(token + 1),\n"
-                f"    kind = %(kind)s, acquired_at = {NOW}, note = NULL,\n"
-                f"    expires_at = {NOW} + INTERVAL %(ttl_us)s MICROSECOND\n"
-                f"WHERE lock_key = %(key)s AND ((expires_at <= {NOW} AND kind <> 'once'{also})\n"
-                "    OR owner = %(owner)s)"
-            )
-
-        def insert_sql(fair: str = "") -> str:
-            """key kind owner ttl_us -> 1 row inserted / 2 taken, with the token as insert id,
-            or 0. Without ``fair`` it inserts only: it follows an UPDATE that tested all else.
-            With it, it also takes the row if no live waiter is queued. In ON DUPLICATE KEY
-            UPDATE assignments run left to right on the updated row, so `owner` is assigned
-            first from the condition and every later one tests whether `owner` became ours.
-            VALUES() is deprecated in MySQL 8.0.20 for a row alias that MariaDB lacks; both
-            accept it. A new row's token reads `hwm` with a shared lock (a subquery of an
-            INSERT under REPEATABLE READ is a locking read), so it cannot read a stale `hwm`
-            while a purge is deleting the key. A key without a row has no queue (purge keeps
-            the row of a key with live queue entries)."""
-            values = (
-                f"INSERT INTO {t} (lock_key, kind, owner, token, acquired_at, expires_at)\n"
-                "VALUES (%(key)s, %(kind)s, %(owner)s,\n"
-                f"    LAST_INSERT_ID((SELECT hwm + 1 FROM {meta} WHERE id = 1)), {NOW},\n"
-                f"    {NOW} + INTERVAL %(ttl_us)s MICROSECOND)\n"
-            )
-            if not fair:
-                return values + "ON DUPLICATE KEY UPDATE lock_key = lock_key"
-            return values + (
-                "ON DUPLICATE KEY UPDATE\n"
-                f"    owner = IF(({row}expires_at <= {NOW} AND {row}kind <> 'once' AND {fair})\n"
-                f"        OR {ours}, VALUES(owner), {row}owner),\n"
-                f"    token = IF({ours}, LAST_INSERT_ID({row}token + 1), {row}token),\n"
-                f"    kind = IF({ours}, VALUES(kind), {row}kind),\n"
-                f"    acquired_at = IF({ours}, VALUES(acquired_at), {row}acquired_at),\n"
-                f"    note = IF({ours}, NULL, {row}note),\n"
-                f"    expires_at = IF({ours}, VALUES(expires_at), {row}expires_at)"
-            )
-
-        # the statements of an acquire, tried in turn until one takes the key
-        self._acquire = (update_sql(), insert_sql())
-        # a newcomer's acquire: the same, only when nobody waits in the key's queue
-        quiet = f"(queued_until IS NULL OR queued_until <= {NOW})"
-        self._acquire_newcomer = (update_sql(quiet), insert_sql(self._nobody_queued))
-        # key owner ttl_us note -> affected rows 1 / 2 with the token as insert id if the
-        # once-record was claimed (absent, failed, or processing with an expired lease), else 0.
-        # The claim condition tests four columns, so `owner` is assigned first and every later
-        # assignment tests whether `owner` became ours.
-        claim = (
-            f"({row}kind <> 'once' AND {row}expires_at <= {NOW}) OR ({row}kind = 'once' AND "
-            f"({row}state = 'failed' OR ({row}state = 'processing' AND {row}expires_at <= {NOW})))"
-            f" OR {row}owner = VALUES(owner)"
-        )
-        self._claim_once = (
-            f"INSERT INTO {t} (lock_key, kind, owner, token, acquired_at, expires_at, state,\n"
-            "    note)\n"
-            f"SELECT %s, 'once', %s, LAST_INSERT_ID(m.hwm + 1), {NOW},\n"
-            f"       {NOW} + INTERVAL %s MICROSECOND, 'processing', %s\n"
-            f"FROM {meta} m WHERE m.id = 1\n"
-            "ON DUPLICATE KEY UPDATE\n"
-            f"    owner = IF({claim}, VALUES(owner), {row}owner),\n"
-            f"    token = IF({ours}, LAST_INSERT_ID({row}token + 1), {row}token),\n"
-            f"    kind = IF({ours}, 'once', {row}kind),\n"
-            f"    acquired_at = IF({ours}, VALUES(acquired_at), {row}acquired_at),\n"
-            f"    state = IF({ours}, 'processing', {row}state),\n"
-            f"    note = IF({ours}, VALUES(note), {row}note),\n"
-            f"    expires_at = IF({ours}, VALUES(expires_at), {row}expires_at)"
-        )
-        self._once_state = f"SELECT kind, state, expires_at > {NOW} FROM {t} WHERE lock_key = %s"
-        mine = "lock_key = %(key)s AND owner = %(owner)s AND token = %(token)s"
-        # key owner token state -> 1 row if the outcome was recorded (and the hold ended)
-        self._finish_once = (
-            f"UPDATE {t} SET state = %(state)s, owner = NULL, expires_at = {NOW} "
-            f"WHERE {mine} AND kind = 'once'"
-        )
-        least = "acquired_at + INTERVAL %(least_us)s MICROSECOND"
-        # key owner token least -> 1 row if ended, or kept until `least` s after the
-        # start. `owner` is assigned before `expires_at`; neither condition reads either column.
-        self._finish_least = (
-            f"UPDATE {t} SET owner = IF({least} > {NOW}, owner, NULL), "
-            f"expires_at = GREATEST({least}, {NOW}) WHERE {mine}"
-        )
-        live = f"lock_key = %s AND owner = %s AND token = %s AND expires_at > {NOW}"
-        # ttl_us key owner token -> 1 row changed if the live hold was extended
-        self._renew = f"UPDATE {t} SET expires_at = {NOW} + INTERVAL %s MICROSECOND WHERE {live}"
-        cols = "lock_key, owner, token, acquired_at, expires_at, kind"
-        held = f"owner IS NOT NULL AND expires_at > {NOW}"
-        self._info = f"SELECT {cols} FROM {t} WHERE lock_key = %s AND {held}"
-        self._list = (
-            f"SELECT {cols} FROM {t} WHERE {held} AND LEFT(lock_key, %s) = %s ORDER BY lock_key"
-        )
-        self._list_all = f"SELECT {cols} FROM {t} WHERE {held} ORDER BY lock_key"
-        self._owner_token = f"SELECT owner, token, note FROM {t} WHERE lock_key = %(key)s"
-        self._force = (
-            f"UPDATE {t} SET owner = NULL, expires_at = {NOW} WHERE lock_key = %s AND {held}"
-        )
-        gone = (
-            f"expires_at <= {NOW} - INTERVAL %s MICROSECOND AND (kind <> 'once' OR "
-            f"(%s AND state IN ('succeeded', 'failed'))) AND {self._no_live_holders(t)}"
-        )
-        self._purge_max = f"SELECT COALESCE(MAX(token), 0) FROM {t} WHERE {gone}"
-        self._purge_hwm = f"UPDATE {meta} SET hwm = GREATEST(hwm, %s) WHERE id = 1"
-        self._purge = f"DELETE FROM {t} WHERE {gone} AND token <= %s"
-        self._schema = schema
-        # every table the schema has: a process that finds only some of them is looking at
-        # another process's creation halfway through, and must wait for it (GET_LOCK below)
-        self._names = (table, aux_name(table, "_meta"), aux_name(table, "_holders"))
-        digest = hashlib.sha1(t.encode(), usedforsecurity=False).hexdigest()[:16]
-        self._ddl_lock = f"dblock_ddl_{digest}"
-
-    def _build_hand_over(self, t: str, holders: str) -> None:
-        """The statements of the hand-over: a release that gives the lock to the waiter its
-        doorbell wakes, the queue entries that let it find that waiter, and what waiters read."""
-        # key owner kind ttl lease bell -> make or refresh a queue entry (a refresh keeps its
-        # place); a waiter with a ``lease`` (seconds) takes hand-overs, told by the doorbell it
-        # waits at on connection ``bell`` (its id)
-        self._enqueue_entry = (
-            f"INSERT INTO {holders} (lock_key, holder, kind, waiting, token, acquired_at,\n"
-            "    expires_at, lease, bell)\n"
-            f"VALUES (%(key)s, %(owner)s, %(kind)s, 1, 0, {NOW},\n"
-            f"    {NOW} + INTERVAL %(ttl_us)s MICROSECOND, %(lease)s, %(bell)s)\n"
-            "ON DUPLICATE KEY UPDATE kind = VALUES(kind), token = 0,\n"
-            "    expires_at = VALUES(expires_at), lease = VALUES(lease), bell = VALUES(bell),\n"
-            "    acquired_at = IF(waiting = 1, acquired_at, VALUES(acquired_at)), waiting = 1"
-        )
-        # key owner ttl bell -> one row if owner's live queue entry was still there (never made
-        # again: an entry a hand-over removed must stay gone)
-        self._requeue_entry = (
-            f"UPDATE {holders} SET expires_at = {NOW} + INTERVAL %(ttl_us)s MICROSECOND, "
-            "bell = COALESCE(%(bell)s, bell) "
-            f"WHERE lock_key = %(key)s AND holder = %(owner)s AND waiting = 1 "
-            f"AND expires_at > {NOW}"
-        )
-        live = (
-            f"lock_key = %(key)s AND owner = %(owner)s AND token = %(token)s AND expires_at > {NOW}"
-        )
-        # key owner token -> 1 row changed if the live hold was ended (freed, not handed over)
-        self._release_plain = f"UPDATE {t} SET owner = NULL, expires_at = {NOW} WHERE {live}"
-        # key owner token bell -> one transaction, sent as one packet, whose UPDATE (statement
-        # _HANDED) changes one row if the live hold was ended (handed over or freed). It locks
-        # the lock's row, takes the key's gate (see _doorbell.py), then lets go of the bell:
-        # the server gives the bell to the waiter that asked for it first, at once, and that
-        # waiter's pass through the gate waits for this commit to be on disk (InnoDB lets
-        # other sessions read a commit, and releases its row locks, before it writes the log:
-        # a hand-over read sooner could be undone by a server crash, and its token issued
-        # again); its wake-up overlaps the rest of the transaction. The lock goes to that
-        # waiter, found by its bell's connection id (IS_USED_LOCK; ids are compared in 32 bits,
-        # as the connection handshake gives them), if it has a live queue entry that takes
-        # hand-overs, and the gate was had: the next token, and a lease of its own, but no
-        # longer than its queue entry's (a waiter that died or froze holds it up no longer
-        # than its place in the queue would); its entry goes. `note` keeps the token that
-        # handed it over, for a retried release, and tells a waiter at the bell that the
-        # holder was handed the lock (so it waits for the bell). Otherwise the lock is freed.
-        # The SELECTs aggregate so that they always set their variables, even where no row
-        # matches. The gate is let go of after the COMMIT, which returns once on disk.
-        given = "@dblock_h IS NOT NULL"
-        gate = gate_sql("bell")
-        self._let_go_gate = f"DO RELEASE_LOCK({gate})"
-        self._hand_over = (
-            "START TRANSACTION;\n"
-            "SELECT COALESCE(MAX(IF(kind = 'lock', 2, 1)), 0) INTO @dblock_r\n"
-            f"FROM {t} WHERE {live} FOR UPDATE;\n"
-            f"SELECT GET_LOCK({gate}, 0) INTO @dblock_g;\n"
-            "DO RELEASE_LOCK(%(bell)s);\n"
-            "SELECT MAX(holder), MAX(LEAST("
-            f"{NOW} + INTERVAL ROUND(lease * 1000000) MICROSECOND, expires_at))\n"
-            f"INTO @dblock_h, @dblock_until FROM {holders} WHERE @dblock_r = 2 AND\n"
-            "    @dblock_g = 1 AND lock_key = %(key)s AND waiting = 1 AND kind = 'lock' AND\n"
-            f"    lease IS NOT NULL AND holder <> %(owner)s AND expires_at > {NOW} AND\n"
-            "    bell = IS_USED_LOCK(%(bell)s) & 4294967295 FOR UPDATE;\n"
-            f"UPDATE {t} SET owner = @dblock_h,\n"
-            f"    token = IF({given}, token + 1, token),\n"
-            f"    acquired_at = IF({given}, {NOW}, acquired_at),\n"
-            f"    expires_at = COALESCE(@dblock_until, {NOW}),\n"
-            f"    note = IF({given}, %(token)s, NULL)\n"
-            "WHERE @dblock_r > 0 AND lock_key = %(key)s;\n"
-            f"DELETE FROM {holders} WHERE lock_key = %(key)s AND holder = @dblock_h\n"
-            "    AND waiting = 1;\n"
-            "COMMIT;\n" + self._let_go_gate
-        )
-        # key owner -> the token of owner's live plain-lock hold (a waiter leaving the queue
-        # finds whether a release handed the lock to it)
-        self._handed_to = (
-            f"SELECT token FROM {t} WHERE lock_key = %(key)s AND owner = %(owner)s "
-            f"AND kind = 'lock' AND expires_at > {NOW}"
-        )
-        # key owner -> (1, token) if owner holds the lock, (0, handed) if another does: handed
-        # is 1 if a release handed it to that one; no row if it is free. A locking read: it
-        # waits for a release that is committing, and reads what it committed (a waiter asks
-        # it after the gate, which also waits for that commit to be on disk).
-        self._granted = (
-            f"SELECT owner = %(owner)s, IF(owner = %(owner)s, token, note IS NOT NULL) FROM {t} "
-            f"WHERE lock_key = %(key)s AND owner IS NOT NULL AND expires_at > {NOW} "
-            "LOCK IN SHARE MODE"
         )
 
     # -- connections ----------------------------------------------------------------------
@@ -536,13 +237,13 @@ class MysqlBackend(HoldersMixin[Any], FairQueue, SharedHolds, OnceRecords, Wakeu
 
     # -- schema ---------------------------------------------------------------------------
     def ddl(self) -> list[str]:
-        return list(self._ddl)
+        return list(self.sql.ddl)
 
     def script(self) -> str:
         """A statement with ``;`` inside (a trigger body) is wrapped in ``DELIMITER``, which
         the mariadb/mysql client understands."""
         parts = []
-        for raw in self._ddl:
+        for raw in self.sql.ddl:
             statement = raw.strip().rstrip(";").rstrip()
             if ";" in statement:
                 parts.append(f"DELIMITER //\n{statement} //\nDELIMITER ;\n")
@@ -551,43 +252,38 @@ class MysqlBackend(HoldersMixin[Any], FairQueue, SharedHolds, OnceRecords, Wakeu
         return "\n".join(parts)
 
     def ensure_schema(self, create: bool) -> None:
-        required = dict(zip(self._names, (MAIN, META, HOLDERS), strict=True))
+        required = dict(zip(self.sql.table_names, (MAIN, META, HOLDERS), strict=True))
 
         def op(conn: Any) -> None:
             with conn.cursor() as cur:
-                cur.execute(
-                    "SELECT t.table_name, c.column_name, VERSION() NOT LIKE '%%MariaDB%%' "
-                    "FROM information_schema.tables t LEFT JOIN information_schema.columns c "
-                    "ON c.table_schema = t.table_schema AND c.table_name = t.table_name "
-                    "WHERE t.table_schema = COALESCE(%s, DATABASE()) "
-                    "AND t.table_name IN (%s, %s, %s)",
-                    (self._schema, *self._names),
-                )
+                cur.execute(self.sql.find_tables, (self._schema, *self.sql.table_names))
                 rows = cur.fetchall()
                 if not rows:
-                    cur.execute("SELECT VERSION() NOT LIKE '%MariaDB%'")
+                    cur.execute(self.sql.is_mysql8)
                 mysql8 = rows[0][2] if rows else cur.fetchone()[0]
                 found: dict[str, set[str]] = {}
-                ours = {name.lower(): name for name in self._names}  # lower_case_table_names
+                ours = {
+                    name.lower(): name for name in self.sql.table_names
+                }  # lower_case_table_names
                 for name, column, _ in rows:
                     found.setdefault(ours[name.lower()], set()).update([column] if column else [])
                 refuse_foreign(self.table, self.safe_url, found, required)
-                if len(found) == len(self._names):
+                if len(found) == len(self.sql.table_names):
                     return
                 if not create:
                     raise missing(self.table, self.safe_url, self.dialect)
-                cur.execute("SELECT GET_LOCK(%s, 60)", (self._ddl_lock,))
+                cur.execute(self.sql.take_ddl_lock, (self.sql.ddl_lock_name,))
                 try:
-                    for statement in self._ddl:
+                    for statement in self.sql.ddl:
                         cur.execute(_for_server(statement, mysql8))
                 finally:
-                    cur.execute("SELECT RELEASE_LOCK(%s)", (self._ddl_lock,))
+                    cur.execute(self.sql.let_go_ddl_lock, (self.sql.ddl_lock_name,))
 
         self.run("creating the lock table", op, deadline=MAINTENANCE_DEADLINE)
 
     # -- operations -----------------------------------------------------------------------
     def acquire(self, key: str, owner: str, ttl: float, kind: str) -> int | None:
-        return self._take(self._acquire, key, owner, ttl, kind)
+        return self._take(self.sql.acquire, key, owner, ttl, kind)
 
     def acquire_fair(self, key: str, owner: str, ttl: float, queued: bool) -> int | None:
         if not queued:
@@ -605,7 +301,7 @@ class MysqlBackend(HoldersMixin[Any], FairQueue, SharedHolds, OnceRecords, Wakeu
                     return None
             # the queue entry goes in the same commit: left to the release, a holder that froze
             # would keep the head of the queue, and its waiters, until the entry's lease ends
-            token = self._take(self._acquire, key, owner, ttl, "lock", dequeue=True)
+            token = self._take(self.sql.acquire, key, owner, ttl, "lock", dequeue=True)
             bell.won = token is not None
             return token
         # InnoDB: for a queued waiter a queue check inside the acquire statement is a locking
@@ -616,13 +312,13 @@ class MysqlBackend(HoldersMixin[Any], FairQueue, SharedHolds, OnceRecords, Wakeu
         if mine:
             # handed to us by a release whose news did not reach us (our bell failed, or we
             # were not at it): take it again, with a lease that starts now
-            return self._take(self._acquire, key, owner, ttl, "lock", dequeue=True)
+            return self._take(self.sql.acquire, key, owner, ttl, "lock", dequeue=True)
         if not free or ahead:
             # a waiter asleep at a bell that nobody may ring (its holder froze or died with
             # it) wakes when this lease ends, not a whole RING_WAIT later
             self._bells.lease_left(key, owner, left)
             return None
-        return self._take(self._acquire, key, owner, ttl, "lock", dequeue=queued)
+        return self._take(self.sql.acquire, key, owner, ttl, "lock", dequeue=queued)
 
     def _take_as_newcomer(self, key: str, owner: str, ttl: float) -> int | None:
         """One UPDATE where the key is quiet (see _build_statements). Where this client last
@@ -631,14 +327,14 @@ class MysqlBackend(HoldersMixin[Any], FairQueue, SharedHolds, OnceRecords, Wakeu
         they would queue for it behind the hand-over, and ahead of the woken waiter's read."""
         if key in self._busy:
             row = self.run(
-                "probe", lambda conn: self._exec(conn, self._busy_look, {"key": key}), key=key
+                "probe", lambda conn: self._exec(conn, self.sql.busy_look, {"key": key}), key=key
             )[1]
             held, mark_us = row[0] if row else (0, None)
             mark = max(0, int(mark_us or 0)) / 1_000_000
             if held:
                 self._note_busy(key, time.monotonic() + mark)
                 return None
-        token = self._take(self._acquire_newcomer, key, owner, ttl, "lock")
+        token = self._take(self.sql.acquire_as_newcomer, key, owner, ttl, "lock")
         if token is None:
             self._note_busy(key, 0.0)
         else:
@@ -651,22 +347,11 @@ class MysqlBackend(HoldersMixin[Any], FairQueue, SharedHolds, OnceRecords, Wakeu
             self._busy.clear()
         self._busy[key] = mark_ends
 
-    def _look_statement(self) -> str:
-        """key owner -> probe()'s (free, waiters ahead), microseconds left of the lease, and
-        whether owner holds it."""
-        return (
-            f"{self._probe_sql},\n    (SELECT TIMESTAMPDIFF(MICROSECOND, {NOW}, expires_at) "
-            f"FROM {self._main} WHERE lock_key = %(key)s AND owner IS NOT NULL "
-            f"AND expires_at > {NOW}),\n"
-            f"    EXISTS (SELECT 1 FROM {self._main} WHERE lock_key = %(key)s "
-            f"AND owner = %(owner)s AND expires_at > {NOW})"
-        )
-
     def _look(self, key: str, owner: str) -> tuple[bool, int, float, bool]:
         """Read-only: like probe(), the seconds left of the holder's lease (0 if free), and
         whether ``owner`` holds it (a release handed it over)."""
         params = {"key": key, "owner": owner}
-        row = self.run("probe", lambda conn: self._exec(conn, self._look_sql, params), key=key)
+        row = self.run("probe", lambda conn: self._exec(conn, self.sql.look, params), key=key)
         free, ahead, left_us, mine = row[1][0]
         return bool(free), int(ahead), max(0, int(left_us or 0)) / 1_000_000, bool(mine)
 
@@ -695,8 +380,8 @@ class MysqlBackend(HoldersMixin[Any], FairQueue, SharedHolds, OnceRecords, Wakeu
 
         def op(conn: Any) -> None:
             if not marked:
-                self._exec(conn, self._mark_queued, params)
-            self._exec(conn, self._enqueue_entry, params)
+                self._exec(conn, self.sql.mark_queued, params)
+            self._exec(conn, self.sql.enqueue, params)
 
         self.run("queueing", op, key=key)
 
@@ -706,8 +391,8 @@ class MysqlBackend(HoldersMixin[Any], FairQueue, SharedHolds, OnceRecords, Wakeu
         params = {"key": key, "owner": owner, "ttl": ttl, "bell": bell}
 
         def op(conn: Any) -> bool:
-            self._exec(conn, self._mark_queued, params)
-            return self._exec(conn, self._requeue_entry, params)[0] == 1
+            self._exec(conn, self.sql.mark_queued, params)
+            return self._exec(conn, self.sql.requeue, params)[0] == 1
 
         return self.run("queueing", op, key=key)
 
@@ -716,9 +401,9 @@ class MysqlBackend(HoldersMixin[Any], FairQueue, SharedHolds, OnceRecords, Wakeu
         params = {"key": key, "owner": owner}
 
         def op(conn: Any) -> int | None:
-            if self._exec(conn, self._dequeue_sql, params)[0]:
+            if self._exec(conn, self.sql.dequeue, params)[0]:
                 return None
-            rows = self._exec(conn, self._handed_to, params)[1]
+            rows = self._exec(conn, self.sql.handed_to, params)[1]
             return int(rows[0][0]) if rows else None
 
         token = self.run("leaving the queue", op, key=key)
@@ -750,7 +435,7 @@ class MysqlBackend(HoldersMixin[Any], FairQueue, SharedHolds, OnceRecords, Wakeu
             with self._transaction(conn):  # take and leave the queue: one commit
                 token = take(conn)
                 if token is not None:
-                    self._exec(conn, self._dequeue_sql, params)
+                    self._exec(conn, self.sql.dequeue, params)
             return token
 
         return self.run("acquire", op, key=key)
@@ -786,13 +471,13 @@ class MysqlBackend(HoldersMixin[Any], FairQueue, SharedHolds, OnceRecords, Wakeu
             if calls == 1 and hand_over:
                 released = self._hand_over_on(conn, params)
             else:
-                released = self._exec(conn, self._release_plain, params)[0]
+                released = self._exec(conn, self.sql.release, params)[0]
             if released:
                 return True
             # After a failure the first attempt may have committed: released by us is success.
             if calls == 1 and not after_failure:
                 return False
-            rows = self._exec(conn, self._owner_token, params)[1]
+            rows = self._exec(conn, self.sql.owner_token, params)[1]
             if not rows:
                 return False
             holder, last, note = rows[0]
@@ -806,10 +491,10 @@ class MysqlBackend(HoldersMixin[Any], FairQueue, SharedHolds, OnceRecords, Wakeu
         that cannot is closed by the caller, which frees it)."""
         bell = self._bells.name(params["key"])
         try:
-            return _batch(conn, self._hand_over, {**params, "bell": bell})[_HANDED]
+            return _batch(conn, self.sql.release_and_hand_over, {**params, "bell": bell})[_HANDED]
         except Exception:
             with contextlib.suppress(Exception):
-                _batch(conn, self._let_go_gate, {"bell": bell})
+                _batch(conn, self.sql.let_go_gate, {"bell": bell})
             raise
 
     def subscribe(self, key: str, owner: str, queue: str | None = None) -> Subscription:
@@ -826,7 +511,7 @@ class MysqlBackend(HoldersMixin[Any], FairQueue, SharedHolds, OnceRecords, Wakeu
 
         def op(conn: Any) -> int | None:
             with conn.cursor() as cur:
-                affected = cur.execute(self._claim_once, params)
+                affected = cur.execute(self.sql.claim_once, params)
                 return int(cur.lastrowid) if affected in (1, 2) else None
 
         return self.run("once", op, key=key)
@@ -834,7 +519,7 @@ class MysqlBackend(HoldersMixin[Any], FairQueue, SharedHolds, OnceRecords, Wakeu
     def once_state(self, key: str) -> tuple[str, str | None, bool] | None:
         def op(conn: Any) -> tuple[str, str | None, bool] | None:
             with conn.cursor() as cur:
-                cur.execute(self._once_state, (key,))
+                cur.execute(self.sql.once_state, (key,))
                 row = cur.fetchone()
                 return None if row is None else (row[0], row[1], bool(row[2]))
 
@@ -845,14 +530,14 @@ class MysqlBackend(HoldersMixin[Any], FairQueue, SharedHolds, OnceRecords, Wakeu
 
         def op(conn: Any) -> bool:
             with conn.cursor() as cur:
-                return bool(cur.execute(self._renew, params) == 1)
+                return bool(cur.execute(self.sql.renew, params) == 1)
 
         return self.run("renew", op, key=key)
 
     def info(self, key: str) -> LockInfo | None:
         def op(conn: Any) -> LockInfo | None:
             with conn.cursor() as cur:
-                cur.execute(self._info, (key,))
+                cur.execute(self.sql.info, (key,))
                 row = cur.fetchone()
             if row is None:
                 rows = self._holder_rows(conn, key=key)
@@ -865,9 +550,9 @@ class MysqlBackend(HoldersMixin[Any], FairQueue, SharedHolds, OnceRecords, Wakeu
         def op(conn: Any) -> list[LockInfo]:
             with conn.cursor() as cur:
                 if prefix:
-                    cur.execute(self._list, (len(prefix), prefix))
+                    cur.execute(self.sql.list_by_prefix, (len(prefix), prefix))
                 else:
-                    cur.execute(self._list_all)
+                    cur.execute(self.sql.list_all)
                 rows = [*cur.fetchall(), *self._holder_rows(conn, prefix=prefix)]
             return sorted((_info(row) for row in rows), key=lambda i: (i.key, i.acquired_at))
 
@@ -876,18 +561,12 @@ class MysqlBackend(HoldersMixin[Any], FairQueue, SharedHolds, OnceRecords, Wakeu
     def force_release(self, key: str) -> bool:
         def op(conn: Any) -> bool:
             with conn.cursor() as cur:
-                freed = cur.execute(self._force, (key,)) == 1
+                freed = cur.execute(self.sql.force_release, (key,)) == 1
             return self._force_holders(conn, key) > 0 or freed
 
         return self.run("force_release", op, key=key)
 
     # -- dialect hooks for the multi-holder operations ------------------------------------
-    def _later(self, name: str) -> str:
-        return f"{NOW} + INTERVAL %({name}_us)s MICROSECOND"
-
-    def _earlier(self, name: str) -> str:
-        return f"{NOW} - INTERVAL %({name}_us)s MICROSECOND"
-
     def _exec(self, conn: Any, sql: str, params: dict[str, Any]) -> tuple[int, Rows]:
         with conn.cursor() as cur:
             count = cur.execute(sql, _us(params))
@@ -905,10 +584,7 @@ class MysqlBackend(HoldersMixin[Any], FairQueue, SharedHolds, OnceRecords, Wakeu
 
     def _next_token(self, conn: Any, key: str) -> int:
         with conn.cursor() as cur:
-            cur.execute(
-                f"UPDATE {self._main} SET token = LAST_INSERT_ID(token + 1) WHERE lock_key = %s",
-                (key,),
-            )
+            cur.execute(self.sql.next_token, (key,))
             return int(cur.lastrowid)
 
     def purge(self, older_than: float, include_once: bool) -> int:
@@ -916,14 +592,13 @@ class MysqlBackend(HoldersMixin[Any], FairQueue, SharedHolds, OnceRecords, Wakeu
 
         def op(conn: Any) -> int:
             with conn.cursor() as cur:
-                # READ COMMITTED: the scan does not leave gap locks on rows it does not delete.
-                cur.execute("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
+                cur.execute(self.sql.purge_isolation)
                 conn.begin()
                 try:
-                    cur.execute(self._purge_max, gone)
+                    cur.execute(self.sql.highest_purged_token, gone)
                     highest = int(cur.fetchone()[0])
-                    cur.execute(self._purge_hwm, (highest,))
-                    count = int(cur.execute(self._purge, (*gone, highest)))
+                    cur.execute(self.sql.remember_purged_tokens, (highest,))
+                    count = int(cur.execute(self.sql.purge, (*gone, highest)))
                     count += self._purge_holders(conn, older_than)
                     conn.commit()
                 except BaseException:

@@ -30,17 +30,16 @@ from .._timing import DeadlinePassed, bounded_wait
 from .._types import Kind, LockInfo
 from .._url import DatabaseURL, url_number
 from ._contract import FairQueue, OnceRecords, SchemaScript, SharedHolds, Subscription, Wakeups
-from ._holders import HoldersMixin, Rows
-from ._names import aux_name, qualify
-from ._schema import HOLDERS, MAIN, META, missing, refuse_foreign
-from ._sql import MAINTENANCE_DEADLINE, Failure, Sleeper
+from .sql.base import MAINTENANCE_DEADLINE, Failure, Sleeper
+from .sql.holders import HoldersMixin, Rows
+from .sql.schema import HOLDERS, MAIN, META, missing, refuse_foreign
+from .sql.sqlite import SqliteStatements, colon_style
 
 MIN_VERSION = (3, 35, 0)
 #: the longest busy timeout a URL may ask for (``?timeout=``), seconds
 MAX_BUSY_TIMEOUT = 3600.0
 #: the files SQLite keeps beside a database (they take the database file's mode)
 _COMPANIONS = ("", "-wal", "-shm", "-journal")
-NOW = "((julianday('now') - 2440587.5) * 86400.0)"
 
 
 class _ChangeWatch(Subscription):
@@ -105,6 +104,7 @@ class SqliteBackend(
     name = dialect = "sqlite"
     probe_before_try = True  # local reads cost microseconds; writers queue for one file lock
     poll_cap = 0.1  # a local file: polling is cheap, and hand-off latency is bounded by this
+    sql: SqliteStatements
 
     def __init__(self, url: DatabaseURL, schema: str | None, table: str) -> None:
         if sqlite3.sqlite_version_info < MIN_VERSION:
@@ -141,148 +141,7 @@ class SqliteBackend(
         self._prepared = False
         # each waiter's change watch has a connection of its own: at most max_connections
         self._watches = threading.Semaphore(self.max_connections)
-        t = qualify(schema, table, '"')
-        meta = qualify(schema, aux_name(table, "_meta"), '"')
-        holders = qualify(schema, aux_name(table, "_holders"), '"')
-        self._main, self._holders, self._now = t, holders, NOW
-        self._ddl = [
-            f"CREATE TABLE IF NOT EXISTS {t} (\n"
-            "    lock_key    TEXT    NOT NULL PRIMARY KEY,\n"
-            "    kind        TEXT    NOT NULL DEFAULT 'lock',\n"
-            "    owner       TEXT,\n"
-            "    token       INTEGER NOT NULL,\n"
-            "    acquired_at REAL    NOT NULL,  -- Unix seconds, SQLite's clock\n"
-            "    expires_at  REAL    NOT NULL,\n"
-            "    state       TEXT,\n"
-            "    note        TEXT\n"
-            ") WITHOUT ROWID",
-            f"CREATE TABLE IF NOT EXISTS {meta} (\n"
-            "    id  INTEGER NOT NULL PRIMARY KEY,\n"
-            "    hwm INTEGER NOT NULL  -- highest fencing token ever purged\n"
-            ")",
-            f"INSERT OR IGNORE INTO {meta} (id, hwm) VALUES (1, 0)",
-            f"CREATE TABLE IF NOT EXISTS {holders} (\n"
-            "    lock_key    TEXT    NOT NULL,\n"
-            "    holder      TEXT    NOT NULL,  -- the owner of a hold or queue entry\n"
-            "    kind        TEXT    NOT NULL,\n"
-            "    waiting     INTEGER NOT NULL DEFAULT 0,  -- 1: a queue entry, not a hold\n"
-            "    token       INTEGER NOT NULL,\n"
-            "    acquired_at REAL    NOT NULL,\n"
-            "    expires_at  REAL    NOT NULL,\n"
-            "    PRIMARY KEY (lock_key, holder)\n"
-            ") WITHOUT ROWID",
-        ]
-        # dialect pieces for the multi-holder operations (see _holders.py)
-        self._ensure_parent = (
-            f"INSERT INTO {t} (lock_key, kind, owner, token, acquired_at, expires_at)\n"
-            f"SELECT %(key)s, 'lock', NULL, hwm + 1, {NOW}, {NOW} FROM {meta} WHERE id = 1\n"
-            "ON CONFLICT (lock_key) DO NOTHING"
-        )
-        self._lock_parent = (
-            f"SELECT owner, owner IS NOT NULL AND expires_at > {NOW} FROM {t} "
-            "WHERE lock_key = %(key)s"
-        )
-        self._upsert_holder = (
-            f"INSERT INTO {holders} AS x (lock_key, holder, kind, waiting, token, acquired_at,\n"
-            "    expires_at)\n"
-            "VALUES (%(key)s, %(owner)s, %(kind)s, %(waiting)s, %(token)s,\n"
-            f"    {NOW}, {NOW} + %(ttl)s)\n"
-            "ON CONFLICT (lock_key, holder) DO UPDATE SET kind = excluded.kind,\n"
-            "    token = excluded.token, expires_at = excluded.expires_at,\n"
-            "    acquired_at = CASE WHEN x.waiting = 1 AND excluded.waiting = 1\n"
-            "        THEN x.acquired_at ELSE excluded.acquired_at END,\n"
-            "    waiting = excluded.waiting"
-        )
-        self._prefix_match = "substr(lock_key, 1, %(n)s) = %(prefix)s"
-
-        # :key :kind :owner :ttl -> one row (the new token) if taken, no row if held.
-        # A live row is taken only by its own owner (an idempotent retry); a `once` record is
-        # never taken by a plain lock.
-        def acquire_sql(fair: str = "") -> str:
-            return (
-                f"INSERT INTO {t} AS l (lock_key, kind, owner, token, acquired_at, expires_at)\n"
-                f"SELECT :key, :kind, :owner, hwm + 1, {NOW}, {NOW} + :ttl FROM {meta}\n"
-                f"WHERE id = 1 {fair and 'AND ' + fair}\n"
-                "ON CONFLICT (lock_key) DO UPDATE SET kind = excluded.kind,\n"
-                "    owner = excluded.owner, token = l.token + 1,\n"
-                "    acquired_at = excluded.acquired_at, expires_at = excluded.expires_at,\n"
-                "    state = NULL, note = NULL\n"
-                f"WHERE (l.expires_at <= {NOW} AND l.kind <> 'once') OR l.owner = excluded.owner\n"
-                "RETURNING token"
-            )
-
-        # The fairness clause is tested once, in the SELECT: the statement reads and writes
-        # one snapshot (SQLite refuses to write on a stale one), so ON CONFLICT would not
-        # learn anything new from it.
-        self._acquire = acquire_sql()
-        # the same, when no live waiter is ahead of :owner; for a newcomer (no queue entry of
-        # its own) that is: when nobody waits
-        self._acquire_fair = {
-            False: acquire_sql(self._sqlite_style(self._nobody_queued)),
-            True: acquire_sql(self._sqlite_style(self._queue_clause)),
-        }
-        # :key :owner :ttl :note -> one row (the token) if the once-record was claimed: absent,
-        # failed, or processing with an expired lease (its holder crashed)
-        self._claim_once = (
-            f"INSERT INTO {t} AS l (lock_key, kind, owner, token, acquired_at, expires_at, state, "
-            "note)\n"
-            f"SELECT :key, 'once', :owner, hwm + 1, {NOW}, {NOW} + :ttl, 'processing', :note "
-            f"FROM {meta} WHERE id = 1\n"
-            "ON CONFLICT (lock_key) DO UPDATE SET kind = 'once', owner = excluded.owner,\n"
-            "    token = l.token + 1, acquired_at = excluded.acquired_at,\n"
-            "    expires_at = excluded.expires_at, state = 'processing', note = excluded.note\n"
-            f"WHERE (l.kind <> 'once' AND l.expires_at <= {NOW}) OR (l.kind = 'once' AND\n"
-            f"    (l.state = 'failed' OR (l.state = 'processing' AND l.expires_at <= {NOW})))\n"
-            "    OR l.owner = excluded.owner\n"
-            "RETURNING token"
-        )
-        self._once_state = f"SELECT kind, state, expires_at > {NOW} FROM {t} WHERE lock_key = :key"
-        mine = "lock_key = :key AND owner = :owner AND token = :token"
-        # :key :owner :token :state -> 1 row if the outcome was recorded (and the hold ended)
-        self._finish_once = (
-            f"UPDATE {t} SET state = :state, owner = NULL, expires_at = {NOW} "
-            f"WHERE {mine} AND kind = 'once'"
-        )
-        # :key :owner :token :least -> 1 row if ended, or kept until `least` s after the start
-        self._finish_least = (
-            f"UPDATE {t} SET owner = CASE WHEN acquired_at + :least > {NOW} THEN owner END, "
-            f"expires_at = max(acquired_at + :least, {NOW}) WHERE {mine}"
-        )
-        live = f"lock_key = :key AND owner = :owner AND token = :token AND expires_at > {NOW}"
-        # :key :owner :token -> 1 row changed if the hold was live and is now ended
-        self._release = f"UPDATE {t} SET owner = NULL, expires_at = {NOW} WHERE {live}"
-        # :key :owner :token :ttl -> 1 row changed if the hold was live and is extended
-        self._renew = f"UPDATE {t} SET expires_at = {NOW} + :ttl WHERE {live}"
-        cols = "lock_key, owner, token, acquired_at, expires_at, kind"
-        held = f"owner IS NOT NULL AND expires_at > {NOW}"
-        self._info = f"SELECT {cols} FROM {t} WHERE lock_key = :key AND {held}"
-        self._list = (
-            f"SELECT {cols} FROM {t} WHERE {held} AND substr(lock_key, 1, :n) = :prefix "
-            "ORDER BY lock_key"
-        )
-        self._list_all = f"SELECT {cols} FROM {t} WHERE {held} ORDER BY lock_key"
-        self._owner_token = f"SELECT owner, token FROM {t} WHERE lock_key = :key"
-        # :key -> 1 row changed if a live hold was ended
-        self._force = (
-            f"UPDATE {t} SET owner = NULL, expires_at = {NOW} WHERE lock_key = :key AND {held}"
-        )
-        gone = (
-            f"expires_at <= {NOW} - :older AND (kind <> 'once' OR "
-            f"(:inc AND state IN ('succeeded', 'failed'))) AND {self._no_live_holders(t)}"
-        )
-        self._purge_hwm = (
-            f"UPDATE {meta} SET hwm = max(hwm, coalesce((SELECT max(token) FROM {t} "
-            f"WHERE {gone}), 0)) WHERE id = 1"
-        )
-        self._purge = f"DELETE FROM {t} WHERE {gone}"
-        # (table, column) of every table the schema has (see MysqlBackend._names for why)
-        where = f'"{schema}".' if schema else ""
-        self._columns = (
-            f"SELECT m.name, c.name FROM {where}sqlite_master m, pragma_table_info(m.name"
-            f"{f', {schema!r}' if schema else ''}) c WHERE m.type IN ('table', 'view') "
-            "AND m.name IN (:t, :m, :h)"
-        )
-        self._names = {"t": table, "m": aux_name(table, "_meta"), "h": aux_name(table, "_holders")}
+        self.sql = SqliteStatements(schema, table)
         #: set once the file is known to hold dblock's tables (see ensure_schema)
         self._recognised = False
 
@@ -382,7 +241,7 @@ class SqliteBackend(
 
     # -- schema ---------------------------------------------------------------------------
     def ddl(self) -> list[str]:
-        return list(self._ddl)
+        return list(self.sql.ddl)
 
     def ensure_schema(self, create: bool) -> None:
         path = Path(self.path).expanduser()
@@ -396,21 +255,21 @@ class SqliteBackend(
             if path.parent.is_dir():
                 raise missing(self.table, self.safe_url, self.dialect)
             raise BackendError(f"cannot open {self.safe_url}: {path.parent} is not a directory")
-        required = dict(zip(self._names.values(), (MAIN, META, HOLDERS), strict=True))
+        required = dict(zip(self.sql.table_names.values(), (MAIN, META, HOLDERS), strict=True))
 
         def op(conn: sqlite3.Connection) -> None:
             found: dict[str, set[str]] = {}
-            for name, column in conn.execute(self._columns, self._names):
+            for name, column in conn.execute(self.sql.find_tables, self.sql.table_names):
                 found.setdefault(name, set()).add(column)
             refuse_foreign(self.table, self.safe_url, found, required)
-            if len(found) < len(self._names) and not create:
+            if len(found) < len(self.sql.table_names) and not create:
                 raise missing(self.table, self.safe_url, self.dialect)
             self._set_wal(conn, self.busy_timeout)
             self._recognised = True
-            if len(found) < len(self._names):
+            if len(found) < len(self.sql.table_names):
                 conn.execute("BEGIN IMMEDIATE")
                 try:
-                    for statement in self._ddl:
+                    for statement in self.sql.ddl:
                         conn.execute(statement)
                     conn.execute("COMMIT")
                 except BaseException:
@@ -424,7 +283,7 @@ class SqliteBackend(
         params = {"key": key, "kind": kind, "owner": owner, "ttl": ttl}
 
         def op(conn: sqlite3.Connection) -> int | None:
-            row = conn.execute(self._acquire, params).fetchone()
+            row = conn.execute(self.sql.acquire, params).fetchone()
             return None if row is None else int(row[0])
 
         return self.run("acquire", op, key=key)
@@ -442,7 +301,7 @@ class SqliteBackend(
             # acquisition, which waits for the disk, makes the release durable first.
             conn.execute("PRAGMA synchronous = NORMAL")
             try:
-                ended = conn.execute(self._release, params).rowcount == 1
+                ended = conn.execute(self.sql.release, params).rowcount == 1
             finally:
                 self._make_durable(conn)
             if ended:
@@ -461,21 +320,21 @@ class SqliteBackend(
             raise
 
     def _released_by_us(self, conn: sqlite3.Connection, key: str, token: int) -> bool:
-        row = conn.execute(self._owner_token, {"key": key}).fetchone()
+        row = conn.execute(self.sql.owner_token, {"key": key}).fetchone()
         return row is not None and row[0] is None and row[1] == token
 
     def claim_once(self, key: str, owner: str, ttl: float, note: str | None) -> int | None:
         params = {"key": key, "owner": owner, "ttl": ttl, "note": note}
 
         def op(conn: sqlite3.Connection) -> int | None:
-            row = conn.execute(self._claim_once, params).fetchone()
+            row = conn.execute(self.sql.claim_once, params).fetchone()
             return None if row is None else int(row[0])
 
         return self.run("once", op, key=key)
 
     def once_state(self, key: str) -> tuple[str, str | None, bool] | None:
         def op(conn: sqlite3.Connection) -> tuple[str, str | None, bool] | None:
-            row = conn.execute(self._once_state, {"key": key}).fetchone()
+            row = conn.execute(self.sql.once_state, {"key": key}).fetchone()
             return None if row is None else (row[0], row[1], bool(row[2]))
 
         return self.run("state", op, key=key)
@@ -483,7 +342,7 @@ class SqliteBackend(
     def renew(self, key: str, owner: str, token: int, ttl: float) -> bool:
         params = {"key": key, "owner": owner, "token": token, "ttl": ttl}
         return self.run(
-            "renew", lambda conn: conn.execute(self._renew, params).rowcount == 1, key=key
+            "renew", lambda conn: conn.execute(self.sql.renew, params).rowcount == 1, key=key
         )
 
     def acquire_fair(self, key: str, owner: str, ttl: float, queued: bool) -> int | None:
@@ -491,19 +350,19 @@ class SqliteBackend(
 
         def op(conn: sqlite3.Connection) -> int | None:
             if not queued:
-                row = conn.execute(self._acquire_fair[queued], params).fetchone()
+                row = conn.execute(self.sql.acquire_as_newcomer, params).fetchone()
                 return None if row is None else int(row[0])
             with self._transaction(conn):  # take and leave the queue: one commit
-                row = conn.execute(self._acquire_fair[queued], params).fetchone()
+                row = conn.execute(self.sql.acquire_in_turn, params).fetchone()
                 if row is not None:
-                    self._exec(conn, self._dequeue_sql, params)
+                    self._exec(conn, self.sql.dequeue, params)
             return None if row is None else int(row[0])
 
         return self.run("acquire", op, key=key)
 
     def info(self, key: str) -> LockInfo | None:
         def op(conn: sqlite3.Connection) -> LockInfo | None:
-            row = conn.execute(self._info, {"key": key}).fetchone()
+            row = conn.execute(self.sql.info, {"key": key}).fetchone()
             if row is None:
                 rows = self._holder_rows(conn, key=key)
                 row = rows[0] if rows else None
@@ -514,9 +373,9 @@ class SqliteBackend(
     def list(self, prefix: str) -> list[LockInfo]:
         def op(conn: sqlite3.Connection) -> list[LockInfo]:
             if prefix:
-                cur = conn.execute(self._list, {"n": len(prefix), "prefix": prefix})
+                cur = conn.execute(self.sql.list_by_prefix, {"n": len(prefix), "prefix": prefix})
             else:
-                cur = conn.execute(self._list_all)
+                cur = conn.execute(self.sql.list_all)
             rows = [*cur, *self._holder_rows(conn, prefix=prefix)]
             return sorted((_info(row) for row in rows), key=lambda i: (i.key, i.acquired_at))
 
@@ -524,7 +383,7 @@ class SqliteBackend(
 
     def force_release(self, key: str) -> bool:
         def op(conn: sqlite3.Connection) -> bool:
-            freed = conn.execute(self._force, {"key": key}).rowcount
+            freed = conn.execute(self.sql.force_release, {"key": key}).rowcount
             return freed + self._force_holders(conn, key) > 0
 
         return self.run("force_release", op, key=key)
@@ -539,14 +398,8 @@ class SqliteBackend(
             return Sleeper()
 
     # -- dialect hooks for the multi-holder operations ------------------------------------
-    def _later(self, name: str) -> str:
-        return f"{NOW} + %({name})s"
-
-    def _earlier(self, name: str) -> str:
-        return f"{NOW} - %({name})s"
-
     def _exec(self, conn: sqlite3.Connection, sql: str, params: dict[str, Any]) -> tuple[int, Rows]:
-        cur = conn.execute(self._sqlite_style(sql), params)
+        cur = conn.execute(colon_style(sql), params)
         rows = cur.fetchall()
         return cur.rowcount, rows
 
@@ -561,10 +414,7 @@ class SqliteBackend(
         conn.execute("COMMIT")
 
     def _next_token(self, conn: sqlite3.Connection, key: str) -> int:
-        row = conn.execute(
-            f"UPDATE {self._main} SET token = token + 1 WHERE lock_key = :key RETURNING token",
-            {"key": key},
-        ).fetchone()
+        row = conn.execute(self.sql.next_token, {"key": key}).fetchone()
         return int(row[0])
 
     def purge(self, older_than: float, include_once: bool) -> int:
@@ -573,8 +423,8 @@ class SqliteBackend(
         def op(conn: sqlite3.Connection) -> int:
             conn.execute("BEGIN IMMEDIATE")
             try:
-                conn.execute(self._purge_hwm, params)
-                count = conn.execute(self._purge, params).rowcount
+                conn.execute(self.sql.remember_purged_tokens, params)
+                count = conn.execute(self.sql.purge, params).rowcount
                 count += self._purge_holders(conn, older_than)
                 conn.execute("COMMIT")
             except BaseException:

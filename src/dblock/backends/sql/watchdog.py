@@ -20,7 +20,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from .. import _forksafe
+from ... import _forksafe
 
 log = logging.getLogger("dblock")
 

@@ -31,12 +31,12 @@ from enum import Enum
 from functools import partial
 from typing import Generic, TypeVar
 
-from .. import _forksafe
-from .._errors import BackendError, DBLockError
-from .._timing import DeadlinePassed, bounded_wait
-from .._url import DatabaseURL, scrub, scrub_exception
-from ._contract import Store, Subscription
-from ._watchdog import Watchdog
+from ... import _forksafe
+from ..._errors import BackendError, DBLockError
+from ..._timing import DeadlinePassed, bounded_wait
+from ..._url import DatabaseURL, scrub, scrub_exception
+from .._contract import Store, Subscription
+from .watchdog import Watchdog
 
 C = TypeVar("C")
 T = TypeVar("T")

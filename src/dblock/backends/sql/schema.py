@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from typing import Final
 
-from .._errors import ConfigurationError
+from ..._errors import ConfigurationError
 
 #: columns the lock table has
 MAIN: Final = frozenset(

@@ -1,0 +1,361 @@
+"""MySQL 8's and MariaDB's statements: ``%(name)s`` parameters (``%s`` for the positional
+ones), time ``UTC_TIMESTAMP(6)``, durations in microseconds (``<name>_us``), tokens per key
+returned as insert ids (see the store, ``backends/mysql.py``)."""
+
+from __future__ import annotations
+
+import hashlib
+
+from .._doorbell import gate_sql
+from .holders import HolderStatements
+from .names import aux_name, qualify
+
+NOW = "UTC_TIMESTAMP(6)"
+#: Keys compare character for character: 'a' and 'a ' are two keys. Under utf8mb4_bin (PAD
+#: SPACE) they compare equal and share one row; these collations do not pad. The DDL names
+#: MariaDB's; connecting to MySQL 8 swaps in its own.
+NOPAD_MARIADB, NOPAD_MYSQL = "utf8mb4_nopad_bin", "utf8mb4_0900_bin"
+KEY_TYPE = f"VARCHAR(255) CHARACTER SET utf8mb4 COLLATE {NOPAD_MARIADB} NOT NULL"
+KEY_NOTE = f"MySQL 8: {NOPAD_MYSQL}; utf8mb4_bin pads ('a' = 'a ')"
+#: the statement of ``release_and_hand_over`` whose affected rows tell the outcome
+HANDED = 5
+
+
+class MysqlStatements(HolderStatements):
+    """Every statement of the MySQL/MariaDB store, for one lock table."""
+
+    # inside the parent-locking transaction, count with a locking read: it sees the latest
+    # committed rows whatever snapshot REPEATABLE READ would otherwise give
+    locking_read = " LOCK IN SHARE MODE"
+
+    def __init__(self, schema: str | None, table: str) -> None:  # noqa: PLR0915 - one per statement
+        t = qualify(schema, table, "`")
+        meta = qualify(schema, aux_name(table, "_meta"), "`")
+        holders = qualify(schema, aux_name(table, "_holders"), "`")
+        super().__init__(t, holders, NOW)
+        # -- schema
+        self.create_main_table = (
+            f"CREATE TABLE IF NOT EXISTS {t} (\n"
+            f"    lock_key    {KEY_TYPE},  -- {KEY_NOTE}\n"
+            "    kind        VARCHAR(16) NOT NULL DEFAULT 'lock',\n"
+            "    owner       VARCHAR(255),\n"
+            "    token       BIGINT NOT NULL,\n"
+            "    acquired_at DATETIME(6) NOT NULL,  -- UTC\n"
+            "    expires_at  DATETIME(6) NOT NULL,  -- UTC\n"
+            "    state       VARCHAR(16),\n"
+            "    note        TEXT,\n"
+            "    queued_until DATETIME(6),  -- UTC; no live queue entry of the key outlives it\n"
+            "    PRIMARY KEY (lock_key)\n"
+            ") ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin"
+        )
+        self.create_meta_table = (
+            f"CREATE TABLE IF NOT EXISTS {meta} (\n"
+            "    id  TINYINT NOT NULL PRIMARY KEY,\n"
+            "    hwm BIGINT NOT NULL  -- highest fencing token ever purged\n"
+            ") ENGINE=InnoDB"
+        )
+        self.seed_meta = f"INSERT IGNORE INTO {meta} (id, hwm) VALUES (1, 0)"
+        self.create_holders_table = (
+            f"CREATE TABLE IF NOT EXISTS {holders} (\n"
+            f"    lock_key    {KEY_TYPE},  -- {KEY_NOTE}\n"
+            "    holder      VARCHAR(255) NOT NULL,  -- the owner of a hold or queue entry\n"
+            "    kind        VARCHAR(16) NOT NULL,\n"
+            "    waiting     SMALLINT NOT NULL DEFAULT 0,  -- 1: a queue entry, not a hold\n"
+            "    token       BIGINT NOT NULL,\n"
+            "    acquired_at DATETIME(6) NOT NULL,  -- UTC\n"
+            "    expires_at  DATETIME(6) NOT NULL,  -- UTC\n"
+            "    lease       DOUBLE,  -- a waiter's lease for a hand-over (NULL: none)\n"
+            "    bell        BIGINT,  -- the connection id of the waiter's doorbell\n"
+            "    PRIMARY KEY (lock_key, holder)\n"
+            ") ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin"
+        )
+        self.ddl = [
+            self.create_main_table,
+            self.create_meta_table,
+            self.seed_meta,
+            self.create_holders_table,
+        ]
+        # dialect pieces for the multi-holder operations (see sql/holders.py)
+        self.ensure_parent = (
+            f"INSERT INTO {t} (lock_key, kind, owner, token, acquired_at, expires_at)\n"
+            f"SELECT %(key)s, 'lock', NULL, m.hwm + 1, {NOW}, {NOW} FROM {meta} m WHERE m.id = 1\n"
+            "ON DUPLICATE KEY UPDATE lock_key = lock_key"
+        )
+        self.lock_parent = (
+            f"SELECT owner, owner IS NOT NULL AND expires_at > {NOW} FROM {t} "
+            "WHERE lock_key = %(key)s FOR UPDATE"
+        )
+        # `acquired_at` is assigned before `waiting`, which its condition reads
+        self.upsert_holder = (
+            f"INSERT INTO {holders} (lock_key, holder, kind, waiting, token, acquired_at,\n"
+            "    expires_at)\n"
+            "VALUES (%(key)s, %(owner)s, %(kind)s, %(waiting)s, %(token)s,\n"
+            f"    {NOW}, {NOW} + INTERVAL %(ttl_us)s MICROSECOND)\n"
+            "ON DUPLICATE KEY UPDATE kind = VALUES(kind), token = VALUES(token),\n"
+            "    expires_at = VALUES(expires_at),\n"
+            "    acquired_at = IF(waiting = 1 AND VALUES(waiting) = 1, acquired_at,\n"
+            "        VALUES(acquired_at)),\n"
+            "    waiting = VALUES(waiting)"
+        )
+        self.prefix_match = "LEFT(lock_key, %(n)s) = %(prefix)s"
+        row = f"{t}."  # MySQL has no alias for an INSERT target: qualify with the table itself
+        ours = f"{row}owner = VALUES(owner)"
+
+        # MySQL parses and plans every statement anew (PyMySQL has no server-side prepared
+        # statements), so what a statement costs grows with its text, even the parts it never
+        # runs, such as a subquery on the queue. So acquiring tries a plain UPDATE first, which
+        # serves the common case (the key has a row, and no waiters in the last seconds), and
+        # only where it changed nothing a second statement that covers the rest. Waiters keep
+        # `queued_until` of the key's row later than their queue entries' leases (see
+        # enqueue): before it, a newcomer must look into the queue, which only the second
+        # statement does.
+        # key ttl_us -> marks the key's queue busy at least ttl_us (plus a second) from now.
+        # It writes (a row lock and a durable commit on the lock's own row, in the way of a
+        # hand-over) only when the mark would end sooner, and then sets it twice as far.
+        soon = f"{NOW} + INTERVAL %(ttl_us)s MICROSECOND + INTERVAL 1 SECOND"
+        self.mark_queued = (
+            f"UPDATE {t} SET queued_until = {soon} + INTERVAL %(ttl_us)s MICROSECOND\n"
+            f"WHERE lock_key = %(key)s AND (queued_until IS NULL OR queued_until < {soon})"
+        )
+        # key -> (the lock is held, microseconds left of the queue mark); no row: free. A
+        # plain read, which waits for no row lock: a newcomer to a busy key asks it before it
+        # tries (see _take_as_newcomer)
+        self.busy_look = (
+            f"SELECT owner IS NOT NULL AND expires_at > {NOW}, "
+            f"TIMESTAMPDIFF(MICROSECOND, {NOW}, queued_until) FROM {t} WHERE lock_key = %(key)s"
+        )
+
+        def update_sql(fair: str = "") -> str:
+            """key kind owner ttl_us -> 1 row changed, with the new token as insert id
+            (``LAST_INSERT_ID(expr)``), if the key's row was taken; 0 if it is held, absent or
+            (with ``fair``) the key had waiters lately. A live row is taken only by its own
+            owner (an idempotent retry); a `once` record never by a lock."""
+            also = f" AND {fair}" if fair else ""
+            return (
+                f"UPDATE {t} SET owner = %(owner)s, token = LAST_INSERT_ID(token + 1),\n"
+                f"    kind = %(kind)s, acquired_at = {NOW}, note = NULL,\n"
+                f"    expires_at = {NOW} + INTERVAL %(ttl_us)s MICROSECOND\n"
+                f"WHERE lock_key = %(key)s AND ((expires_at <= {NOW} AND kind <> 'once'{also})\n"
+                "    OR owner = %(owner)s)"
+            )
+
+        def insert_sql(fair: str = "") -> str:
+            """key kind owner ttl_us -> 1 row inserted / 2 taken, with the token as insert id,
+            or 0. Without ``fair`` it inserts only: it follows an UPDATE that tested all else.
+            With it, it also takes the row if no live waiter is queued. In ON DUPLICATE KEY
+            UPDATE assignments run left to right on the updated row, so `owner` is assigned
+            first from the condition and every later one tests whether `owner` became ours.
+            VALUES() is deprecated in MySQL 8.0.20 for a row alias that MariaDB lacks; both
+            accept it. A new row's token reads `hwm` with a shared lock (a subquery of an
+            INSERT under REPEATABLE READ is a locking read), so it cannot read a stale `hwm`
+            while a purge is deleting the key. A key without a row has no queue (purge keeps
+            the row of a key with live queue entries)."""
+            values = (
+                f"INSERT INTO {t} (lock_key, kind, owner, token, acquired_at, expires_at)\n"
+                "VALUES (%(key)s, %(kind)s, %(owner)s,\n"
+                f"    LAST_INSERT_ID((SELECT hwm + 1 FROM {meta} WHERE id = 1)), {NOW},\n"
+                f"    {NOW} + INTERVAL %(ttl_us)s MICROSECOND)\n"
+            )
+            if not fair:
+                return values + "ON DUPLICATE KEY UPDATE lock_key = lock_key"
+            return values + (
+                "ON DUPLICATE KEY UPDATE\n"
+                f"    owner = IF(({row}expires_at <= {NOW} AND {row}kind <> 'once' AND {fair})\n"
+                f"        OR {ours}, VALUES(owner), {row}owner),\n"
+                f"    token = IF({ours}, LAST_INSERT_ID({row}token + 1), {row}token),\n"
+                f"    kind = IF({ours}, VALUES(kind), {row}kind),\n"
+                f"    acquired_at = IF({ours}, VALUES(acquired_at), {row}acquired_at),\n"
+                f"    note = IF({ours}, NULL, {row}note),\n"
+                f"    expires_at = IF({ours}, VALUES(expires_at), {row}expires_at)"
+            )
+
+        # the statements of an acquire, tried in turn until one takes the key
+        self.acquire = (update_sql(), insert_sql())
+        # a newcomer's acquire: the same, only when nobody waits in the key's queue
+        quiet = f"(queued_until IS NULL OR queued_until <= {NOW})"
+        self.acquire_as_newcomer = (update_sql(quiet), insert_sql(self.nobody_queued))
+        # key owner ttl_us note -> affected rows 1 / 2 with the token as insert id if the
+        # once-record was claimed (absent, failed, or processing with an expired lease), else 0.
+        # The claim condition tests four columns, so `owner` is assigned first and every later
+        # assignment tests whether `owner` became ours.
+        claim = (
+            f"({row}kind <> 'once' AND {row}expires_at <= {NOW}) OR ({row}kind = 'once' AND "
+            f"({row}state = 'failed' OR ({row}state = 'processing' AND {row}expires_at <= {NOW})))"
+            f" OR {row}owner = VALUES(owner)"
+        )
+        self.claim_once = (
+            f"INSERT INTO {t} (lock_key, kind, owner, token, acquired_at, expires_at, state,\n"
+            "    note)\n"
+            f"SELECT %s, 'once', %s, LAST_INSERT_ID(m.hwm + 1), {NOW},\n"
+            f"       {NOW} + INTERVAL %s MICROSECOND, 'processing', %s\n"
+            f"FROM {meta} m WHERE m.id = 1\n"
+            "ON DUPLICATE KEY UPDATE\n"
+            f"    owner = IF({claim}, VALUES(owner), {row}owner),\n"
+            f"    token = IF({ours}, LAST_INSERT_ID({row}token + 1), {row}token),\n"
+            f"    kind = IF({ours}, 'once', {row}kind),\n"
+            f"    acquired_at = IF({ours}, VALUES(acquired_at), {row}acquired_at),\n"
+            f"    state = IF({ours}, 'processing', {row}state),\n"
+            f"    note = IF({ours}, VALUES(note), {row}note),\n"
+            f"    expires_at = IF({ours}, VALUES(expires_at), {row}expires_at)"
+        )
+        self.once_state = f"SELECT kind, state, expires_at > {NOW} FROM {t} WHERE lock_key = %s"
+        mine = "lock_key = %(key)s AND owner = %(owner)s AND token = %(token)s"
+        # key owner token state -> 1 row if the outcome was recorded (and the hold ended)
+        self.finish_once = (
+            f"UPDATE {t} SET state = %(state)s, owner = NULL, expires_at = {NOW} "
+            f"WHERE {mine} AND kind = 'once'"
+        )
+        least = "acquired_at + INTERVAL %(least_us)s MICROSECOND"
+        # key owner token least -> 1 row if ended, or kept until `least` s after the
+        # start. `owner` is assigned before `expires_at`; neither condition reads either column.
+        self.finish_scheduled = (
+            f"UPDATE {t} SET owner = IF({least} > {NOW}, owner, NULL), "
+            f"expires_at = GREATEST({least}, {NOW}) WHERE {mine}"
+        )
+        live = f"lock_key = %s AND owner = %s AND token = %s AND expires_at > {NOW}"
+        # ttl_us key owner token -> 1 row changed if the live hold was extended
+        self.renew = f"UPDATE {t} SET expires_at = {NOW} + INTERVAL %s MICROSECOND WHERE {live}"
+        cols = "lock_key, owner, token, acquired_at, expires_at, kind"
+        held = f"owner IS NOT NULL AND expires_at > {NOW}"
+        self.info = f"SELECT {cols} FROM {t} WHERE lock_key = %s AND {held}"
+        self.list_by_prefix = (
+            f"SELECT {cols} FROM {t} WHERE {held} AND LEFT(lock_key, %s) = %s ORDER BY lock_key"
+        )
+        self.list_all = f"SELECT {cols} FROM {t} WHERE {held} ORDER BY lock_key"
+        self.owner_token = f"SELECT owner, token, note FROM {t} WHERE lock_key = %(key)s"
+        self.force_release = (
+            f"UPDATE {t} SET owner = NULL, expires_at = {NOW} WHERE lock_key = %s AND {held}"
+        )
+        gone = (
+            f"expires_at <= {NOW} - INTERVAL %s MICROSECOND AND (kind <> 'once' OR "
+            f"(%s AND state IN ('succeeded', 'failed'))) AND {self.no_live_holders(t)}"
+        )
+        self.highest_purged_token = f"SELECT COALESCE(MAX(token), 0) FROM {t} WHERE {gone}"
+        self.remember_purged_tokens = f"UPDATE {meta} SET hwm = GREATEST(hwm, %s) WHERE id = 1"
+        self.purge = f"DELETE FROM {t} WHERE {gone} AND token <= %s"
+        # every table the schema has: a process that finds only some of them is looking at
+        # another process's creation halfway through, and must wait for it (GET_LOCK below)
+        self.table_names = (table, aux_name(table, "_meta"), aux_name(table, "_holders"))
+        digest = hashlib.sha1(t.encode(), usedforsecurity=False).hexdigest()[:16]
+        self.ddl_lock_name = f"dblock_ddl_{digest}"
+        self._build_hand_over(t, holders)
+        # key owner -> probe's (free, waiters ahead), microseconds left of the lease, and
+        # whether owner holds it
+        self.look = (
+            f"{self.probe},\n    (SELECT TIMESTAMPDIFF(MICROSECOND, {NOW}, expires_at) "
+            f"FROM {self.main} WHERE lock_key = %(key)s AND owner IS NOT NULL "
+            f"AND expires_at > {NOW}),\n"
+            f"    EXISTS (SELECT 1 FROM {self.main} WHERE lock_key = %(key)s "
+            f"AND owner = %(owner)s AND expires_at > {NOW})"
+        )
+        # key -> the key's next token, as insert id (inside the parent-locking transaction)
+        self.next_token = (
+            f"UPDATE {self.main} SET token = LAST_INSERT_ID(token + 1) WHERE lock_key = %s"
+        )
+        # schema table meta holders -> (table, column, the server is MySQL 8) of each of the
+        # tables that exists
+        self.find_tables = (
+            "SELECT t.table_name, c.column_name, VERSION() NOT LIKE '%%MariaDB%%' "
+            "FROM information_schema.tables t LEFT JOIN information_schema.columns c "
+            "ON c.table_schema = t.table_schema AND c.table_name = t.table_name "
+            "WHERE t.table_schema = COALESCE(%s, DATABASE()) "
+            "AND t.table_name IN (%s, %s, %s)"
+        )
+        self.is_mysql8 = "SELECT VERSION() NOT LIKE '%MariaDB%'"
+        # name -> one process creates the schema at a time
+        self.take_ddl_lock = "SELECT GET_LOCK(%s, 60)"
+        self.let_go_ddl_lock = "SELECT RELEASE_LOCK(%s)"
+        # the purge's scan does not leave gap locks on rows it does not delete
+        self.purge_isolation = "SET TRANSACTION ISOLATION LEVEL READ COMMITTED"
+
+    def _build_hand_over(self, t: str, holders: str) -> None:
+        """The statements of the hand-over: a release that gives the lock to the waiter its
+        doorbell wakes, the queue entries that let it find that waiter, and what waiters read."""
+        # key owner kind ttl lease bell -> make or refresh a queue entry (a refresh keeps its
+        # place); a waiter with a ``lease`` (seconds) takes hand-overs, told by the doorbell it
+        # waits at on connection ``bell`` (its id)
+        self.enqueue = (
+            f"INSERT INTO {holders} (lock_key, holder, kind, waiting, token, acquired_at,\n"
+            "    expires_at, lease, bell)\n"
+            f"VALUES (%(key)s, %(owner)s, %(kind)s, 1, 0, {NOW},\n"
+            f"    {NOW} + INTERVAL %(ttl_us)s MICROSECOND, %(lease)s, %(bell)s)\n"
+            "ON DUPLICATE KEY UPDATE kind = VALUES(kind), token = 0,\n"
+            "    expires_at = VALUES(expires_at), lease = VALUES(lease), bell = VALUES(bell),\n"
+            "    acquired_at = IF(waiting = 1, acquired_at, VALUES(acquired_at)), waiting = 1"
+        )
+        # key owner ttl bell -> one row if owner's live queue entry was still there (never made
+        # again: an entry a hand-over removed must stay gone)
+        self.requeue = (
+            f"UPDATE {holders} SET expires_at = {NOW} + INTERVAL %(ttl_us)s MICROSECOND, "
+            "bell = COALESCE(%(bell)s, bell) "
+            f"WHERE lock_key = %(key)s AND holder = %(owner)s AND waiting = 1 "
+            f"AND expires_at > {NOW}"
+        )
+        live = (
+            f"lock_key = %(key)s AND owner = %(owner)s AND token = %(token)s AND expires_at > {NOW}"
+        )
+        # key owner token -> 1 row changed if the live hold was ended (freed, not handed over)
+        self.release = f"UPDATE {t} SET owner = NULL, expires_at = {NOW} WHERE {live}"
+        # key owner token bell -> one transaction, sent as one packet, whose UPDATE (statement
+        # _HANDED) changes one row if the live hold was ended (handed over or freed). It locks
+        # the lock's row, takes the key's gate (see _doorbell.py), then lets go of the bell:
+        # the server gives the bell to the waiter that asked for it first, at once, and that
+        # waiter's pass through the gate waits for this commit to be on disk (InnoDB lets
+        # other sessions read a commit, and releases its row locks, before it writes the log:
+        # a hand-over read sooner could be undone by a server crash, and its token issued
+        # again); its wake-up overlaps the rest of the transaction. The lock goes to that
+        # waiter, found by its bell's connection id (IS_USED_LOCK; ids are compared in 32 bits,
+        # as the connection handshake gives them), if it has a live queue entry that takes
+        # hand-overs, and the gate was had: the next token, and a lease of its own, but no
+        # longer than its queue entry's (a waiter that died or froze holds it up no longer
+        # than its place in the queue would); its entry goes. `note` keeps the token that
+        # handed it over, for a retried release, and tells a waiter at the bell that the
+        # holder was handed the lock (so it waits for the bell). Otherwise the lock is freed.
+        # The SELECTs aggregate so that they always set their variables, even where no row
+        # matches. The gate is let go of after the COMMIT, which returns once on disk.
+        given = "@dblock_h IS NOT NULL"
+        gate = gate_sql("bell")
+        self.let_go_gate = f"DO RELEASE_LOCK({gate})"
+        self.release_and_hand_over = (
+            "START TRANSACTION;\n"
+            "SELECT COALESCE(MAX(IF(kind = 'lock', 2, 1)), 0) INTO @dblock_r\n"
+            f"FROM {t} WHERE {live} FOR UPDATE;\n"
+            f"SELECT GET_LOCK({gate}, 0) INTO @dblock_g;\n"
+            "DO RELEASE_LOCK(%(bell)s);\n"
+            "SELECT MAX(holder), MAX(LEAST("
+            f"{NOW} + INTERVAL ROUND(lease * 1000000) MICROSECOND, expires_at))\n"
+            f"INTO @dblock_h, @dblock_until FROM {holders} WHERE @dblock_r = 2 AND\n"
+            "    @dblock_g = 1 AND lock_key = %(key)s AND waiting = 1 AND kind = 'lock' AND\n"
+            f"    lease IS NOT NULL AND holder <> %(owner)s AND expires_at > {NOW} AND\n"
+            "    bell = IS_USED_LOCK(%(bell)s) & 4294967295 FOR UPDATE;\n"
+            f"UPDATE {t} SET owner = @dblock_h,\n"
+            f"    token = IF({given}, token + 1, token),\n"
+            f"    acquired_at = IF({given}, {NOW}, acquired_at),\n"
+            f"    expires_at = COALESCE(@dblock_until, {NOW}),\n"
+            f"    note = IF({given}, %(token)s, NULL)\n"
+            "WHERE @dblock_r > 0 AND lock_key = %(key)s;\n"
+            f"DELETE FROM {holders} WHERE lock_key = %(key)s AND holder = @dblock_h\n"
+            "    AND waiting = 1;\n"
+            "COMMIT;\n" + self.let_go_gate
+        )
+        # key owner -> the token of owner's live plain-lock hold (a waiter leaving the queue
+        # finds whether a release handed the lock to it)
+        self.handed_to = (
+            f"SELECT token FROM {t} WHERE lock_key = %(key)s AND owner = %(owner)s "
+            f"AND kind = 'lock' AND expires_at > {NOW}"
+        )
+        # key owner -> (1, token) if owner holds the lock, (0, handed) if another does: handed
+        # is 1 if a release handed it to that one; no row if it is free. A locking read: it
+        # waits for a release that is committing, and reads what it committed (a waiter asks
+        # it after the gate, which also waits for that commit to be on disk).
+        self.granted = (
+            f"SELECT owner = %(owner)s, IF(owner = %(owner)s, token, note IS NOT NULL) FROM {t} "
+            f"WHERE lock_key = %(key)s AND owner IS NOT NULL AND expires_at > {NOW} "
+            "LOCK IN SHARE MODE"
+        )
+
+    def later(self, name: str) -> str:
+        return f"{NOW} + INTERVAL %({name}_us)s MICROSECOND"
+
+    def earlier(self, name: str) -> str:
+        return f"{NOW} - INTERVAL %({name}_us)s MICROSECOND"

@@ -1,0 +1,383 @@
+"""PostgreSQL's statements: ``%(name)s`` parameters, time ``statement_timestamp()``, tokens
+from one sequence, releases that hand the lock to the head of the queue and NOTIFY it (see
+the store, ``backends/postgresql.py``)."""
+
+from __future__ import annotations
+
+import hashlib
+
+from .holders import HolderStatements
+from .names import aux_name, qualify
+
+NOW = "statement_timestamp()"
+
+#: SQL that commits the statement's transaction without waiting for its WAL to reach disk.
+#: For statements that issue no token:
+#: - joining a queue: a crash may lose the entry, but every client loses its connections then
+#:   too, and its waiters find their entries gone and queue again;
+#: - a release with nobody to hand the lock to: a crash may undo it, and the lock is then held
+#:   until its lease ends, as if its holder had died holding it. It cannot cost exclusion or
+#:   a token: WAL reaches the disk in order, so the commit of any later acquisition, which
+#:   waits for the disk, makes the release durable first.
+#: A statement that issues a token (an acquisition, a hand-over) always waits for the disk.
+NOT_DURABLE = "set_config('synchronous_commit', 'off', true)"
+
+
+class PostgresStatements(HolderStatements):
+    """Every statement of the PostgreSQL store, for one lock table."""
+
+    def __init__(self, schema: str | None, table: str) -> None:  # noqa: PLR0915 - one per statement
+        t = qualify(schema, table, '"')
+        seq = qualify(schema, aux_name(table, "_token_seq"), '"')
+        holders = qualify(schema, aux_name(table, "_holders"), '"')
+        super().__init__(t, holders, NOW)
+        self.seq = seq
+        #: the table's channel: releases that ring every client
+        self.channel = aux_name(table if schema is None else f"{schema}_{table}", "_released")
+        # -- schema
+        self.create_main_table = (
+            f"CREATE TABLE IF NOT EXISTS {t} (\n"
+            '    lock_key    text COLLATE "C" NOT NULL PRIMARY KEY,\n'
+            "    kind        varchar(16) NOT NULL DEFAULT 'lock',\n"
+            "    owner       varchar(255),\n"
+            "    token       bigint NOT NULL,\n"
+            "    acquired_at timestamptz NOT NULL,\n"
+            "    expires_at  timestamptz NOT NULL,\n"
+            "    state       varchar(16),\n"
+            "    note        text,\n"
+            "    joins       bigint NOT NULL DEFAULT 0  -- counts joins to the key's wait queue\n"
+            ")"
+        )
+        self.create_token_sequence = f"CREATE SEQUENCE IF NOT EXISTS {seq}"
+        self.create_holders_table = (
+            f"CREATE TABLE IF NOT EXISTS {holders} (\n"
+            '    lock_key    text COLLATE "C" NOT NULL,\n'
+            "    holder      varchar(255) NOT NULL,  -- the owner of a hold or queue entry\n"
+            "    kind        varchar(16) NOT NULL,\n"
+            "    waiting     smallint NOT NULL DEFAULT 0,  -- 1: a queue entry, not a hold\n"
+            "    token       bigint NOT NULL,\n"
+            "    acquired_at timestamptz NOT NULL,\n"
+            "    expires_at  timestamptz NOT NULL,\n"
+            "    lease       double precision,  -- a queue entry: the ttl (s) a hand-over gives\n"
+            "    channel     varchar(63),  -- a queue entry: where its client LISTENs\n"
+            "    PRIMARY KEY (lock_key, holder)\n"
+            ")"
+        )
+        self.ddl = [self.create_main_table, self.create_token_sequence, self.create_holders_table]
+        # dialect pieces for the multi-holder operations (see sql/holders.py)
+        self.ensure_parent = (
+            f"INSERT INTO {t} (lock_key, kind, owner, token, acquired_at, expires_at)\n"
+            f"VALUES (%(key)s, 'lock', NULL, nextval('{seq}'), {NOW}, {NOW})\n"
+            "ON CONFLICT (lock_key) DO NOTHING"
+        )
+        self.lock_parent = (
+            f"SELECT owner, owner IS NOT NULL AND expires_at > {NOW} FROM {t} "
+            "WHERE lock_key = %(key)s FOR UPDATE"
+        )
+        self.upsert_holder = (
+            f"INSERT INTO {holders} AS x (lock_key, holder, kind, waiting, token, acquired_at,\n"
+            "    expires_at)\n"
+            "VALUES (%(key)s, %(owner)s, %(kind)s, %(waiting)s, %(token)s,\n"
+            f"    {NOW}, {NOW} + make_interval(secs => %(ttl)s))\n"
+            "ON CONFLICT (lock_key, holder) DO UPDATE SET kind = EXCLUDED.kind,\n"
+            "    token = EXCLUDED.token, expires_at = EXCLUDED.expires_at,\n"
+            "    acquired_at = CASE WHEN x.waiting = 1 AND EXCLUDED.waiting = 1\n"
+            "        THEN x.acquired_at ELSE EXCLUDED.acquired_at END,\n"
+            "    waiting = EXCLUDED.waiting"
+        )
+        self.prefix_match = "left(lock_key, %(n)s) = %(prefix)s"
+
+        # key kind owner ttl -> one row (the new token) if taken, no row if held. A live row is
+        # taken only by its own owner (an idempotent retry); a `once` record never by a lock.
+        # A newcomer's also returns the key's join count, if no join came between the
+        # statement's snapshot and its row lock: a join that committed meanwhile is counted in
+        # the row it updates (it waited for the join's row lock) but its queue entry was
+        # invisible to the fairness clause; for a new row, a join found nothing to count
+        # itself on. NULL then: the release will not trust the count (see release) and hands
+        # over to whoever queued.
+        unchanged_joins = (
+            f"CASE WHEN joins = (SELECT s.joins FROM {t} s WHERE s.lock_key = %(key)s) "
+            "THEN joins END AS joins"
+        )
+
+        def acquire_sql(fair: str = "", *, newcomer: bool = False) -> str:
+            # the casts settle the parameter types, which the queue clause uses too
+            values = (
+                "%(key)s::text, %(kind)s::varchar, %(owner)s::varchar, "
+                f"nextval('{seq}'), {NOW},\n    {NOW} + make_interval(secs => %(ttl)s)"
+            )
+            # A row visibly held by someone else is skipped before the insert: ON CONFLICT DO
+            # UPDATE ... WHERE false would still lock that row and write WAL (a durable commit
+            # per failed try, competing with the holder's release).
+            busy = (
+                f"NOT EXISTS (SELECT 1 FROM {t} b WHERE b.lock_key = %(key)s AND "
+                f"(b.owner IS NULL OR b.owner <> %(owner)s) AND b.expires_at > {NOW})"
+            )
+            return (
+                f"INSERT INTO {t} AS l (lock_key, kind, owner, token, acquired_at, expires_at)\n"
+                f"SELECT {values} WHERE {busy}{fair and ' AND ' + fair}\n"
+                "ON CONFLICT (lock_key) DO UPDATE SET kind = EXCLUDED.kind,\n"
+                "    owner = EXCLUDED.owner, token = EXCLUDED.token,\n"
+                "    acquired_at = EXCLUDED.acquired_at, expires_at = EXCLUDED.expires_at,\n"
+                "    state = NULL, note = NULL\n"
+                f"WHERE (l.expires_at <= {NOW} AND l.kind <> 'once') OR l.owner = EXCLUDED.owner\n"
+                f"RETURNING token{', ' + unchanged_joins if newcomer else ''}"
+            )
+
+        # The fairness clause is tested once, in the SELECT: the ON CONFLICT condition would
+        # read the holders table with the same statement snapshot, so it adds nothing there.
+        self.acquire = acquire_sql()
+        # the same, when no live waiter is ahead of %(owner)s (a newcomer has no queue entry,
+        # so for it that is: when nobody waits), or when the lock is already %(owner)s's: handed
+        # over to it (its notification missed), or taken by a try whose reply was lost
+        mine = (
+            f"EXISTS (SELECT 1 FROM {t} m WHERE m.lock_key = %(key)s AND "
+            f"m.owner = %(owner)s AND m.expires_at > {NOW})"
+        )
+        newcomer = acquire_sql(f"({self.nobody_queued} OR {mine})", newcomer=True)
+        in_turn = acquire_sql(f"({self.nobody_ahead} OR {mine})")
+        self.acquire_or_enqueue = self._join_sql(newcomer)
+        # a queued waiter's success also deletes its queue entry, in the same statement
+        self.acquire_as_newcomer = newcomer
+        self.acquire_in_turn = (
+            f"WITH a AS ({in_turn}),\n"
+            f"d AS (DELETE FROM {self.holders} WHERE lock_key = %(key)s AND holder = %(owner)s "
+            "AND waiting = 1 AND EXISTS (SELECT 1 FROM a))\nSELECT token FROM a"
+        )
+        # key owner ttl note -> one row (the token) if the once-record was claimed: absent,
+        # failed, or processing with an expired lease (its holder crashed)
+        self.claim_once = (
+            f"INSERT INTO {t} AS l (lock_key, kind, owner, token, acquired_at, expires_at, state, "
+            "note)\n"
+            f"VALUES (%(key)s, 'once', %(owner)s, nextval('{seq}'), {NOW},\n"
+            f"        {NOW} + make_interval(secs => %(ttl)s), 'processing', %(note)s)\n"
+            "ON CONFLICT (lock_key) DO UPDATE SET kind = 'once', owner = EXCLUDED.owner,\n"
+            "    token = EXCLUDED.token, acquired_at = EXCLUDED.acquired_at,\n"
+            "    expires_at = EXCLUDED.expires_at, state = 'processing', note = EXCLUDED.note\n"
+            f"WHERE (l.kind <> 'once' AND l.expires_at <= {NOW}) OR (l.kind = 'once' AND\n"
+            f"    (l.state = 'failed' OR (l.state = 'processing' AND l.expires_at <= {NOW})))\n"
+            "    OR l.owner = EXCLUDED.owner\n"
+            "RETURNING token"
+        )
+        self.once_state = (
+            f"SELECT kind, state, expires_at > {NOW} FROM {t} WHERE lock_key = %(key)s"
+        )
+        mine = "lock_key = %(key)s AND owner = %(owner)s AND token = %(token)s"
+        # key owner token state -> 1 row if the outcome was recorded (and the hold ended)
+        self.finish_once = (
+            f"UPDATE {t} SET state = %(state)s, owner = NULL, expires_at = {NOW} "
+            f"WHERE {mine} AND kind = 'once'"
+        )
+        least = "acquired_at + make_interval(secs => %(least)s)"
+        # key owner token least -> 1 row if ended, or kept until `least` s after the start
+        self.finish_scheduled = (
+            f"UPDATE {t} SET owner = CASE WHEN {least} > {NOW} THEN owner END, "
+            f"expires_at = GREATEST({least}, {NOW}) WHERE {mine}"
+        )
+        live = (
+            f"lock_key = %(key)s AND owner = %(owner)s AND token = %(token)s AND expires_at > {NOW}"
+        )
+        # key owner token -> one row if the live hold was ended (and handed over, see below)
+        self.release_and_hand_over = self._release_sql(live)
+        # key owner token joins -> one row if the live hold was ended while nobody joined its
+        # queue since it was taken (``joins`` as the acquisition saw it): then there is nobody
+        # to hand over to, and this plain UPDATE does what the statement above would, cheaper.
+        # It issues no token, so it commits without waiting for the disk (see NOT_DURABLE).
+        self.release_unwaited = (
+            f"UPDATE {t} SET owner = NULL, expires_at = {NOW} WHERE {live} AND joins = %(joins)s"
+            f" RETURNING {NOT_DURABLE}"
+        )
+        # key owner -> one row if owner's hold (a hand-over to a waiter that has given up) was
+        # ended and handed on
+        self.hand_on = self._release_sql(
+            f"lock_key = %(key)s AND owner = %(owner)s AND expires_at > {NOW}"
+        )
+        # key owner token -> whether the row shows that (owner, token) released it: free with
+        # our token, or handed over by us (the hand-over marks the row with the token it ended)
+        self.released_by = (
+            f"SELECT (owner IS NULL AND token = %(token)s) OR note = %(token)s::text "
+            f"FROM {t} WHERE lock_key = %(key)s"
+        )
+        # key owner token ttl -> one row changed if the live hold was extended
+        self.renew = (
+            f"UPDATE {t} SET expires_at = {NOW} + make_interval(secs => %(ttl)s) WHERE {live}"
+        )
+        cols = "lock_key, owner, token, acquired_at, expires_at, kind"
+        held = f"owner IS NOT NULL AND expires_at > {NOW}"
+        self.info = f"SELECT {cols} FROM {t} WHERE lock_key = %(key)s AND {held}"
+        self.list_by_prefix = (
+            f"SELECT {cols} FROM {t} WHERE {held} AND left(lock_key, %(n)s) = %(prefix)s "
+            "ORDER BY lock_key"
+        )
+        self.list_all = f"SELECT {cols} FROM {t} WHERE {held} ORDER BY lock_key"
+        self.owner_token = f"SELECT owner, token FROM {t} WHERE lock_key = %(key)s"
+        # key -> one row if a live hold was ended; the head of the queue (or, with nobody
+        # queued, everyone) is rung ("<owner> <key>") and takes its turn itself
+        ring = (
+            f"pg_notify('{self.channel}', coalesce({self.head('r.lock_key')}, '') || ' ' || "
+            "r.lock_key)"
+        )
+        # ... and the holder's client hears "!<owner> <key>" (see watch): its on_lost fires
+        # at once instead of at its next renewal
+        lost = f"pg_notify('{self.channel}', '!' || r.old || ' ' || r.lock_key)"
+        self.force_release = (
+            f"WITH r AS (UPDATE {t} SET owner = NULL, expires_at = {NOW} FROM (SELECT lock_key "
+            f"AS k, owner AS old FROM {t} WHERE lock_key = %(key)s FOR UPDATE) o\n"
+            f"    WHERE lock_key = o.k AND {held} RETURNING lock_key, o.old)\n"
+            f"SELECT {ring}, {lost} FROM r"
+        )
+        # key owner -> one row if owner's queue entry was there to delete. A waiter that gives
+        # up leaves the queue and, if the lock is free, rings the next head so a notification
+        # meant for it is not lost. No row: the lock may have been handed to it meanwhile.
+        self.dequeue_and_ring = (
+            f"WITH d AS (DELETE FROM {self.holders} WHERE lock_key = %(key)s AND "
+            "holder = %(owner)s AND waiting = 1 RETURNING lock_key)\n"
+            f"SELECT CASE WHEN EXISTS (SELECT 1 FROM {t} WHERE lock_key = %(key)s "
+            f"AND (owner IS NULL OR expires_at <= {NOW})) THEN pg_notify('{self.channel}', "
+            f"coalesce({self.head('d.lock_key', besides=' AND holder <> %(owner)s')}, '') "
+            "|| ' ' || d.lock_key) END FROM d"
+        )
+        # key owner kind ttl lease -> make or refresh a queue entry (a refresh keeps its place)
+        self.enqueue = (
+            f"WITH {self._count_join()}\n"
+            f"INSERT INTO {holders} AS x (lock_key, holder, kind, waiting, token, acquired_at,\n"
+            "    expires_at, lease, channel)\n"
+            f"VALUES (%(key)s, %(owner)s, %(kind)s, 1, 0, {NOW},\n"
+            f"    {NOW} + make_interval(secs => %(ttl)s), %(lease)s, %(channel)s)\n"
+            "ON CONFLICT (lock_key, holder) DO UPDATE SET kind = EXCLUDED.kind,\n"
+            "    expires_at = EXCLUDED.expires_at, lease = EXCLUDED.lease,\n"
+            "    channel = EXCLUDED.channel,\n"
+            "    acquired_at = CASE WHEN x.waiting = 1 THEN x.acquired_at\n"
+            "        ELSE EXCLUDED.acquired_at END, waiting = 1, token = 0"
+        )
+        # key owner ttl -> one row if owner's live queue entry was still there (never re-made:
+        # an entry a hand-over removed must stay gone; an expired one lost its place, and the
+        # waiter joins again, which counts on the lock's row)
+        self.requeue = (
+            f"UPDATE {holders} SET expires_at = {NOW} + make_interval(secs => %(ttl)s) "
+            "WHERE lock_key = %(key)s AND holder = %(owner)s AND waiting = 1 "
+            f"AND expires_at > {NOW}"
+        )
+        # older inc -> deleted rows; tokens come from the sequence, so nothing to remember
+        self.purge = (
+            f"DELETE FROM {t} WHERE expires_at <= {NOW} - make_interval(secs => %(older)s) "
+            "AND (kind <> 'once' OR (%(inc)s AND state IN ('succeeded', 'failed'))) "
+            f"AND {self.no_live_holders(t)}"
+        )
+        # (object, column) of every object the schema has that exists (column NULL if none;
+        # a sequence's columns are last_value, log_cnt, is_called)
+        self.find_tables = (
+            "SELECT n.k, a.attname FROM (VALUES ('t', to_regclass(%(t)s)), "
+            "('s', to_regclass(%(s)s)), ('h', to_regclass(%(h)s))) AS n (k, oid) "
+            "LEFT JOIN pg_attribute a ON a.attrelid = n.oid AND a.attnum > 0 "
+            "AND NOT a.attisdropped WHERE n.oid IS NOT NULL"
+        )
+        self.table_names = {"t": t, "s": seq, "h": holders}
+        digest = hashlib.sha1(t.encode(), usedforsecurity=False).digest()
+        self.ddl_lock_id = int.from_bytes(digest[:8], "big", signed=True)
+
+        # -- shared holds and notices
+        # -> a new token (inside the parent-locking transaction)
+        self.next_token = f"SELECT nextval('{seq}')"
+        # key -> tells the holders of the live shared holds of key that they are being freed
+        # (delivered when the transaction that frees them commits)
+        self.announce_force = (
+            f"SELECT pg_notify('{self.channel}', '!' || holder || ' ' || lock_key) FROM "
+            f"{self.holders} WHERE lock_key = %(key)s AND waiting = 0 AND expires_at > {NOW}"
+        )
+        # key -> rings every waiter of key
+        self.ring_everyone = f"SELECT pg_notify('{self.channel}', ' ' || %(key)s)"
+        # lock id -> serialises schema creation (CREATE ... IF NOT EXISTS races on the catalog)
+        self.lock_for_ddl = "SELECT pg_advisory_xact_lock(%s)"
+
+    def _join_sql(self, newcomer: str) -> str:
+        """key kind owner ttl qttl -> one row (token, free, -, joins): the token and the key's
+        join count if taken; otherwise the caller joins the queue in the same statement (for a
+        waiter already subscribed to wake-ups), and ``free`` says the lock was freed meanwhile
+        by a release that could not see the join (see _release_sql): try again."""
+        return (
+            f"WITH a AS ({newcomer}),\n"
+            f"q AS (INSERT INTO {self.holders} (lock_key, holder, kind, waiting, token,\n"
+            "    acquired_at, expires_at, lease, channel)\n"
+            f"    SELECT %(key)s, %(owner)s, 'lock', 1, 0, {NOW},\n"
+            f"        {NOW} + make_interval(secs => %(qttl)s), %(ttl)s, %(channel)s\n"
+            "    WHERE NOT EXISTS (SELECT 1 FROM a)\n"
+            "    ON CONFLICT (lock_key, holder) DO UPDATE SET expires_at = EXCLUDED.expires_at,\n"
+            "        channel = EXCLUDED.channel),\n"
+            f"{self._count_join('AND NOT EXISTS (SELECT 1 FROM a)')}\n"
+            "SELECT (SELECT token FROM a), (SELECT free FROM j), (SELECT "
+            f"{NOT_DURABLE} WHERE NOT EXISTS (SELECT 1 FROM a)), (SELECT joins FROM a)"
+        )
+
+    def _count_join(self, condition: str = "") -> str:
+        """A CTE ``j`` that counts a join to the queue of %(key)s on its row (``joins``): the
+        release of a lock waits for it, and so notices a waiter its snapshot missed; ``free``:
+        the row, as it is after that wait, is not held."""
+        return (
+            f"j AS (UPDATE {self.main} SET joins = joins + 1 WHERE lock_key = %(key)s "
+            f"{condition}\n    RETURNING expires_at <= {NOW} AS free)"
+        )
+
+    def _release_sql(self, match: str) -> str:
+        """SQL that ends the hold matched by ``match`` and hands the lock over: one row if ended.
+
+        The head of the key's wait queue gets the lock with a new token and a lease of its own
+        ttl, but no longer than its queue entry's (a waiter that died or froze holds it up no
+        longer than its place in the queue would), and its queue entry goes; the NOTIFY
+        ``=<token> <owner> <key>`` tells it, on its client's own channel (the entry's
+        ``channel``; the table's for an entry without one), so other clients sleep on. The
+        head is locked with SKIP LOCKED: a waiter that is leaving the queue (or refreshing its
+        entry) just now is passed over, not granted.
+        The row remembers the token that handed it over (``note``), for a retried release.
+        Without a waiter that takes hand-overs (an entry without a lease: its client hears no
+        releases) it is freed, and the head, or for a write lock everyone, is rung instead
+        (``<owner> <key>``).
+
+        A waiter that joins the queue while the lock is released would be missed by both: the
+        release's snapshot predates its entry, and its own statement saw the lock held. So a
+        join also counts itself on the lock's row (``joins``), and locks that row doing so.
+        If the join came first, the release's UPDATE waits for it and then sees the count
+        changed: with nobody to hand over to, it rings everyone (`` <key>``). If the release
+        came first, the join waits for it and then sees the row free: it tries again itself.
+        """
+        t, seq, ch = self.main, self.seq, self.channel
+        head = (
+            "SELECT holder, lease, channel, "
+            f"LEAST({NOW} + make_interval(secs => lease), expires_at) AS "
+            f"until FROM {self.holders} WHERE lock_key = %(key)s AND waiting = 1 AND "
+            f"kind = 'lock' AND expires_at > {NOW} ORDER BY acquired_at, holder LIMIT 1 "
+            "FOR UPDATE SKIP LOCKED"
+        )
+        given = "g.holder IS NOT NULL"
+        told = f"coalesce(h.channel, '{ch}')"  # where the head's client listens
+        return (
+            f"WITH h AS ({head}),\n"
+            f"r AS (UPDATE {t} SET owner = g.holder,\n"
+            f"    kind = CASE WHEN {given} THEN 'lock' ELSE {t}.kind END,\n"
+            f"    token = CASE WHEN {given} THEN nextval('{seq}') ELSE {t}.token END,\n"
+            f"    acquired_at = CASE WHEN {given} THEN {NOW} ELSE {t}.acquired_at END,\n"
+            f"    expires_at = coalesce(g.until, {NOW}),\n"
+            f"    note = CASE WHEN {given} THEN %(token)s::text END\n"
+            "    FROM (SELECT 1) one LEFT JOIN h g ON g.lease IS NOT NULL\n"
+            f"    WHERE {match}\n"
+            f"    RETURNING {t}.lock_key, {t}.kind, {t}.owner, {t}.token, {t}.joins),\n"
+            f"d AS (DELETE FROM {self.holders} x USING r WHERE x.lock_key = %(key)s\n"
+            "    AND x.holder = r.owner AND x.waiting = 1)\n"
+            "SELECT CASE WHEN r.owner IS NOT NULL\n"
+            f"    THEN pg_notify({told}, '=' || r.token || ' ' || r.owner || ' ' || r.lock_key)\n"
+            f"    WHEN r.joins <> (SELECT s.joins FROM {t} s WHERE s.lock_key = r.lock_key)\n"
+            f"    THEN pg_notify('{ch}', ' ' || r.lock_key)\n"
+            "    WHEN r.kind = 'write' OR h.holder IS NOT NULL\n"
+            f"    THEN pg_notify({told}, coalesce(h.holder, '') || ' ' || r.lock_key) END\n"
+            "FROM r LEFT JOIN h ON true"
+        )
+
+    def listen(self, own_channel: str) -> str:
+        """A client's listener hears the table's channel and its own."""
+        return f'LISTEN "{self.channel}"; LISTEN "{own_channel}"'
+
+    def later(self, name: str) -> str:
+        return f"{NOW} + make_interval(secs => %({name})s)"
+
+    def earlier(self, name: str) -> str:
+        return f"{NOW} - make_interval(secs => %({name})s)"
