@@ -1,17 +1,15 @@
-"""The Lock contract, run identically on every backend (no backend branches here)."""
+"""The Lock contract, run identically on every provider (no store branches here)."""
 
 from __future__ import annotations
 
 import threading
 import time
-import uuid
 from datetime import timedelta
 
 import pytest
 
 import dblock
-from dblock.backends._names import aux_name
-from tests._servers import drop_tables, raw_connect
+from tests.providers import Provider
 
 KEYS_THAT_MUST_SURVIVE = [
     "'; DROP TABLE dblock_locks; --",
@@ -235,7 +233,7 @@ def test_renew_rejects_bad_ttl(client: dblock.Client, key: str) -> None:
 
 
 def test_tokens_strictly_increase_across_everything(
-    client: dblock.Client, db_url: str, table: str, key: str
+    client: dblock.Client, provider: Provider, table: str, key: str
 ) -> None:
     tokens: list[int] = []
 
@@ -257,7 +255,7 @@ def test_tokens_strictly_increase_across_everything(
     assert client.purge() >= 1  # purge deletes the row
     assert client.info(key) is None
     take(client).release()
-    with dblock.connect(db_url, table=table) as fresh:  # a new client
+    with provider.connect(table=table) as fresh:  # a new client
         take(fresh).release()
         fresh.purge()
         take(fresh).release()
@@ -371,58 +369,17 @@ def test_purge_respects_older_than_and_live_holds(client: dblock.Client) -> None
         client.purge(-1)
 
 
-def test_create_schema_false_on_missing_table(db_url: str, table: str) -> None:
+def test_create_schema_false_on_missing_table(provider: Provider, table: str) -> None:
     with pytest.raises(dblock.ConfigurationError, match="dblock schema"):
-        dblock.connect(db_url, table=table, create_schema=False)
-    dblock.connect(db_url, table=table).close()
-    dblock.connect(db_url, table=table).close()  # idempotent
-    with dblock.connect(db_url, table=table, create_schema=False) as client:
+        provider.connect(table=table, create_schema=False)
+    provider.connect(table=table).close()
+    provider.connect(table=table).close()  # idempotent
+    with provider.connect(table=table, create_schema=False) as client:
         assert client.list() == []
 
 
-#: columns later dblock versions added to tables an earlier one made: (table suffix, column)
-_ADDED_COLUMNS = {
-    "postgresql": [("_holders", "lease"), ("", "joins")],
-    "mysql": [("", "queued_until"), ("_holders", "lease"), ("_holders", "bell")],
-}
-
-
-def test_create_schema_upgrades_a_table_of_an_earlier_version(server_db_url: str, key: str) -> None:
-    table = "t_" + uuid.uuid4().hex[:16]
-    dialect = "postgresql" if server_db_url.startswith("postgresql") else "mysql"
-    dblock.connect(server_db_url, table=table).close()
-    conn = raw_connect(server_db_url)
-    try:
-        cur = conn.cursor()
-        for suffix, column in _ADDED_COLUMNS[dialect]:
-            cur.execute(
-                f"ALTER TABLE {aux_name(table, suffix) if suffix else table} DROP COLUMN {column}"
-            )
-        if dialect == "mysql":  # the key collation of earlier versions, which pads
-            for name in (table, aux_name(table, "_holders")):
-                cur.execute(
-                    f"ALTER TABLE {name} MODIFY lock_key VARCHAR(255) CHARACTER SET utf8mb4 "
-                    "COLLATE utf8mb4_bin NOT NULL"
-                )
-        with pytest.raises(dblock.ConfigurationError, match="dblock schema"):
-            dblock.connect(server_db_url, table=table, create_schema=False)
-        with dblock.connect(server_db_url, table=table) as client:
-            holder, waiter = client.lock(key), client.lock(key, reentrant=False)
-            assert holder.acquire()
-            assert not waiter.acquire(timeout=0.2), "a waiter queues on the upgraded table"
-            holder.release()
-            assert waiter.acquire(timeout=5)
-            waiter.release()
-            with client.lock(key, timeout=0), client.lock(key + " ", timeout=0):
-                pass  # two keys: the upgraded key columns do not pad
-        dblock.connect(server_db_url, table=table, create_schema=False).close()
-    finally:
-        conn.close()
-        drop_tables(server_db_url, table)
-
-
-def test_client_is_a_context_manager_and_closes(db_url: str, table: str) -> None:
-    with dblock.connect(db_url, table=table) as client:
+def test_client_is_a_context_manager_and_closes(provider: Provider, table: str) -> None:
+    with provider.connect(table=table) as client:
         pass
     client.close()  # idempotent
     with pytest.raises(dblock.BackendError, match="closed"):
