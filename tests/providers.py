@@ -35,9 +35,11 @@ Adding a store: its module, one entry in PROVIDERS, a CI service line.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import shutil
 import sqlite3
 import subprocess
+import threading
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -394,6 +396,25 @@ def _private_mariadb(root: Path) -> contextlib.AbstractContextManager[Any]:
     return private_mariadb(root)
 
 
+def _memory_unavailable() -> str | None:
+    if importlib.util.find_spec("dblock.backends._contract") is None:
+        return (
+            "the memory store implements the store contract (dblock.backends._contract), "
+            "which this dblock does not have yet"
+        )
+    return None
+
+
+def _memory_client(state: dict[str, Any], table: str, kw: dict[str, Any]) -> dblock.Client:
+    from tests.contract._memory_store import MemoryStore, Tables
+
+    with _MEMORY_SETUP:
+        tables = state.setdefault("tables", Tables())
+    return dblock.Client(MemoryStore(tables, table, **kw))  # type: ignore[call-arg,arg-type]
+
+
+_MEMORY_SETUP = threading.Lock()
+
 PROVIDERS: tuple[Entry, ...] = (
     Entry(
         name="sqlite",
@@ -443,6 +464,15 @@ PROVIDERS: tuple[Entry, ...] = (
         own_store=_same_store,
         # another session holds LOCK TABLES <table> WRITE, so renewals block
         outage=_locking_outage("LOCK TABLES `{table}` WRITE", "UNLOCK TABLES"),
+    ),
+    Entry(
+        name="memory",
+        dialect=None,
+        # what tests/contract/_memory_store.MemoryStore declares; none of the harness ones
+        capabilities=frozenset({"FairQueue", "SharedHolds", "OnceRecords"}),
+        url=lambda _tmp: None,
+        make_client=_memory_client,
+        unavailable=_memory_unavailable,
     ),
 )
 
