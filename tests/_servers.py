@@ -132,3 +132,23 @@ def execute(url: str, *statements: str) -> None:
             conn.commit()
     finally:
         conn.close()
+
+
+def demo_tables(url: str) -> set[str]:
+    """The tables of ``url``'s database (schema) whose names start ``dblock_demo_``."""
+    conn = raw_connect(url)
+    try:
+        cur = conn.cursor()
+        if url.startswith("sqlite"):
+            cur.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+        else:
+            cur.execute(
+                "SELECT table_name FROM information_schema.tables "
+                "WHERE table_schema = current_schema()"
+                if url.startswith("postgres")
+                else "SELECT table_name FROM information_schema.tables "
+                "WHERE table_schema = DATABASE()"
+            )
+        return {str(row[0]) for row in cur.fetchall() if str(row[0]).startswith("dblock_demo_")}
+    finally:
+        conn.close()

@@ -26,6 +26,7 @@ provider and what a test may do to it:
 ``restart``    a private server of its own can be started, SIGKILLed and started again
                (``private_server``)
 ``durable``    what was committed survives the store's process dying
+``advisory``   the database has session advisory locks of its own (the demo's strategy 7)
 ``handover``   a release hands the lock straight to the head waiter (it holds the lock
                before it runs again)
 
@@ -78,6 +79,7 @@ HARNESS_CAPABILITIES = frozenset(
         "restart",
         "durable",
         "handover",
+        "advisory",
     }
 )
 _SQL_STORE = frozenset({"url", "processes", "cli", "sql", "outage", "pool", "durable"})
@@ -97,6 +99,8 @@ class Entry:
     #: checked before each test: the store is reachable, else skip (fail under
     #: DBLOCK_REQUIRE_SERVERS=1); or None
     check: Callable[[str | None], None] | None = None
+    #: the server's port when the URL names none (capability "server")
+    default_port: int | None = None
     #: the store's SQL identifier quote and parameter marker (capability "sql")
     q: str = '"'
     mark: str = "%s"
@@ -168,8 +172,8 @@ class Provider:
         """Remove ``table`` and what lives beside it (after a test)."""
         if self.url is not None:
             drop_tables(self.url, table)
-        else:
-            self._state.pop(table, None)
+        elif "tables" in self._state:  # a store of the test's own (memory)
+            self._state["tables"].tables.pop(table, None)
 
     # -- sql ---------------------------------------------------------------------------------
 
@@ -433,9 +437,10 @@ PROVIDERS: tuple[Entry, ...] = (
     ),
     Entry(
         name="postgresql",
-        capabilities=STORE_CAPABILITIES | _SQL_STORE | _SERVER | {"handover"},
+        capabilities=STORE_CAPABILITIES | _SQL_STORE | _SERVER | {"handover", "advisory"},
         dialect="postgresql",
         url=lambda _tmp: POSTGRESQL_URL,
+        default_port=5432,
         check=_check("postgresql"),
         q='"',
         hold_up_writes=_row_lock('"'),
@@ -451,9 +456,11 @@ PROVIDERS: tuple[Entry, ...] = (
         capabilities=frozenset({"FairQueue", "SharedHolds", "OnceRecords", "Wakeups"})
         | {"SchemaScript"}
         | _SQL_STORE
-        | _SERVER,
+        | _SERVER
+        | {"advisory"},
         dialect="mysql",
         url=lambda _tmp: MYSQL_URL,
+        default_port=3306,
         check=_check("mysql"),
         q="`",
         hold_up_writes=_row_lock("`"),

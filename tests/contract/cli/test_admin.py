@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -84,21 +83,3 @@ def test_schema_applied_by_hand_is_accepted(
         with client.lock(key, ttl=5, timeout=5) as lock:
             assert lock.token is not None
         assert client.info(key) is None
-
-
-def test_schema_without_connecting() -> None:
-    for dialect in ("postgresql", "mysql", "sqlite"):
-        done = subprocess.run(
-            [
-                *Dblock("postgresql://nobody:pw@127.0.0.1:1/none", "locks", Path()).argv(
-                    "schema", "--dialect", dialect
-                )
-            ],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
-        assert done.returncode == 0, done.stderr
-        assert '"locks"' in done.stdout or "`locks`" in done.stdout
-        assert done.stdout.rstrip().endswith(";")
