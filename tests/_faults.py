@@ -5,12 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 import dblock
+from tests._internals import store_of
 from tests._servers import raw_connect
 
 
 def session_ids(client: dblock.Client) -> list[int]:
     """Server-side ids of the client's pooled connections (reaches into the pool: tests only)."""
-    backend: Any = client._store
+    backend: Any = store_of(client)
     ids = []
     for conn in list(backend._idle):
         if client.dialect == "postgresql":

@@ -87,3 +87,68 @@ def drop_tables(url: str, table: str) -> None:
             cur.execute(f'DROP SEQUENCE IF EXISTS "{aux_name(table, "_token_seq")}"')
     finally:
         conn.close()
+
+
+def columns(url: str, name: str) -> list[str] | None:
+    """The columns of table ``name`` (None if there is no such relation), read without dblock."""
+    conn: Any = raw_connect(url)
+    try:
+        cur = conn.cursor()
+        scheme = urlsplit(url).scheme
+        if scheme == "sqlite":
+            cur.execute("SELECT name FROM sqlite_master WHERE name = ?", (name,))
+            if cur.fetchone() is None:
+                return None
+            cur.execute(f'PRAGMA table_info("{name}")')
+            return [row[1] for row in cur.fetchall()]
+        if scheme == "postgresql":
+            cur.execute("SELECT to_regclass(%s) IS NOT NULL", (f'"{name}"',))
+            if not cur.fetchone()[0]:
+                return None
+            cur.execute(
+                "SELECT attname FROM pg_attribute WHERE attrelid = to_regclass(%s) "
+                "AND attnum > 0 AND NOT attisdropped ORDER BY attnum",
+                (f'"{name}"',),
+            )
+            return [row[0] for row in cur.fetchall()]
+        cur.execute(
+            "SELECT column_name FROM information_schema.columns WHERE table_schema = DATABASE() "
+            "AND table_name = %s ORDER BY ordinal_position",
+            (name,),
+        )
+        found = [row[0] for row in cur.fetchall()]
+        return found or None
+    finally:
+        conn.close()
+
+
+def execute(url: str, *statements: str) -> None:
+    conn: Any = raw_connect(url)
+    try:
+        cur = conn.cursor()
+        for statement in statements:
+            cur.execute(statement)
+        if urlsplit(url).scheme == "sqlite":
+            conn.commit()
+    finally:
+        conn.close()
+
+
+def demo_tables(url: str) -> set[str]:
+    """The tables of ``url``'s database (schema) whose names start ``dblock_demo_``."""
+    conn = raw_connect(url)
+    try:
+        cur = conn.cursor()
+        if url.startswith("sqlite"):
+            cur.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+        else:
+            cur.execute(
+                "SELECT table_name FROM information_schema.tables "
+                "WHERE table_schema = current_schema()"
+                if url.startswith("postgres")
+                else "SELECT table_name FROM information_schema.tables "
+                "WHERE table_schema = DATABASE()"
+            )
+        return {str(row[0]) for row in cur.fetchall() if str(row[0]).startswith("dblock_demo_")}
+    finally:
+        conn.close()

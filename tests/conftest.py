@@ -16,6 +16,14 @@ import dblock
 from tests._servers import BACKENDS, POSTGRESQL_URL, drop_tables, require_server, server_url
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "needs(*capabilities): the test runs only on providers with these capabilities "
+        "(tests/providers.py); elsewhere it is skipped by capability",
+    )
+
+
 @pytest.fixture(params=BACKENDS)
 def dialect(request: pytest.FixtureRequest) -> str:
     return str(request.param)

@@ -1,87 +1,14 @@
-"""dblock.fencing: the guarded UPDATE rejects stale tokens on every backend."""
+"""dblock.fencing: the statements it builds, and the arguments it refuses (no store; the
+guarded UPDATE against each store is tests/contract/test_fencing.py)."""
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Iterator
 from typing import Any
-from urllib.parse import urlsplit
 
 import pytest
 
 import dblock
 import dblock.fencing
-from tests._servers import raw_connect
-
-
-@pytest.fixture
-def resource(db_url: str) -> Iterator[tuple[Any, str, str]]:
-    """A protected table (id, balance, fence_token) with rows 1 and 2, dropped afterwards."""
-    name = "fenced_" + uuid.uuid4().hex[:12]
-    scheme = urlsplit(db_url).scheme
-    dialect = {"postgres": "postgresql", "mariadb": "mysql"}.get(scheme, scheme)
-    q = "`" if dialect == "mysql" else '"'
-    conn = raw_connect(db_url)
-    cur = conn.cursor()
-    cur.execute(
-        f"CREATE TABLE {q}{name}{q} (id INTEGER PRIMARY KEY, balance INTEGER NOT NULL, "
-        "fence_token BIGINT)"
-    )
-    cur.execute(f"INSERT INTO {q}{name}{q} (id, balance, fence_token) VALUES (1, 100, NULL)")
-    cur.execute(f"INSERT INTO {q}{name}{q} (id, balance, fence_token) VALUES (2, 100, 0)")
-    try:
-        yield conn, dialect, name
-    finally:
-        conn.cursor().execute(f"DROP TABLE IF EXISTS {q}{name}{q}")
-        conn.close()
-
-
-def _row(conn: Any, dialect: str, name: str, rid: int) -> tuple[int, int | None]:
-    q = "`" if dialect == "mysql" else '"'
-    mark = "?" if dialect == "sqlite" else "%s"
-    cur = conn.cursor()
-    cur.execute(f"SELECT balance, fence_token FROM {q}{name}{q} WHERE id = {mark}", (rid,))
-    balance, token = cur.fetchone()
-    return int(balance), None if token is None else int(token)
-
-
-def test_stale_token_rejected_newer_accepted(resource: tuple[Any, str, str]) -> None:
-    conn, dialect, name = resource
-    stmt = dblock.fencing.fenced_update(dialect, name, ["balance"], ["id"])
-    cur = conn.cursor()
-    assert stmt.execute(cur, [90], [1], 5)  # NULL token: first write accepted
-    assert _row(conn, dialect, name, 1) == (90, 5)
-    assert not stmt.execute(cur, [80], [1], 4)  # stale
-    assert not stmt.execute(cur, [80], [1], 5)  # equal is stale too
-    assert _row(conn, dialect, name, 1) == (90, 5)
-    assert stmt.execute(cur, [70], [1], 6)
-    assert _row(conn, dialect, name, 1) == (70, 6)
-    assert _row(conn, dialect, name, 2) == (100, 0)  # other rows untouched
-    assert not stmt.execute(cur, [1], [3], 99)  # a missing row reads as rejected
-
-
-def test_with_real_lock_tokens(db_url: str, table: str, resource: tuple[Any, str, str]) -> None:
-    """The pattern from the docs: an earlier hold's token loses to a later one."""
-    conn, dialect, name = resource
-    stmt = dblock.fencing.fenced_update(dialect, name, ["balance"], ["id"])
-    with dblock.connect(db_url, table=table) as client:
-        assert client.dialect == dialect
-        first = client.lock("acct:2", ttl=0.2)
-        assert first.acquire(timeout=5)
-        old = first.token
-        assert old is not None
-        second = client.lock("acct:2", ttl=5, reentrant=False)
-        assert second.acquire(timeout=10)  # after the first lease ran out
-        new = second.token
-        assert new is not None
-        assert new > old
-        cur = conn.cursor()
-        assert stmt.execute(cur, [50], [2], new)
-        assert not stmt.execute(cur, [999], [2], old)  # the paused first holder wakes up
-        assert _row(conn, dialect, name, 2) == (50, new)
-        second.release()
-        with pytest.raises(dblock.LockLost):
-            first.release()
 
 
 def test_composite_key_and_schema_and_aliases() -> None:

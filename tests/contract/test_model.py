@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 
 import dblock
+from tests.providers import Provider
 
 
 class LockTable(RuleBasedStateMachine):
@@ -91,8 +92,8 @@ class LockTable(RuleBasedStateMachine):
 
 
 @pytest.mark.slow
-def test_lock_table_model(client: dblock.Client, db_url: str, table: str) -> None:
-    with dblock.connect(db_url, table=table) as other:
+def test_lock_table_model(client: dblock.Client, provider: Provider, table: str) -> None:
+    with provider.connect(table=table) as other:
         run_state_machine_as_test(
             lambda: LockTable([client, other]),
             settings=settings(max_examples=40, stateful_step_count=25, deadline=None),

@@ -8,9 +8,12 @@ import dblock
 
 from .conftest import Dblock, alive, finish, wait_for
 
-pytestmark = pytest.mark.skipif(
-    not hasattr(dblock.Client, "once"), reason="Client.once() has not landed yet"
-)
+pytestmark = [
+    pytest.mark.skipif(
+        not hasattr(dblock.Client, "once"), reason="Client.once() has not landed yet"
+    ),
+    pytest.mark.needs("OnceRecords"),
+]
 
 
 def test_runs_at_most_once_successfully(cli: Dblock, key: str) -> None:

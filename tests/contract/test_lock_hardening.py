@@ -17,18 +17,18 @@ from pathlib import Path
 import pytest
 
 import dblock
-from tests._servers import POSTGRESQL_URL
+from tests.providers import Provider
 
 # -- point 3: a re-entrant acquire asks the database ---------------------------------------
 
 
 def test_reentry_after_force_release_does_not_trust_memory(
-    db_url: str, table: str, key: str
+    provider: Provider, table: str, key: str
 ) -> None:
     lost = threading.Event()
     with (
-        dblock.connect(db_url, table=table) as client,
-        dblock.connect(db_url, table=table) as operator,
+        provider.connect(table=table) as client,
+        provider.connect(table=table) as operator,
     ):
         lock = client.lock(key, ttl=30, on_lost=lambda _lock: lost.set())
         assert lock.acquire()
@@ -108,9 +108,10 @@ _PAUSED_HOLDER = textwrap.dedent(
 )
 
 
+@pytest.mark.needs("processes")
 @pytest.mark.parametrize("how", ["expired", "force-released"])
 def test_a_paused_holder_whose_lease_was_taken_cannot_reenter(
-    db_url: str, table: str, key: str, how: str
+    provider: Provider, db_url: str, table: str, key: str, how: str
 ) -> None:
     ttl = 1.0 if how == "expired" else 30.0
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
@@ -125,7 +126,7 @@ def test_a_paused_holder_whose_lease_was_taken_cannot_reenter(
     try:
         first = json.loads(child.stdout.readline())["token"]
         child.send_signal(signal.SIGSTOP)
-        with dblock.connect(db_url, table=table) as other:
+        with provider.connect(table=table) as other:
             if how == "force-released":
                 assert other.force_release(key)  # an operator, while the holder is frozen
             taker = other.lock(key, ttl=30)
@@ -257,9 +258,10 @@ def test_the_error_is_documented_in_the_tree() -> None:
 # -- point 4: a force-release reaches the holder -------------------------------------------
 
 
+@pytest.mark.needs("LossPush")
 @pytest.mark.parametrize("auto_renew", [True, False])
-def test_force_release_is_pushed_to_the_holder_on_postgresql(
-    pg_table: str, key: str, auto_renew: bool
+def test_force_release_is_pushed_to_the_holder(
+    provider: Provider, table: str, key: str, auto_renew: bool
 ) -> None:
     """With a 60 s lease the next renewal is 20 s away: on_lost comes well before it."""
     lost: list[dblock.Lock] = []
@@ -270,8 +272,8 @@ def test_force_release_is_pushed_to_the_holder_on_postgresql(
         heard.set()
 
     with (
-        dblock.connect(POSTGRESQL_URL, table=pg_table) as client,
-        dblock.connect(POSTGRESQL_URL, table=pg_table) as operator,
+        provider.connect(table=table) as client,
+        provider.connect(table=table) as operator,
     ):
         lock = client.lock(key, ttl=60, auto_renew=auto_renew, on_lost=on_lost)
         lock.acquire()
@@ -288,11 +290,12 @@ def test_force_release_is_pushed_to_the_holder_on_postgresql(
         assert lost == [lock]  # once, and never for the lock that was not freed
 
 
-def test_force_release_of_a_shared_hold_is_pushed_on_postgresql(pg_table: str, key: str) -> None:
+@pytest.mark.needs("LossPush", "SharedHolds")
+def test_force_release_of_a_shared_hold_is_pushed(provider: Provider, table: str, key: str) -> None:
     heard = threading.Event()
     with (
-        dblock.connect(POSTGRESQL_URL, table=pg_table) as client,
-        dblock.connect(POSTGRESQL_URL, table=pg_table) as operator,
+        provider.connect(table=table) as client,
+        provider.connect(table=table) as operator,
     ):
         read = client.rwlock(key, ttl=60).read_lock(on_lost=lambda _l: heard.set(), auto_renew=True)
         read.acquire()
@@ -303,13 +306,13 @@ def test_force_release_of_a_shared_hold_is_pushed_on_postgresql(pg_table: str, k
 
 
 def test_force_release_is_noticed_by_the_next_renewal_elsewhere(
-    client: dblock.Client, db_url: str, table: str, key: str
+    client: dblock.Client, provider: Provider, table: str, key: str
 ) -> None:
-    """Where nothing is pushed (SQLite, MySQL), the documented bound: the next renewal."""
+    """Where nothing is pushed (no LossPush), the documented bound: the next renewal."""
     heard = threading.Event()
     lock = client.lock(key, ttl=1.5, auto_renew=True, on_lost=lambda _l: heard.set())
     lock.acquire()
-    with dblock.connect(db_url, table=table) as operator:
+    with provider.connect(table=table) as operator:
         assert operator.force_release(key)
     assert heard.wait(5)  # renewals run every ttl/3 = 0.5 s
     assert not lock.held
@@ -338,6 +341,7 @@ _LOOP_WORKER = textwrap.dedent(
 )
 
 
+@pytest.mark.needs("processes")
 def test_to_thread_critical_sections_exclude_across_processes(
     db_url: str, table: str, key: str, tmp_path: Path
 ) -> None:

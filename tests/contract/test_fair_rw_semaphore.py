@@ -13,8 +13,9 @@ import pytest
 import dblock
 from dblock._engine import QUEUE_TTL
 from dblock.backends.sql.names import aux_name
-from tests._servers import raw_connect
+from tests._internals import store_of
 from tests._waiting import until
+from tests.providers import Provider
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
@@ -41,13 +42,12 @@ def finish(procs: list[subprocess.Popen[str]], timeout: float = 120) -> list[str
     return outs
 
 
-def queued(db_url: str, table: str, key: str) -> int:
+def queued(provider: Provider, table: str, key: str) -> int:
     """Live queue entries of ``key``, read straight from the holders table."""
-    conn = raw_connect(db_url)
+    conn = provider.raw()
     try:
         cur = conn.cursor()
-        q = "`" if db_url.startswith("mysql") else '"'
-        mark = "?" if db_url.startswith("sqlite") else "%s"
+        q, mark = provider.q, provider.mark
         cur.execute(
             f"SELECT count(*) FROM {q}{aux_name(table, '_holders')}{q} "
             f"WHERE lock_key = {mark} AND waiting = 1",
@@ -69,32 +69,40 @@ def overlaps(intervals: list[tuple[int, int]]) -> int:
 
 
 # -- fair ---------------------------------------------------------------------------------
+@pytest.mark.needs("FairQueue", "processes", "sql")
 def test_fair_waiters_acquire_in_the_order_they_started_waiting(
-    db_url: str, table: str, key: str
+    provider: Provider, db_url: str, table: str, key: str
 ) -> None:
-    with dblock.connect(db_url, table=table) as client:
+    with provider.connect(table=table) as client:
         holder = client.lock(key, fair=True)
         holder.acquire()
         procs = []
         for idx in range(5):
             procs.append(spawn("fair", db_url, table, key, str(idx), "60"))
-            until(lambda n=idx + 1: queued(db_url, table, key) == n, f"{idx + 1} waiters queue", 30)
+            until(
+                lambda n=idx + 1: queued(provider, table, key) == n, f"{idx + 1} waiters queue", 30
+            )
         holder.release()
         outs = finish(procs)
     order = [int(idx) for idx, _ in sorted((o.split() for o in outs), key=lambda p: int(p[1]))]
     assert order == [0, 1, 2, 3, 4]
 
 
-def test_a_killed_waiter_does_not_stall_the_queue(db_url: str, table: str, key: str) -> None:
-    with dblock.connect(db_url, table=table) as client:
+@pytest.mark.needs("FairQueue", "processes", "sql")
+def test_a_killed_waiter_does_not_stall_the_queue(
+    provider: Provider, db_url: str, table: str, key: str
+) -> None:
+    with provider.connect(table=table) as client:
         holder = client.lock(key, fair=True)
         holder.acquire()
         doomed = spawn("fair", db_url, table, key, "0", "60")
-        until(lambda: queued(db_url, table, key) == 1, "a waiter queues", 30)
+        until(lambda: queued(provider, table, key) == 1, "a waiter queues", 30)
         procs = []
         for idx in (1, 2):
             procs.append(spawn("fair", db_url, table, key, str(idx), str(QUEUE_TTL + 30)))
-            until(lambda n=idx + 1: queued(db_url, table, key) == n, f"{idx + 1} waiters queue", 30)
+            until(
+                lambda n=idx + 1: queued(provider, table, key) == n, f"{idx + 1} waiters queue", 30
+            )
         doomed.send_signal(signal.SIGKILL)
         finish([doomed])
         holder.release()
@@ -102,24 +110,26 @@ def test_a_killed_waiter_does_not_stall_the_queue(db_url: str, table: str, key: 
     assert [o.split()[0] for o in sorted(outs, key=lambda o: int(o.split()[1]))] == ["1", "2"]
 
 
+@pytest.mark.needs("FairQueue")
 @pytest.mark.parametrize("fair", [True, False])
 def test_a_newcomer_does_not_barge_past_waiters(
     client: dblock.Client, key: str, fair: bool
 ) -> None:
     holder = client.lock(key, fair=fair)
     holder.acquire()
-    client._store.enqueue(key, "someone-waiting", "lock", 30)
+    store_of(client).enqueue(key, "someone-waiting", "lock", 30)
     holder.release()
     assert not client.lock(key, fair=fair).acquire(blocking=False)
-    client._store.dequeue(key, "someone-waiting")
+    store_of(client).dequeue(key, "someone-waiting")
     assert client.lock(key, fair=fair).acquire(blocking=False)
 
 
 # -- read-write ---------------------------------------------------------------------------
+@pytest.mark.needs("SharedHolds", "processes")
 def test_readers_overlap_and_writers_are_alone(
-    db_url: str, table: str, key: str, tmp_path: Path
+    provider: Provider, db_url: str, table: str, key: str, tmp_path: Path
 ) -> None:
-    dblock.connect(db_url, table=table).close()
+    provider.connect(table=table).close()
     log = tmp_path / "log"
     procs = [spawn("rw", db_url, table, key, "read", "0.3", "4", str(log)) for _ in range(3)]
     procs += [spawn("rw", db_url, table, key, "write", "0.05", "4", str(log)) for _ in range(2)]
@@ -135,10 +145,11 @@ def test_readers_overlap_and_writers_are_alone(
                 assert int(e) <= ws or we <= int(s), f"a writer overlapped a {mode}er"
 
 
+@pytest.mark.needs("SharedHolds", "processes")
 def test_a_stream_of_readers_does_not_starve_a_writer(
-    db_url: str, table: str, key: str, tmp_path: Path
+    provider: Provider, db_url: str, table: str, key: str, tmp_path: Path
 ) -> None:
-    dblock.connect(db_url, table=table).close()
+    provider.connect(table=table).close()
     log = tmp_path / "log"
     readers = [spawn("rw", db_url, table, key, "read", "0.4", "15", str(log)) for _ in range(3)]
     time.sleep(1.5)  # the readers' holds now overlap continuously
@@ -150,6 +161,7 @@ def test_a_stream_of_readers_does_not_starve_a_writer(
     assert write_start < last_read_end, "the writer waited until every reader had finished"
 
 
+@pytest.mark.needs("SharedHolds")
 def test_rwlock_kinds_tokens_and_release(client: dblock.Client, key: str) -> None:
     rw = client.rwlock(key, ttl=10)
     with rw.read_lock() as r1, rw.read_lock() as r2:
@@ -164,6 +176,7 @@ def test_rwlock_kinds_tokens_and_release(client: dblock.Client, key: str) -> Non
     assert client.list(key) == []
 
 
+@pytest.mark.needs("SharedHolds")
 def test_reader_holds_expire_independently(client: dblock.Client, key: str) -> None:
     rw = client.rwlock(key, ttl=30)
     short = client.rwlock(key, ttl=0.3).read_lock()
@@ -179,10 +192,11 @@ def test_reader_holds_expire_independently(client: dblock.Client, key: str) -> N
 
 
 # -- semaphore ----------------------------------------------------------------------------
+@pytest.mark.needs("SharedHolds", "processes")
 def test_semaphore_of_three_with_six_processes(
-    db_url: str, table: str, key: str, tmp_path: Path
+    provider: Provider, db_url: str, table: str, key: str, tmp_path: Path
 ) -> None:
-    dblock.connect(db_url, table=table).close()
+    provider.connect(table=table).close()
     log = tmp_path / "log"
     finish([spawn("sem", db_url, table, key, "3", "0.3", "3", str(log)) for _ in range(6)])
     holds = [tuple(map(int, line.split())) for line in log.read_text().splitlines()]
@@ -190,10 +204,11 @@ def test_semaphore_of_three_with_six_processes(
     assert overlaps(holds) == 3  # never more, and the limit is reached
 
 
+@pytest.mark.needs("SharedHolds", "processes")
 def test_a_killed_holders_permit_comes_back_after_its_ttl(
-    db_url: str, table: str, key: str
+    provider: Provider, db_url: str, table: str, key: str
 ) -> None:
-    with dblock.connect(db_url, table=table) as client:
+    with provider.connect(table=table) as client:
         dead = spawn("sem_hold", db_url, table, key, "2", "2")
         try:
             assert dead.stdout is not None
@@ -213,6 +228,7 @@ def test_a_killed_holders_permit_comes_back_after_its_ttl(
         first.release()
 
 
+@pytest.mark.needs("SharedHolds")
 def test_semaphore_validation_and_release(client: dblock.Client, key: str) -> None:
     with pytest.raises(ValueError):
         client.semaphore(key, 0)

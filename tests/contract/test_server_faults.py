@@ -1,4 +1,5 @@
-"""Connections killed from the server side (pg_terminate_backend, MariaDB KILL).
+"""Connections killed from the server side (providers with "server": pg_terminate_backend,
+MariaDB KILL).
 
 A table lease pins no connection, so killing connections loses nothing by itself: the client
 reconnects on the next call and the hold is still there. What the client must never do is
@@ -10,57 +11,51 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 
 import pytest
 
 import dblock
-from tests._faults import kill_sessions
-from tests._servers import drop_tables, raw_connect
+from tests._internals import store_of
+from tests.providers import Provider
 
-
-@pytest.fixture
-def server_table(server_db_url: str) -> Iterator[str]:
-    name = "t_" + uuid.uuid4().hex[:16]
-    yield name
-    drop_tables(server_db_url, name)
+pytestmark = pytest.mark.needs("server")
 
 
 def test_client_recovers_after_its_connections_are_killed(
-    server_db_url: str, server_table: str, key: str
+    provider: Provider, table: str, key: str
 ) -> None:
-    with dblock.connect(server_db_url, table=server_table) as client:
+    with provider.connect(table=table) as client:
         lock = client.lock(key, ttl=30)
         assert lock.acquire()
         token = lock.token
-        assert kill_sessions(client, server_db_url) >= 1
+        assert provider.kill_sessions(client) >= 1
         lock.renew()  # on a fresh connection, no error for the user
         info = client.info(key)
         assert info is not None and info.token == token
-        assert kill_sessions(client, server_db_url) >= 1
+        assert provider.kill_sessions(client) >= 1
         lock.release()
         assert client.info(key) is None
-        assert kill_sessions(client, server_db_url) >= 1
+        assert provider.kill_sessions(client) >= 1
         assert lock.acquire(blocking=False)
         assert lock.token is not None and token is not None and lock.token > token
         lock.release()
 
 
 def test_after_kills_and_expiry_the_client_never_claims_a_lost_hold(
-    server_db_url: str, server_table: str, key: str
+    provider: Provider, table: str, key: str
 ) -> None:
     with (
-        dblock.connect(server_db_url, table=server_table) as client,
-        dblock.connect(server_db_url, table=server_table) as rival,
+        provider.connect(table=table) as client,
+        provider.connect(table=table) as rival,
     ):
         lock = client.lock(key, ttl=0.5)
         lock.acquire()
-        kill_sessions(client, server_db_url)
+        provider.kill_sessions(client)
         time.sleep(0.8)
         taker = rival.lock(key, ttl=30)
         assert taker.acquire(blocking=False)
         assert not lock.held
-        kill_sessions(client, server_db_url)
+        provider.kill_sessions(client)
         with pytest.raises(dblock.LockLost):
             lock.renew()
         with pytest.raises(dblock.LockLost):
@@ -72,15 +67,13 @@ def test_after_kills_and_expiry_the_client_never_claims_a_lost_hold(
         taker.release()
 
 
-def test_auto_renew_survives_killed_connections(
-    server_db_url: str, server_table: str, key: str
-) -> None:
+def test_auto_renew_survives_killed_connections(provider: Provider, table: str, key: str) -> None:
     lost = threading.Event()
-    with dblock.connect(server_db_url, table=server_table) as client:
+    with provider.connect(table=table) as client:
         lock = client.lock(key, ttl=0.9, auto_renew=True, on_lost=lambda _l: lost.set())
         lock.acquire()
         for _ in range(4):
-            kill_sessions(client, server_db_url)
+            provider.kill_sessions(client)
             time.sleep(0.4)
         assert not lost.is_set()
         assert lock.held
@@ -88,14 +81,13 @@ def test_auto_renew_survives_killed_connections(
 
 
 def test_waiter_still_wakes_after_its_connections_are_killed(
-    server_db_url: str, server_table: str, key: str
+    provider: Provider, table: str, key: str
 ) -> None:
     """Kills every session of the test client, including a LISTEN connection if it has one."""
     app = "dblock-test-" + uuid.uuid4().hex[:8]
-    url = server_db_url + (f"?application_name={app}" if "postgresql" in server_db_url else "")
     with (
-        dblock.connect(url, table=server_table) as client,
-        dblock.connect(server_db_url, table=server_table) as holder_client,
+        provider.connect(table=table, url=provider.tagged(app)) as client,
+        provider.connect(table=table) as holder_client,
     ):
         holder = holder_client.lock(key, ttl=30)
         holder.acquire()
@@ -108,16 +100,7 @@ def test_waiter_still_wakes_after_its_connections_are_killed(
         thread = threading.Thread(target=wait)
         thread.start()
         time.sleep(0.5)
-        if "postgresql" in server_db_url:
-            conn = raw_connect(server_db_url)
-            conn.execute(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                "WHERE application_name = %s",
-                (app,),
-            )
-            conn.close()
-        else:
-            kill_sessions(client, server_db_url)
+        provider.kill_tagged(client, app)
         time.sleep(0.3)
         holder.release()
         thread.join(40)
@@ -125,17 +108,17 @@ def test_waiter_still_wakes_after_its_connections_are_killed(
 
 
 def test_a_failed_release_stops_renewal_so_the_lease_lapses(
-    server_db_url: str, server_table: str, key: str
+    provider: Provider, table: str, key: str
 ) -> None:
     """The caller wanted it released: if the database cannot be told, the lease must not be
     kept alive by the background renewal for as long as the process lives."""
     with (
-        dblock.connect(server_db_url, table=server_table) as client,
-        dblock.connect(server_db_url, table=server_table) as rival,
+        provider.connect(table=table) as client,
+        provider.connect(table=table) as rival,
     ):
         lock = client.lock(key, ttl=1.0, auto_renew=True)
         lock.acquire()
-        backend = client._store
+        backend = store_of(client)
         real_release = backend.release
 
         def unreachable(*_args: object) -> bool:

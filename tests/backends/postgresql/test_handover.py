@@ -1,7 +1,7 @@
 """PostgreSQL hands a released lock to the head of its wait queue in the release statement.
 
 These are the hand-over's own rules, checked on the backend statements (the other backends
-free the lock and let the head take it, which the rest of the conformance suite covers):
+free the lock and let the head take it, which the contract suite covers):
 who gets it, that a waiter who gave up passes it on, that a waiter's refresh cannot undo it,
 and that a waiter joining while the lock is released is never left asleep.
 """
@@ -18,6 +18,7 @@ import pytest
 
 import dblock
 from dblock.backends.postgresql import PostgresBackend
+from tests._internals import store_of
 from tests._servers import POSTGRESQL_URL, drop_tables, raw_connect, require_server
 
 QUEUE_TTL = 9.0
@@ -29,7 +30,7 @@ def pg() -> Iterator[tuple[dblock.Client, PostgresBackend]]:
     require_server("postgresql", POSTGRESQL_URL)
     table = "t_" + uuid.uuid4().hex[:16]
     client = dblock.connect(POSTGRESQL_URL, table=table)
-    backend = client._store
+    backend = store_of(client)
     assert isinstance(backend, PostgresBackend)
     try:
         yield client, backend
@@ -222,7 +223,7 @@ def test_a_handed_over_lock_is_renewed_to_its_ttl(
     outcome: dict[str, Any] = {}
 
     def wait() -> None:
-        with dblock.connect(POSTGRESQL_URL, table=client._store.table) as other:
+        with dblock.connect(POSTGRESQL_URL, table=store_of(client).table) as other:
             lock = other.lock(key, ttl=30)
             assert lock.acquire(timeout=10)
             outcome["owner"] = lock.owner
@@ -236,7 +237,7 @@ def test_a_handed_over_lock_is_renewed_to_its_ttl(
     thread = threading.Thread(target=wait)
     thread.start()
     deadline = time.monotonic() + 10
-    while client._store.probe(key, "nobody")[1] < 1:
+    while store_of(client).probe(key, "nobody")[1] < 1:
         assert time.monotonic() < deadline
         time.sleep(0.02)
     holder.release()

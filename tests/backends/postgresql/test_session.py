@@ -8,11 +8,12 @@ from urllib.parse import quote
 
 import dblock
 from dblock.backends.postgresql import PostgresBackend
+from tests._internals import store_of
 from tests._servers import POSTGRESQL_URL, raw_connect
 
 
 def _setting(client: dblock.Client, name: str) -> str:
-    backend = client._store
+    backend = store_of(client)
     assert isinstance(backend, PostgresBackend)
     return str(backend.run("show", lambda conn: conn.execute(f"SHOW {name}").fetchone()[0]))
 
@@ -46,7 +47,7 @@ def test_a_queue_scan_walks_the_entries_a_busy_key_churned_through_once(pg_table
     # (which may be off, or minutes away). A plain index scan marks those it meets, so the
     # next scan skips them; a bitmap scan does not, and every hand-over paid for all of them.
     with dblock.connect(POSTGRESQL_URL, table=pg_table) as client:
-        backend = client._store
+        backend = store_of(client)
         assert isinstance(backend, PostgresBackend)
         churn = raw_connect(POSTGRESQL_URL)
         try:

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 import dblock
+from tests.providers import Provider
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -31,6 +32,7 @@ def run_workers(*commands: list[str], timeout: float = 90) -> list[str]:
 
 
 # -- once ---------------------------------------------------------------------------------
+@pytest.mark.needs("OnceRecords")
 def test_once_succeeds_once(client: dblock.Client, key: str) -> None:
     assert client.state(key) is None
     runs = []
@@ -47,6 +49,7 @@ def test_once_succeeds_once(client: dblock.Client, key: str) -> None:
     assert runs == [1]
 
 
+@pytest.mark.needs("OnceRecords")
 def test_once_failure_allows_a_retry(client: dblock.Client, key: str) -> None:
     with pytest.raises(ZeroDivisionError), client.once(key):
         1 / 0  # noqa: B018
@@ -56,6 +59,7 @@ def test_once_failure_allows_a_retry(client: dblock.Client, key: str) -> None:
     assert client.state(key) == "succeeded"
 
 
+@pytest.mark.needs("OnceRecords")
 def test_once_in_progress_for_a_concurrent_claimer(client: dblock.Client, key: str) -> None:
     with client.once(key):
         with pytest.raises(dblock.InProgress, match=key):
@@ -64,6 +68,7 @@ def test_once_in_progress_for_a_concurrent_claimer(client: dblock.Client, key: s
     assert client.state(key) == "succeeded"
 
 
+@pytest.mark.needs("OnceRecords")
 def test_once_records_survive_purge_unless_included(client: dblock.Client) -> None:
     with client.once("done"):
         pass
@@ -79,6 +84,7 @@ def test_once_records_survive_purge_unless_included(client: dblock.Client) -> No
     assert client.state("failed") is None
 
 
+@pytest.mark.needs("OnceRecords")
 def test_a_plain_lock_never_takes_a_once_record(client: dblock.Client, key: str) -> None:
     with client.once(key):
         pass
@@ -86,23 +92,30 @@ def test_a_plain_lock_never_takes_a_once_record(client: dblock.Client, key: str)
     assert client.state(key) == "succeeded"
 
 
+@pytest.mark.needs("OnceRecords")
 def test_state_of_a_plain_lock_is_none(client: dblock.Client, key: str) -> None:
     with client.lock(key):
         assert client.state(key) is None
 
 
-def test_two_processes_at_once_one_runs(db_url: str, table: str, key: str) -> None:
-    dblock.connect(db_url, table=table).close()
+@pytest.mark.needs("OnceRecords", "processes")
+def test_two_processes_at_once_one_runs(
+    provider: Provider, db_url: str, table: str, key: str
+) -> None:
+    provider.connect(table=table).close()
     start = str(time.time() + 1.5)
     outs = run_workers(*[["once", db_url, table, key, start, "2"] for _ in range(2)])
     assert sorted(outs) == ["InProgress", "ran"]
-    with dblock.connect(db_url, table=table) as client:
+    with provider.connect(table=table) as client:
         assert client.state(key) == "succeeded"
 
 
+@pytest.mark.needs("OnceRecords", "processes")
 @pytest.mark.slow
-def test_crashed_once_holder_is_claimable_after_its_ttl(db_url: str, table: str, key: str) -> None:
-    with dblock.connect(db_url, table=table) as client:
+def test_crashed_once_holder_is_claimable_after_its_ttl(
+    provider: Provider, db_url: str, table: str, key: str
+) -> None:
+    with provider.connect(table=table) as client:
         proc = subprocess.Popen(
             [sys.executable, "-m", "tests._worker", "once_crash", db_url, table, key, "1.5"],
             cwd=ROOT,
@@ -131,12 +144,14 @@ def test_crashed_once_holder_is_claimable_after_its_ttl(db_url: str, table: str,
             proc.communicate()
 
 
+@pytest.mark.needs("OnceRecords")
 def test_once_lost_to_force_release_raises_lock_lost(client: dblock.Client, key: str) -> None:
     with pytest.raises(dblock.LockLost), client.once(key):
         client.force_release(key)
     assert client.state(key) == "processing"  # not recorded: the outcome was not ours to write
 
 
+@pytest.mark.needs("OnceRecords")
 def test_once_validates(client: dblock.Client) -> None:
     with pytest.raises(ValueError):
         client.once("")
@@ -147,12 +162,15 @@ def test_once_validates(client: dblock.Client) -> None:
 
 
 # -- scheduled ----------------------------------------------------------------------------
-def test_five_hosts_fire_one_runs_and_at_least_holds(db_url: str, table: str, key: str) -> None:
-    dblock.connect(db_url, table=table).close()
+@pytest.mark.needs("OnceRecords", "processes")
+def test_five_hosts_fire_one_runs_and_at_least_holds(
+    provider: Provider, db_url: str, table: str, key: str
+) -> None:
+    provider.connect(table=table).close()
     start = time.time() + 1.5
     outs = run_workers(*[["scheduled", db_url, table, key, str(start)] for _ in range(5)])
     assert sorted(outs) == ["ran"] + ["skipped"] * 4
-    with dblock.connect(db_url, table=table) as client:
+    with provider.connect(table=table) as client:
         info = client.info(key)
         assert info is not None and info.kind == "scheduled" and info.key == key
         assert [i.kind for i in client.list(key)] == ["scheduled"]
@@ -163,6 +181,7 @@ def test_five_hosts_fire_one_runs_and_at_least_holds(db_url: str, table: str, ke
         assert run_workers(["scheduled", db_url, table, key, "0"]) == ["ran"]
 
 
+@pytest.mark.needs("OnceRecords")
 def test_scheduled_released_at_once_when_at_least_is_zero(client: dblock.Client, key: str) -> None:
     calls = []
 
@@ -177,6 +196,7 @@ def test_scheduled_released_at_once_when_at_least_is_zero(client: dblock.Client,
     assert calls == [2, 3]
 
 
+@pytest.mark.needs("OnceRecords")
 def test_scheduled_skips_while_another_runs(client: dblock.Client, key: str) -> None:
     @client.scheduled(key, at_most=30)
     def job() -> str:
@@ -186,6 +206,7 @@ def test_scheduled_skips_while_another_runs(client: dblock.Client, key: str) -> 
         assert job() is None
 
 
+@pytest.mark.needs("OnceRecords")
 @pytest.mark.parametrize(("at_most", "at_least"), [(10, 11), (0, 0), (10, -1)])
 def test_scheduled_validates(client: dblock.Client, at_most: float, at_least: float) -> None:
     with pytest.raises(ValueError):

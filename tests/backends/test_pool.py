@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 import dblock
+from tests._internals import store_of
 from tests._servers import POSTGRESQL_URL, raw_connect
 
 #: generous bound on anything the tests wait for (never a speed measurement)
@@ -62,9 +63,9 @@ def test_bad_max_connections_in_the_url_is_a_configuration_error(
 def test_max_connections_from_the_url_and_the_argument(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path}/l.db?max_connections=3"
     with dblock.connect(url) as client:
-        assert client._store.max_connections == 3  # type: ignore[attr-defined]
+        assert store_of(client).max_connections == 3  # type: ignore[attr-defined]
     with dblock.connect(url, max_connections=5) as client:  # the argument wins
-        assert client._store.max_connections == 5  # type: ignore[attr-defined]
+        assert store_of(client).max_connections == 5  # type: ignore[attr-defined]
 
 
 def test_max_connections_is_not_passed_to_the_driver(pg_table: str) -> None:
@@ -184,7 +185,7 @@ def one_connection(db_url: str, table: str) -> Iterator[tuple[dblock.Client, thr
             release.wait(WAIT)
 
         holder = threading.Thread(
-            target=client._store.run,  # type: ignore[attr-defined]
+            target=store_of(client).run,  # type: ignore[attr-defined]
             args=("slow statement", slow),
             kwargs={"deadline": WAIT},
             daemon=True,

@@ -12,12 +12,18 @@ from typing import Any
 import pytest
 
 import dblock
+from tests._internals import store_of
+from tests.providers import Provider
 
-pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")
+pytestmark = [
+    pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()"),
+    # a forked child reaches the locks through the store as another process would
+    pytest.mark.needs("processes"),
+]
 
 
 def test_auto_renew_and_waiting_work_in_a_forked_child(
-    client: dblock.Client, key: str, db_url: str, table: str
+    client: dblock.Client, key: str, provider: Provider, table: str
 ) -> None:
     warm = client.lock(key + "-warm", ttl=5, auto_renew=True)
     warm.acquire()  # the parent's renewal thread and pool exist before the fork
@@ -30,7 +36,7 @@ def test_auto_renew_and_waiting_work_in_a_forked_child(
             lock = client.lock(key, ttl=0.6, auto_renew=True)
             lock.acquire()
             time.sleep(1.5)  # renewed by a renewal thread of the child's own
-            with dblock.connect(db_url, table=table) as other:
+            with provider.connect(table=table) as other:
                 taken = other.lock(key).acquire(blocking=False)
             status = 0 if lock.held and not taken else 2
             lock.release()
@@ -59,7 +65,7 @@ def _wait_for(pid: int, seconds: float) -> int | None:
 
 def _internal_locks(client: dblock.Client) -> list[Any]:
     """Every lock of the client's that a background or other thread can hold at a fork."""
-    backend: Any = client._store
+    backend: Any = store_of(client)
     found = [client._core.scheduler._cond, client._core._registry_lock, backend._pool_lock]
     for name in ("_quiet_lock", "_listener_lock"):  # PostgreSQL
         if hasattr(backend, name):
@@ -70,6 +76,7 @@ def _internal_locks(client: dblock.Client) -> list[Any]:
     return found
 
 
+@pytest.mark.needs("pool")
 def test_a_child_forked_while_another_thread_holds_a_client_lock_does_not_hang(
     client: dblock.Client, key: str
 ) -> None:
@@ -107,7 +114,7 @@ def test_a_child_forked_while_another_thread_holds_a_client_lock_does_not_hang(
 
 
 def test_a_forked_child_does_not_renew_its_parents_leases(
-    client: dblock.Client, key: str, db_url: str, table: str
+    client: dblock.Client, key: str, provider: Provider, table: str
 ) -> None:
     read, write = os.pipe()
     holder = os.fork()
@@ -128,7 +135,7 @@ def test_a_forked_child_does_not_renew_its_parents_leases(
     os.waitpid(holder, 0)
     try:
         assert child
-        with dblock.connect(db_url, table=table) as other:
+        with provider.connect(table=table) as other:
             # the holder's 1 s lease ends unrenewed, unless the child renews it for its parent
             assert other.lock(key, timeout=6).acquire()
             assert client.lock(key + "-child").locked()  # the child itself is alive and holding
@@ -137,7 +144,7 @@ def test_a_forked_child_does_not_renew_its_parents_leases(
             os.kill(child, signal.SIGKILL)  # not ours to wait for: the holder's orphan
 
 
-def _child_keeps_off(lock: dblock.Lock, key: str, db_url: str, table: str) -> str:
+def _child_keeps_off(lock: dblock.Lock, key: str, provider: Provider, table: str) -> str:
     """In a child forked while ``lock`` was held: what it did wrong with the parent's hold."""
     if lock.held or lock.token is not None:
         return "the child believes it holds the lock"
@@ -147,14 +154,14 @@ def _child_keeps_off(lock: dblock.Lock, key: str, db_url: str, table: str) -> st
         lock.renew()
         return "the child renewed the parent's lease"
     lock.__exit__(None, None, None)  # leaving the parent's `with` block
-    with dblock.connect(db_url, table=table) as other:
+    with provider.connect(table=table) as other:
         if other.lock(key).acquire(blocking=False):
             return "leaving the block freed the parent's lock"
     return ""
 
 
 def test_a_hold_inherited_by_a_forked_child_stays_the_parents(
-    client: dblock.Client, key: str, db_url: str, table: str
+    provider: Provider, client: dblock.Client, key: str, table: str
 ) -> None:
     read, write = os.pipe()
     with client.lock(key, ttl=30, auto_renew=True) as lock:
@@ -163,7 +170,7 @@ def test_a_hold_inherited_by_a_forked_child_stays_the_parents(
         if pid == 0:
             wrong = "the child failed"
             try:
-                wrong = _child_keeps_off(lock, key, db_url, table)
+                wrong = _child_keeps_off(lock, key, provider, table)
             finally:
                 os.write(write, wrong.encode() or b"-")
                 os._exit(0)
@@ -172,6 +179,6 @@ def test_a_hold_inherited_by_a_forked_child_stays_the_parents(
         assert os.read(read, 200) == b"-"
         os.close(read)
         assert lock.held and lock.token == token
-        with dblock.connect(db_url, table=table) as other:
+        with provider.connect(table=table) as other:
             assert not other.lock(key).acquire(blocking=False), "the parent lost its lock"
     assert not lock.held

@@ -1,4 +1,4 @@
-"""The Lock contract, run identically on every backend (no backend branches here)."""
+"""The Lock contract, run identically on every provider (no store branches here)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from datetime import timedelta
 import pytest
 
 import dblock
+from tests.providers import Provider
 
 KEYS_THAT_MUST_SURVIVE = [
     "'; DROP TABLE dblock_locks; --",
@@ -232,7 +233,7 @@ def test_renew_rejects_bad_ttl(client: dblock.Client, key: str) -> None:
 
 
 def test_tokens_strictly_increase_across_everything(
-    client: dblock.Client, db_url: str, table: str, key: str
+    client: dblock.Client, provider: Provider, table: str, key: str
 ) -> None:
     tokens: list[int] = []
 
@@ -254,7 +255,7 @@ def test_tokens_strictly_increase_across_everything(
     assert client.purge() >= 1  # purge deletes the row
     assert client.info(key) is None
     take(client).release()
-    with dblock.connect(db_url, table=table) as fresh:  # a new client
+    with provider.connect(table=table) as fresh:  # a new client
         take(fresh).release()
         fresh.purge()
         take(fresh).release()
@@ -368,17 +369,17 @@ def test_purge_respects_older_than_and_live_holds(client: dblock.Client) -> None
         client.purge(-1)
 
 
-def test_create_schema_false_on_missing_table(db_url: str, table: str) -> None:
+def test_create_schema_false_on_missing_table(provider: Provider, table: str) -> None:
     with pytest.raises(dblock.ConfigurationError, match="dblock schema"):
-        dblock.connect(db_url, table=table, create_schema=False)
-    dblock.connect(db_url, table=table).close()
-    dblock.connect(db_url, table=table).close()  # idempotent
-    with dblock.connect(db_url, table=table, create_schema=False) as client:
+        provider.connect(table=table, create_schema=False)
+    provider.connect(table=table).close()
+    provider.connect(table=table).close()  # idempotent
+    with provider.connect(table=table, create_schema=False) as client:
         assert client.list() == []
 
 
-def test_client_is_a_context_manager_and_closes(db_url: str, table: str) -> None:
-    with dblock.connect(db_url, table=table) as client:
+def test_client_is_a_context_manager_and_closes(provider: Provider, table: str) -> None:
+    with provider.connect(table=table) as client:
         pass
     client.close()  # idempotent
     with pytest.raises(dblock.BackendError, match="closed"):

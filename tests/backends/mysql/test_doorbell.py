@@ -25,9 +25,10 @@ import dblock
 from dblock._url import parse_url
 from dblock.backends import _doorbell
 from dblock.backends.mysql import _HANDED, MysqlBackend, _batch
+from tests._internals import store_of
 from tests._servers import MYSQL_URL, drop_tables, raw_connect, require_server
 from tests._waiting import until
-from tests.conformance.test_processes import finish, worker
+from tests.contract.test_processes import finish, worker
 
 pytestmark = pytest.mark.slow
 
@@ -71,7 +72,7 @@ def _bell_user(cur: Any, table: str, key: str) -> int | None:
 @cache
 def _bell_name(table: str, key: str) -> str:
     with dblock.connect(MYSQL_URL, table=table) as client:
-        backend = client._store
+        backend = store_of(client)
         assert isinstance(backend, MysqlBackend)
         return backend._bells.name(key)
 
@@ -365,7 +366,7 @@ def test_the_hand_over_goes_to_the_waiter_the_bell_wakes_not_the_queues_head(
     key = "k-" + uuid.uuid4().hex
     b_conn, c_conn = raw_connect(MYSQL_URL), raw_connect(MYSQL_URL)
     with dblock.connect(MYSQL_URL, table=table) as client:
-        backend = client._store
+        backend = store_of(client)
         assert isinstance(backend, MysqlBackend)
         a_conn = backend._connect()  # where a's bell is, as the hand-over needs it
         bell = backend._bells.name(key)
@@ -417,7 +418,7 @@ def test_a_waiter_woken_for_a_lock_handed_to_another_passes_the_bell_on(
 ) -> None:
     key = "k-" + uuid.uuid4().hex
     with dblock.connect(MYSQL_URL, table=table) as client:
-        backend = client._store
+        backend = store_of(client)
         assert isinstance(backend, MysqlBackend)
         assert backend.acquire(key, "y", 30, "lock") is not None
         raw.execute(f"UPDATE `{table}` SET note = '7' WHERE lock_key = %s", (key,))  # handed
@@ -440,7 +441,7 @@ def test_waiters_beyond_the_bells_a_client_may_keep_poll(
     monkeypatch.setattr(_doorbell, "MAX_BELLS", 1)
     key = "k-" + uuid.uuid4().hex
     with dblock.connect(MYSQL_URL, table=table) as client:
-        backend = client._store
+        backend = store_of(client)
         assert isinstance(backend, MysqlBackend)
         first = client.lock(key, ttl=30)
         assert first.acquire()
@@ -466,7 +467,7 @@ def test_a_bell_connection_that_died_idle_is_replaced_not_given_up(table: str, r
     key = "k-" + uuid.uuid4().hex
     holder = _taken_at_the_bell(table, key, raw)
     with dblock.connect(MYSQL_URL, table=table) as client:
-        backend = client._store
+        backend = store_of(client)
         assert isinstance(backend, MysqlBackend)
         assert not client.lock(key).acquire(timeout=0.3)  # leaves its bell connection idle
         idle = [conn.thread_id() for conn, _ in backend._bells._idle]

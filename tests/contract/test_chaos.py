@@ -3,7 +3,7 @@
 Per backend it runs DBLOCK_CHAOS_DURATION seconds (default 20) of 8 workers on 3 keys with
 2 s leases while holders are SIGKILLed and SIGSTOPped, their sessions are killed from the
 server side (PostgreSQL, MariaDB) or the SQLite file is locked exclusively. With
-DBLOCK_CHAOS_RESTART=1 the PostgreSQL and MariaDB servers are also stopped and started
+DBLOCK_CHAOS_RESTART=1 the servers of providers with "server" are also stopped and started
 (that disturbs every other client of those servers: CI only).
 """
 
@@ -24,17 +24,18 @@ from typing import Any
 import pytest
 
 import dblock
-from tests._servers import drop_tables, raw_connect
+from tests.providers import Provider
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DURATION = float(os.environ.get("DBLOCK_CHAOS_DURATION", "20"))
 RESTART = os.environ.get("DBLOCK_CHAOS_RESTART") == "1"
 GRACE = 30.0
 
 
 @pytest.mark.slow
+@pytest.mark.needs("processes")
 @pytest.mark.timeout(DURATION + GRACE + 180)
-def test_soak(db_url: str, dialect: str, tmp_path: Path) -> None:
+def test_soak(provider: Provider, db_url: str, tmp_path: Path) -> None:
     out = tmp_path / "summary.json"
     cmd = [
         sys.executable,
@@ -48,7 +49,7 @@ def test_soak(db_url: str, dialect: str, tmp_path: Path) -> None:
         "--json",
         str(out),
     ]
-    if RESTART and dialect != "sqlite":
+    if RESTART and provider.has("server"):
         cmd.append("--restart-server")
     proc = subprocess.run(
         cmd, capture_output=True, text=True, timeout=DURATION + GRACE + 150, check=False
@@ -63,7 +64,7 @@ def test_soak(db_url: str, dialect: str, tmp_path: Path) -> None:
     assert summary["holds"] > 0
     assert summary["accepted"] > 0
     assert sum(summary["faults"].values()) > 0
-    if RESTART and dialect != "sqlite":
+    if RESTART and provider.has("server"):
         assert summary["faults"].get("restart", 0) >= 1 or DURATION < 30
 
 
@@ -117,17 +118,20 @@ class FreezingProxy:
 
 
 @pytest.fixture
-def proxy(server_db_url: str) -> Iterator[tuple[str, FreezingProxy]]:
+def proxy(provider: Provider) -> Iterator[tuple[str, FreezingProxy]]:
+    provider.require("server")
+    assert provider.url is not None and provider.entry.default_port is not None
+    server_db_url = provider.url
     parsed = dblock._url.parse_url(server_db_url)
-    p = FreezingProxy(parsed.port or (5432 if parsed.dialect == "postgresql" else 3306))
+    p = FreezingProxy(parsed.port or provider.entry.default_port)
     netloc = server_db_url.split("://", 1)[1].split("/", 1)[0]
     host_port = netloc.rsplit("@", 1)[-1]
     url = server_db_url.replace(host_port, f"127.0.0.1:{p.port}", 1)
     yield url, p
     p.close()
-    drop_tables(server_db_url, "chaos_freeze")
-    with contextlib.closing(raw_connect(server_db_url)) as conn:
-        q = "`" if server_db_url.startswith("mysql") else '"'
+    provider.drop("chaos_freeze")
+    with contextlib.closing(provider.raw()) as conn:
+        q = provider.q
         conn.cursor().execute(f"DROP TABLE IF EXISTS {q}chaos_freeze_holders{q}")
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 
 import dblock
+from tests._internals import store_of
 from tests._servers import MYSQL_URL, drop_tables, require_server
 
 
@@ -15,7 +16,7 @@ def test_connections_share_one_default_tls_context() -> None:
     table = "t_" + uuid.uuid4().hex[:16]
     try:
         with dblock.connect(MYSQL_URL, table=table) as client:
-            backend = client._store
+            backend = store_of(client)
             first, second = backend._connect(), backend._connect()  # type: ignore[attr-defined]
             try:
                 assert first.ctx is not None, "PyMySQL no longer offers TLS by default"

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 import dblock
+from tests.providers import Provider
 
 KINDS = ["lock", "read", "write", "semaphore", "once"]
 SHARING = {("read", "read"), ("semaphore", "semaphore")}
@@ -50,10 +51,13 @@ def _try(client: dblock.Client, key: str, kind: str) -> Callable[[], None] | Non
     return hold.release  # type: ignore[attr-defined,no-any-return]
 
 
+@pytest.mark.needs("SharedHolds", "OnceRecords")
 @pytest.mark.parametrize("first", KINDS)
 @pytest.mark.parametrize("second", KINDS)
-def test_every_pair_of_kinds(db_url: str, table: str, key: str, first: str, second: str) -> None:
-    with dblock.connect(db_url, table=table) as a, dblock.connect(db_url, table=table) as b:
+def test_every_pair_of_kinds(
+    provider: Provider, table: str, key: str, first: str, second: str
+) -> None:
+    with provider.connect(table=table) as a, provider.connect(table=table) as b:
         if first == "once" and second == "once":
             pytest.skip("once against once is the once contract (test_patterns)")
         release_first = _try(a, key, first)
@@ -71,6 +75,7 @@ def test_every_pair_of_kinds(db_url: str, table: str, key: str, first: str, seco
         release()
 
 
+@pytest.mark.needs("SharedHolds")
 def test_a_plain_lock_waits_for_readers_and_gets_in_when_they_leave(
     client: dblock.Client, key: str
 ) -> None:
@@ -87,6 +92,7 @@ def test_a_plain_lock_waits_for_readers_and_gets_in_when_they_leave(
     lock.release()
 
 
+@pytest.mark.needs("SharedHolds")
 def test_a_waiting_plain_lock_is_not_starved_by_new_readers(
     client: dblock.Client, key: str
 ) -> None:
@@ -139,6 +145,7 @@ _WORKER = textwrap.dedent(
 )
 
 
+@pytest.mark.needs("SharedHolds", "OnceRecords", "processes")
 def test_processes_mixing_kinds_never_overlap_wrongly(
     db_url: str, table: str, key: str, tmp_path: Path
 ) -> None:

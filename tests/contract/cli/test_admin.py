@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import json
-import shutil
-import sqlite3
-import subprocess
 from datetime import datetime, timedelta
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import pytest
 
 import dblock
+from tests.providers import Provider
 
 from .conftest import Dblock, finish, wait_for
 
@@ -71,64 +68,18 @@ def test_purge_removes_released_rows(cli: Dblock, key: str) -> None:
     assert cli.runs()[0].split()[1] == "2"
 
 
-def _apply(url: str, dialect: str, script: str, tmp_path: Path) -> None:
-    """Apply a DDL script with the backend's own client, as a DBA would."""
-    if dialect == "sqlite":
-        conn = sqlite3.connect(urlsplit(url).path[1:])
-        try:
-            conn.executescript(script)
-        finally:
-            conn.close()
-        return
-    client = "psql" if dialect == "postgresql" else "mariadb"
-    if shutil.which(client) is None:
-        pytest.skip(f"{client} is not installed")
-    parts = urlsplit(url)
-    if dialect == "postgresql":
-        argv = ["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", url]
-    else:
-        argv = [
-            "mariadb",
-            f"--host={parts.hostname or '127.0.0.1'}",
-            f"--port={parts.port or 3306}",
-            f"--user={parts.username or 'root'}",
-            *([f"--password={parts.password}"] if parts.password else []),
-            parts.path.lstrip("/"),
-        ]
-    done = subprocess.run(
-        argv, input=script, capture_output=True, text=True, timeout=60, check=False
-    )
-    assert done.returncode == 0, done.stderr
-
-
+@pytest.mark.needs("SchemaScript")
 def test_schema_applied_by_hand_is_accepted(
-    cli: Dblock, dialect: str, key: str, tmp_path: Path
+    provider: Provider, cli: Dblock, key: str, tmp_path: Path
 ) -> None:
     with pytest.raises(dblock.ConfigurationError):
         dblock.connect(cli.url, table=cli.table, create_schema=False)
     printed = cli.run("schema")  # the dialect of --url
     assert printed.returncode == 0, printed.stderr
-    assert printed.stdout == cli.run("schema", "--dialect", dialect).stdout
-    _apply(cli.url, dialect, printed.stdout, tmp_path)
+    assert provider.dialect is not None
+    assert printed.stdout == cli.run("schema", "--dialect", provider.dialect).stdout
+    provider.apply_script(cli.url, printed.stdout, tmp_path)
     with dblock.connect(cli.url, table=cli.table, create_schema=False) as client:
         with client.lock(key, ttl=5, timeout=5) as lock:
             assert lock.token is not None
         assert client.info(key) is None
-
-
-def test_schema_without_connecting() -> None:
-    for dialect in ("postgresql", "mysql", "sqlite"):
-        done = subprocess.run(
-            [
-                *Dblock("postgresql://nobody:pw@127.0.0.1:1/none", "locks", Path()).argv(
-                    "schema", "--dialect", dialect
-                )
-            ],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
-        assert done.returncode == 0, done.stderr
-        assert '"locks"' in done.stdout or "`locks`" in done.stdout
-        assert done.stdout.rstrip().endswith(";")

@@ -15,9 +15,10 @@ from pathlib import Path
 import pytest
 
 import dblock
-from tests._servers import raw_connect
+from tests._internals import store_of
+from tests.providers import Provider
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.needs("processes")]
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -40,9 +41,9 @@ def finish(proc: subprocess.Popen[str]) -> None:
 
 
 def test_six_processes_read_modify_write_exactly(
-    db_url: str, table: str, key: str, tmp_path: Path
+    provider: Provider, db_url: str, table: str, key: str, tmp_path: Path
 ) -> None:
-    dblock.connect(db_url, table=table).close()
+    provider.connect(table=table).close()
     counter = tmp_path / "counter"
     counter.write_text("0")
     procs, per_worker = 6, 12
@@ -63,8 +64,10 @@ def test_six_processes_read_modify_write_exactly(
         assert token < next_token, "fencing tokens did not increase with time"
 
 
-def test_sigkilled_holder_blocks_until_its_lease_ends(db_url: str, table: str, key: str) -> None:
-    with dblock.connect(db_url, table=table) as client:
+def test_sigkilled_holder_blocks_until_its_lease_ends(
+    provider: Provider, db_url: str, table: str, key: str
+) -> None:
+    with provider.connect(table=table) as client:
         holder = worker("hold", db_url, table, key, "2", stdin=subprocess.PIPE)
         try:
             assert holder.stdout is not None
@@ -87,9 +90,9 @@ def test_sigkilled_holder_blocks_until_its_lease_ends(db_url: str, table: str, k
 
 
 def test_paused_holder_loses_the_lease_and_cannot_free_the_new_owner(
-    db_url: str, table: str, key: str
+    provider: Provider, db_url: str, table: str, key: str
 ) -> None:
-    with dblock.connect(db_url, table=table) as client:
+    with provider.connect(table=table) as client:
         holder = worker("hold", db_url, table, key, "1", stdin=subprocess.PIPE)
         try:
             assert holder.stdout is not None and holder.stdin is not None
@@ -112,24 +115,21 @@ def test_paused_holder_loses_the_lease_and_cannot_free_the_new_owner(
             finish(holder)
 
 
+@pytest.mark.needs("sql")
 def test_a_statement_paused_with_its_process_is_not_aborted_on_resume(
-    db_url: str, table: str, key: str
+    provider: Provider, db_url: str, table: str, key: str
 ) -> None:
     """The statement deadline (5 s) measures the statement, not a SIGSTOP of the whole process:
     a renew stopped with its process for longer than the deadline completes after SIGCONT."""
-    with dblock.connect(db_url, table=table):
+    with provider.connect(table=table):
         pass
     holder = worker("hold", db_url, table, key, "60", stdin=subprocess.PIPE)
-    blocker = raw_connect(db_url)
+    blocker = provider.raw()
     try:
         assert holder.stdout is not None and holder.stdin is not None
         json.loads(holder.stdout.readline())
         cur = blocker.cursor()
-        if db_url.startswith("sqlite"):
-            cur.execute("BEGIN IMMEDIATE")  # holds up every writer
-        else:
-            cur.execute("BEGIN")
-            cur.execute(f"SELECT token FROM {table} WHERE lock_key = %s FOR UPDATE", (key,))
+        provider.hold_up_writes(cur, table, key)
         holder.stdin.write("go\n")  # the renew now waits for the blocker's row lock
         holder.stdin.flush()
         time.sleep(0.5)
@@ -156,18 +156,19 @@ def _line(proc: subprocess.Popen[str], timeout: float) -> str | None:
 def _waiters(client: dblock.Client, key: str, n: int) -> None:
     """Wait until ``n`` waiters queue for ``key``."""
     deadline = time.monotonic() + 20
-    while client._store.probe(key, "nobody")[1] < n:
+    while store_of(client).probe(key, "nobody")[1] < n:
         assert time.monotonic() < deadline, f"{n} waiters never queued"
         time.sleep(0.05)
 
 
+@pytest.mark.needs("FairQueue")
 def test_paused_waiter_at_the_head_holds_the_queue_up_only_briefly(
-    db_url: str, table: str, key: str
+    provider: Provider, db_url: str, table: str, key: str
 ) -> None:
     """A waiter frozen at the head of the queue (PostgreSQL: handed the lock while frozen)
     holds up the waiters behind it only until its place in the queue expires, not for its
     ttl; once it resumes, it does not believe it holds the lock and waits its turn again."""
-    with dblock.connect(db_url, table=table) as client:
+    with provider.connect(table=table) as client:
         first = client.lock(key, ttl=60)
         assert first.acquire()
         frozen = worker("hold", db_url, table, key, "60", stdin=subprocess.PIPE)
@@ -181,7 +182,7 @@ def test_paused_waiter_at_the_head_holds_the_queue_up_only_briefly(
             assert first_token is not None
             first_owner = first.owner
             first.release()
-            if client._store.dialect == "postgresql":  # handed over to the frozen head
+            if provider.has("handover"):  # handed over to the frozen head
                 handed = client.info(key)
                 assert handed is not None and handed.owner not in (first_owner, None)
             line = _line(behind, 25)  # the frozen head's place lasts at most 9 s

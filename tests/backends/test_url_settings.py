@@ -13,6 +13,7 @@ import pytest
 
 import dblock
 from dblock.cli import main
+from tests._internals import store_of
 from tests._servers import MYSQL_URL, POSTGRESQL_URL, drop_tables, require_server
 
 
@@ -36,7 +37,7 @@ def _session(client: dblock.Client, sql: str) -> Any:
             cur.execute(sql)
             return cur.fetchone()[-1]
 
-    return client._store.run("probe", op)  # type: ignore[attr-defined]
+    return store_of(client).run("probe", op)  # type: ignore[attr-defined]
 
 
 def test_init_command_cannot_replace_dblocks_session_settings(mysql_table: str) -> None:

@@ -1,0 +1,47 @@
+"""What waits for the disk: every acquisition does, a release that only frees the lock doesn't.
+
+A release issues no token, and the commit of any later acquisition, which waits for the disk,
+makes the release durable first (the log is written in order); a crash may undo only the
+latest releases, which leaves their locks held until their leases end. A token a waiter is
+handed is on disk before the waiter has it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import dblock
+from tests._internals import store_of
+
+
+def test_sqlite_release_relaxes_sync_for_its_own_commit_only(tmp_path: Path) -> None:
+    with dblock.connect(f"sqlite:///{tmp_path}/locks.sqlite3", table="t") as client:
+        lock = client.lock("k", ttl=30)
+        lock.acquire()
+        lock.release()
+        backend = store_of(client)
+        conn = backend._checkout()  # the pool's one connection
+        statements: list[str] = []
+        conn.set_trace_callback(statements.append)
+        backend._checkin(conn)
+        for _ in range(3):
+            lock.acquire()
+            lock.release()
+        lock.acquire()
+        conn.set_trace_callback(None)
+        assert conn.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
+        lock.release()
+
+    mode, released, written = "FULL", 0, 0
+    for sql in statements:
+        words = sql.split()
+        if words[:2] == ["PRAGMA", "synchronous"]:
+            mode = words[-1]
+        elif sql.startswith("UPDATE") and "SET owner = NULL" in sql:
+            assert mode == "NORMAL", sql
+            released += 1
+        elif sql.startswith(("INSERT", "UPDATE")):
+            assert mode == "FULL", sql  # an acquisition waits for the disk
+            written += 1
+    assert (released, mode) == (3, "FULL")
+    assert written >= 4
