@@ -35,6 +35,29 @@ def test_redact_hides_secret_query_parameters(name: str) -> None:
 
 
 @pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        # an '@' in a secret value is not the end of a user part: the parameters after it
+        (
+            f"postgresql://h:1/?password={SECRET}@&sslpassword={SECRET}",
+            "password=***&sslpassword=***",
+        ),
+        (
+            f"postgresql://u:{SECRET}@h:1/db?password={SECRET}@x&a=1",
+            "u:***@h:1/db?password=***&a=1",
+        ),
+        (f"postgresql://u:{SECRET}?x@h:1/db", "u:***@h:1/db"),  # a '?' in a password
+    ],
+)
+def test_redact_does_not_mistake_an_at_sign_in_a_value_for_the_user_part(
+    url: str, shown: str
+) -> None:
+    safe = redact(url)
+    assert SECRET not in safe
+    assert shown in safe
+
+
+@pytest.mark.parametrize(
     "url",
     [
         # reaches no server: the message names the URL

@@ -82,25 +82,27 @@ def redact(url: str) -> str:
     """The URL with anything that may be a secret replaced by ``***``.
 
     It does not trust a URL parser (malformed URLs are exactly where parsers and drivers
-    disagree): everything between the first ``:`` of the user part and the last ``@`` goes,
-    and so does the value of every query parameter named like a secret, up to the next ``&``.
+    disagree). First the value of every parameter named like a secret goes, up to the next
+    ``&``, wherever it stands (a value may hold ``@``, a password ``?``); then everything
+    between the first ``:`` of the user part and the last ``@``.
     """
+    url = _SECRET_PARAM.sub(_hide_param, url)
     head, at, tail = url.rpartition("@")
     if at:
         start = head.find("//") + 2 if "//" in head else head.find(":") + 1
         colon = head.find(":", start)
         if colon >= 0:
             url = f"{head[: colon + 1]}***@{tail}"
-    # the query is looked for in what is left ('@' may also stand in a query value)
-    path, question, query = url.partition("?")
-    if not question:
-        return url
-    params = []
-    for param in query.split("&"):
-        name, equals, _ = param.partition("=")
-        secret = equals and is_secret_param(unquote_plus(name))
-        params.append(f"{name}=***" if secret else param)
-    return f"{path}?{'&'.join(params)}"
+    return url
+
+
+#: ``name=value`` after ``?`` or ``&``, the value up to the next ``&``
+_SECRET_PARAM = re.compile(r"(?<=[?&])([^=&?#]+)=([^&]*)")
+
+
+def _hide_param(match: re.Match[str]) -> str:
+    name = match.group(1)
+    return f"{name}=***" if is_secret_param(unquote_plus(name)) else match.group(0)
 
 
 def scrub(text: str, secrets: Iterable[str]) -> str:
