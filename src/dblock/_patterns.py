@@ -1,4 +1,4 @@
-"""The patterns of the design notes on top of Lock: once (status lock), scheduled, locked.
+"""The patterns on top of Lock: once (the status lock), scheduled, locked.
 
 ``once(key)`` is the transaction / retry-compensation lock. Its record moves::
 
