@@ -69,9 +69,10 @@ def test_signatures() -> None:
 
 
 def test_import_loads_no_driver_and_no_cli_toolkit() -> None:
+    # nor asyncio: the blocking client must not pay for the event loop it does not use
     code = (
         "import sys, dblock; "
-        "heavy = {'psycopg', 'pymysql', 'click', 'rich'} & set(sys.modules); "
+        "heavy = {'psycopg', 'pymysql', 'click', 'rich', 'asyncio'} & set(sys.modules); "
         "print(sorted(heavy))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
