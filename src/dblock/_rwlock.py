@@ -13,9 +13,9 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from ._core import Core
+from ._engine import Spec
 from ._lock import Lock
 from ._validate import check_key, check_timeout, check_ttl
-from .backends._contract import FairQueue, SharedHolds, require
 
 L = TypeVar("L", bound=Lock)
 
@@ -42,8 +42,7 @@ class RWLock:
         self._core = core
         # validate now, with the same rules as a Lock
         self.key, self.ttl, self.timeout = check_key(key), check_ttl(ttl), check_timeout(timeout)
-        require(core.store, SharedHolds, "read-write locks")
-        require(core.store, FairQueue, "read-write locks")
+        Spec(self.key, self.ttl, "write").check(core.store)  # what its write holds need
 
     def read_lock(
         self, *, on_lost: Callable[[Lock], object] | None = None, auto_renew: bool = False

@@ -20,8 +20,6 @@ def _traits(*, fair: bool = True, wakeups: bool = True, probe: bool = False) -> 
         fair=fair,
         probe_before_try=probe,
         wakeups=wakeups,
-        join=False,
-        loss_push=False,
         poll_cap=0.05,
         joiner=None,
     )

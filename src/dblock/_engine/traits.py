@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..backends._contract import FairQueue, LossPush, QueueJoin, Store, Wakeups
+from ..backends._contract import FairQueue, QueueJoin, Store, Wakeups
 
 
 @dataclass(frozen=True)
@@ -17,13 +17,10 @@ class Traits:
     probe_before_try: bool
     #: the store wakes waiters; else they sleep between tries
     wakeups: bool
-    #: take-or-join in one step, when wake-ups flow
-    join: bool
-    #: a force-release is pushed to the holder's client
-    loss_push: bool
     #: longest pause between two tries of a waiter that is not woken
     poll_cap: float
-    #: the store as ``QueueJoin`` (asked whether wake-ups flow now), if it is one
+    #: the store as ``QueueJoin`` (take-or-join in one step, when it says wake-ups flow now),
+    #: if it declares it and ``Wakeups``
     joiner: QueueJoin | None
 
     @classmethod
@@ -34,8 +31,6 @@ class Traits:
             fair=isinstance(store, FairQueue),
             probe_before_try=store.probe_before_try if isinstance(store, FairQueue) else False,
             wakeups=wakeups,
-            join=joiner is not None,
-            loss_push=isinstance(store, LossPush),
             poll_cap=store.poll_cap,
             joiner=joiner,
         )

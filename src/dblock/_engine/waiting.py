@@ -180,13 +180,8 @@ class Acquisition:
     def _keep_queued(self) -> Steps[bool]:
         """Make our queue entry, or refresh it when due; True if we should try again now."""
         entry = self.entry
-        if (
-            self.queue is None
-            or not self.traits.fair
-            or (
-                entry.written_at is not None
-                and time.monotonic() - entry.written_at <= QUEUE_TTL / 3
-            )
+        if self.queue is None or (
+            entry.written_at is not None and time.monotonic() - entry.written_at <= QUEUE_TTL / 3
         ):
             return False
         sent = time.monotonic()
