@@ -1,4 +1,5 @@
-"""chaos.py's raw database access: the protected tables, tagging, server-side faults.
+"""chaos.py's raw database access: the protected tables, tagging, session kills (server
+restarts: ``_chaos_server.py``).
 
 No dblock code here except dblock.fencing (the helper under test) and dblock's URL parser.
 Everything talks to 127.0.0.1 only.
@@ -7,11 +8,8 @@ Everything talks to 127.0.0.1 only.
 from __future__ import annotations
 
 import contextlib
-import os
 import sqlite3
-import subprocess
 import time
-from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
@@ -253,88 +251,3 @@ def kill_sessions(admin_url: str, tag: str) -> int:
         return killed
     finally:
         conn.close()
-
-
-# -- server restarts (PostgreSQL and MariaDB on this host) --------------------------------
-def _run(cmd: list[str], timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
-
-
-def pg_cluster() -> str:
-    return sorted(os.listdir("/etc/postgresql"))[0]
-
-
-def server_up(dialect: str) -> bool:
-    if dialect == "postgresql":
-        return _run(["pg_isready", "-q", "-h", "127.0.0.1"], 10).returncode == 0
-    return _run(["mariadb-admin", "-uroot", "-h127.0.0.1", "ping"], 10).returncode == 0
-
-
-def stop_server(dialect: str) -> None:
-    if dialect == "postgresql":
-        _run(
-            [
-                "pg_ctlcluster",
-                "--skip-systemctl-redirect",
-                "-m",
-                "fast",
-                pg_cluster(),
-                "main",
-                "stop",
-            ],
-            60,
-        )
-        return
-    pid = _mariadb_pid()
-    _run(["mariadb-admin", "-uroot", "-h127.0.0.1", "shutdown"], 60)
-    for _ in range(300):  # wait until the process is gone before starting a new one
-        if pid is None or not _alive(pid):
-            return
-        time.sleep(0.1)
-
-
-#: the pid file of the machine's MariaDB server (Debian's default). Its pid, not any process
-#: named mariadbd, is the server's: another one (a test's private server) may run beside it.
-MARIADB_PIDFILE = "/run/mysqld/mysqld.pid"
-
-
-def _mariadb_pid() -> int | None:
-    """The running server's pid, from its pid file; None if it is not running."""
-    try:
-        pid = int(Path(MARIADB_PIDFILE).read_text().strip())
-    except (OSError, ValueError):
-        return None
-    return pid if _alive(pid) else None
-
-
-def _alive(pid: int) -> bool:
-    return Path(f"/proc/{pid}").exists()
-
-
-def start_server(dialect: str, wait: float = 60) -> bool:
-    """Start the server (idempotent) and wait until it answers; True if it does."""
-    deadline = time.monotonic() + wait
-    while time.monotonic() < deadline:
-        if dialect == "postgresql":
-            ctl = ["pg_ctlcluster", "--skip-systemctl-redirect", pg_cluster(), "main", "start"]
-            if _run(["pg_isready", "-q", "-h", "127.0.0.1"], 10).returncode != 0:
-                _run(ctl, 60)
-        elif _mariadb_pid() is None:
-            _run(
-                [
-                    "start-stop-daemon",
-                    "--start",
-                    "--oknodo",
-                    "--background",
-                    "--pidfile",
-                    MARIADB_PIDFILE,
-                    "--exec",
-                    "/usr/sbin/mariadbd",
-                ],
-                30,
-            )
-        for _ in range(20):
-            if server_up(dialect):
-                return True
-            time.sleep(0.25)
-    return server_up(dialect)

@@ -3,26 +3,38 @@ the database, and let an independent referee check that the fenced resource neve
 stale write and that no process hung.
 
     python bench/chaos.py --url postgresql://postgres@127.0.0.1:5432/test --duration 60 \\
-        [--workers 8] [--keys 3] [--ttl 2] [--restart-server] [--json summary.json]
+        [--workers 8] [--keys 3] [--ttl 2] [--server-cmd CMD | --restart-server] \\
+        [--json summary.json]
 
 Workers (``_chaos_worker.py``) take ``--keys`` keys with ``--ttl`` leases and, in each hold,
 make one fenced write (``dblock.fencing``) to a protected table; half of them use
-``auto_renew``. Beside them the injector picks, every ``--fault-interval`` seconds:
+``auto_renew``. Beside them the injector picks, every ``--fault-interval`` seconds (each
+kind that applies once first, in random order, then at random):
 
 * ``kill``: SIGKILL the process that holds a key (from ``client.info``), start a new worker;
 * ``pause``: SIGSTOP a holder for 1.5-3 leases, then SIGCONT (its write is then stale);
 * ``connkill``: terminate the workers' sessions from the server side (PostgreSQL
   ``pg_terminate_backend`` by ``application_name``; MariaDB ``KILL`` by a user made for the
   run) — PostgreSQL and MySQL/MariaDB;
-* ``restart``: stop and start the database server (``--restart-server``, at most one per
-  ``--restart-gap`` seconds; it disturbs every other client of the server) — PostgreSQL and
-  MariaDB on this host;
+* ``restart``: take the database server down and start it again, at most once per
+  ``--restart-gap`` seconds — PostgreSQL and MySQL/MariaDB, with one of
+
+  - ``--server-cmd CMD``: chaos runs the server itself, ``CMD`` (split like a shell line) in
+    the foreground, e.g. ``'postgres -D /tmp/pg -p 5544 -c listen_addresses=127.0.0.1'``
+    for a URL on port 5544. A restart SIGKILLs the server's whole process group (a crash)
+    and runs ``CMD`` again; chaos starts it before the run and SIGKILLs it on exit. Give it
+    a private server (its own data directory and port), as the test suite does;
+  - ``--restart-server`` (by hand only): this host's PostgreSQL/MariaDB service on its
+    default port, stopped cleanly (``pg_ctlcluster``, ``mariadb-admin shutdown``) and
+    started again. That disturbs every other client of the server: never on a machine that
+    others use;
 * ``filelock``: hold ``BEGIN EXCLUSIVE`` on the SQLite file for 1.5-2.5 leases — SQLite.
 
 The referee (``_chaos_referee.py``) is described there. Exit status: 0 clean, 1 violations
 or hangs, 2 bad arguments, 3 the database was unreachable at the start, 130 interrupted.
 Only loopback URLs are accepted; every process started here is ended on exit (Ctrl-C too),
-and the server is started again if a restart fault had stopped it.
+this host's service is started again if a restart fault had stopped it, and a
+``--server-cmd`` server is ended.
 """
 
 from __future__ import annotations
@@ -34,6 +46,7 @@ import math
 import os
 import random
 import secrets
+import shlex
 import shutil
 import signal
 import sqlite3
@@ -50,6 +63,7 @@ sys.path.insert(0, str(HERE))
 
 import _chaos_db as db  # noqa: E402
 import _chaos_referee as referee  # noqa: E402
+import _chaos_server as servers  # noqa: E402
 import dblock  # noqa: E402
 
 FAULTS = ("kill", "pause", "connkill", "restart", "filelock")
@@ -62,10 +76,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--workers", type=int, default=8)
     p.add_argument("--keys", type=int, default=3)
     p.add_argument("--ttl", type=float, default=2.0, help="lease in seconds (default 2)")
-    p.add_argument(
+    restart = p.add_mutually_exclusive_group()
+    restart.add_argument(
+        "--server-cmd",
+        metavar="CMD",
+        help="run the server at --url as this command (a private one) and include restarts: "
+        "SIGKILL to its process group, then CMD again",
+    )
+    restart.add_argument(
         "--restart-server",
         action="store_true",
-        help="include server restarts (PostgreSQL/MariaDB on this host)",
+        help="include restarts of THIS HOST's PostgreSQL/MariaDB service (default port); "
+        "it disturbs every other client of it: by hand only",
     )
     p.add_argument(
         "--restart-gap",
@@ -106,6 +128,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if not (1 <= args.workers <= 64 and 1 <= args.keys <= 100):
         p.error("--workers must be 1..64 and --keys 1..100")
     args.interval = (lo, hi)
+    if args.server_cmd is not None and not shlex.split(args.server_cmd):
+        p.error("--server-cmd is empty")
     unknown = set(args.faults.split(",")) - set(FAULTS)
     if unknown:
         p.error(f"unknown fault kinds {sorted(unknown)}; choose from {', '.join(FAULTS)}")
@@ -136,6 +160,15 @@ class Soak:
         self.sqlite_lock: sqlite3.Connection | None = None
         self.stopped: set[int] = set()
         self.next_index = 0
+        self.server: servers.Server | None = None
+        self.own_server: servers.OwnServer | None = None
+        if self.dialect != "sqlite" and args.server_cmd:
+            self.own_server = servers.OwnServer(
+                shlex.split(args.server_cmd), args.url, Path(self.dir) / "server.log"
+            )
+            self.server = self.own_server
+        elif self.dialect != "sqlite" and args.restart_server:
+            self.server = servers.HostService(self.dialect)
         self.kinds = self._kinds()
         self.observer: dblock.Client | None = None
         self.last_restart = -math.inf
@@ -147,12 +180,16 @@ class Soak:
             ok.add("filelock")
         else:
             ok.add("connkill")
-            if self.args.restart_server:
+            if self.server is not None:
                 ok.add("restart")
         return sorted(wanted & ok)
 
     # -- setup ------------------------------------------------------------------------------
     def setup(self) -> None:
+        if self.own_server is not None and not self.own_server.start():
+            raise RuntimeError(
+                f"the server did not start ({self.args.server_cmd}):\n{self.own_server.log_tail()}"
+            )
         if self.dialect == "postgresql":
             self.worker_url = db.with_query(self.args.url, application_name=self.tag)
         elif self.dialect == "mysql":
@@ -264,14 +301,17 @@ class Soak:
         elif kind == "connkill":
             record["detail"] = db.kill_sessions(self.admin_url, self.tag)
         elif kind == "restart":
+            assert self.server is not None
             self.server_down = True
             try:
-                db.stop_server(self.dialect)
+                self.server.stop()
                 record["down_at"] = time.monotonic()
                 time.sleep(self.rng.uniform(0.5, 2.0))
             finally:
-                record["up"] = db.start_server(self.dialect)
+                record["up"] = self.server.start()
                 self.server_down = not record["up"]
+            if not record["up"]:
+                self.crashes.append("the database server did not come back after a restart")
             if self.observer is not None:
                 with contextlib.suppress(dblock.DBLockError):
                     self.observer.close()
@@ -320,7 +360,9 @@ class Soak:
             kinds = self.kinds
             if time.monotonic() - self.last_restart < self.args.restart_gap:
                 kinds = [k for k in kinds if k != "restart"] or kinds
-            kind = self.rng.choice(kinds)
+            # every kind once before any repeats: a short run still sees each of them
+            done = {f["kind"] for f in self.faults}
+            kind = self.rng.choice([k for k in kinds if k not in done] or kinds)
             if kind == "restart":
                 if time.monotonic() - self.last_restart < self.args.restart_gap:
                     continue
@@ -377,9 +419,10 @@ class Soak:
         if self.sqlite_lock is not None:
             with contextlib.suppress(sqlite3.Error):
                 self.sqlite_lock.close()
-        if self.server_down or ("restart" in self.kinds and not db.server_up(self.dialect)):
+        restarted = any(f["kind"] == "restart" for f in self.faults)
+        if self.server is not None and (self.server_down or (restarted and not self.server.up())):
             print("chaos: starting the database server again", flush=True)
-            db.start_server(self.dialect, wait=120)
+            self.server.start(wait=120)
         if self.observer is not None:
             with contextlib.suppress(dblock.DBLockError):
                 self.observer.close()
@@ -389,6 +432,8 @@ class Soak:
                 db.mysql_drop_user(self.admin_url, self.tag)
         except Exception as exc:
             print(f"chaos: cleanup of tables failed: {exc}", flush=True)
+        if self.server is not None:
+            self.server.close()
         if self.args.keep:
             print(f"chaos: logs kept in {self.dir}", flush=True)
         else:
@@ -412,7 +457,7 @@ class Soak:
             blob = "\n".join(
                 Path(p).read_text(encoding="utf-8", errors="replace")
                 for p in Path(self.dir).glob("*")
-                if p.name != "config.json"
+                if p.name not in ("config.json", "server.log")
             )
             for secret in (self.password, quote(self.password, safe="")):
                 if secret in blob:
@@ -435,9 +480,19 @@ def main(argv: list[str] | None = None) -> int:
     except dblock.ConfigurationError as exc:
         print(f"chaos: {exc}", file=sys.stderr)
         return 2
-    if dialect != "sqlite" and args.restart_server and not db.server_up(dialect):
-        print("chaos: the server is not up; not starting a soak with restarts", file=sys.stderr)
-        return 3
+    if dialect != "sqlite" and args.restart_server:
+        port = db.parse_url(args.url).port or servers.SERVICE_PORTS[dialect]
+        if port != servers.SERVICE_PORTS[dialect]:
+            print(
+                f"chaos: --restart-server restarts this host's service on port "
+                f"{servers.SERVICE_PORTS[dialect]}, not the server at port {port}: "
+                "use --server-cmd",
+                file=sys.stderr,
+            )
+            return 2
+        if not servers.HostService(dialect).up():
+            print("chaos: the server is not up; not starting a soak with restarts", file=sys.stderr)
+            return 3
 
     def on_term(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt

@@ -12,7 +12,6 @@ import contextlib
 import glob
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import tempfile
@@ -21,6 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from bench._chaos_procs import kill_group
 
 from tests._servers import REQUIRE_SERVERS, raw_connect, reachable
 
@@ -61,6 +61,12 @@ class PrivateServer:
         self.system_url = system_url
         self._proc: subprocess.Popen[bytes] | None = None
 
+    @property
+    def command(self) -> list[str]:
+        """The server in the foreground (without the slow-log shim): for a process that runs
+        the server itself once this one is killed (bench/chaos.py --server-cmd)."""
+        return list(self._command)
+
     def start(self) -> None:
         env = {
             **os.environ,
@@ -97,21 +103,10 @@ class PrivateServer:
 
     def kill(self) -> None:
         """SIGKILL to every process of the server: what it had not written to its files is
-        lost."""
-        if self._proc is None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self._proc.pid, signal.SIGKILL)
-        self._proc.wait(30)
-        # the server's own processes too are gone (a new one refuses to start beside them)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                os.killpg(self._proc.pid, 0)
-            except ProcessLookupError:
-                return
-            time.sleep(0.05)
-        raise RuntimeError("the private server's processes outlived SIGKILL")
+        lost. Nothing if it is not running (killed already)."""
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            kill_group(proc)  # the server's own processes too are gone when it returns
 
     @contextlib.contextmanager
     def slow_redo(self, ms: int = SLOW_MS) -> Iterator[None]:

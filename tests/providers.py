@@ -106,8 +106,8 @@ class Entry:
     mark: str = "%s"
     #: holds up every write to ``key``'s row of ``table`` until the context ends (``sql``)
     hold_up_writes: Callable[[Any, str, str], None] | None = None
-    #: a private server in a directory, running, whose ``url``/``kill()``/``start()`` the
-    #: test may use (capability "restart")
+    #: a private server in a directory, running, whose ``url``/``kill()``/``start()``/
+    #: ``command`` the test may use (capability "restart")
     private: Callable[[Path], contextlib.AbstractContextManager[Any]] | None = None
     #: a store-less client factory, for a store that has no URL: (state, table, kw) -> Client
     make_client: Callable[[dict[str, Any], str, dict[str, Any]], dblock.Client] | None = None
@@ -167,6 +167,25 @@ class Provider:
         assert self.url is not None
         url = kw.pop("url", self.url)
         return dblock.connect(url, table=table, **kw)
+
+    async def connect_async(self, table: str, **kw: Any) -> Any:
+        """A new async client (``dblock.connect_async``) of the store's lock table ``table``;
+        it contends with the blocking clients of the same table like another process."""
+        if self.entry.make_client is not None:
+            import asyncio
+
+            from dblock._async_client import AsyncClient
+            from dblock._green import spawn
+            from dblock._loop_runtime import LoopRuntime
+
+            runtime = LoopRuntime(asyncio.get_running_loop())
+            sync = await spawn(
+                self.entry.make_client, self._state, table, {**kw, "runtime": runtime}
+            )
+            return AsyncClient(sync, runtime)
+        assert self.url is not None
+        url = kw.pop("url", self.url)
+        return await dblock.connect_async(url, table=table, **kw)
 
     def drop(self, table: str) -> None:
         """Remove ``table`` and what lives beside it (after a test)."""
@@ -253,7 +272,7 @@ class Provider:
     # -- restart -----------------------------------------------------------------------------
 
     def private_server(self, root: Path) -> contextlib.AbstractContextManager[Any]:
-        """A private server of this store (``url``, ``kill()``, ``start()``)."""
+        """A private server of this store (``url``, ``kill()``, ``start()``, ``command``)."""
         assert "restart" in self.capabilities and self.entry.private is not None
         return self.entry.private(root)
 
@@ -414,7 +433,12 @@ def _memory_client(state: dict[str, Any], table: str, kw: dict[str, Any]) -> dbl
 
     with _MEMORY_SETUP:
         tables = state.setdefault("tables", Tables())
-    return dblock.Client(MemoryStore(tables, table, **kw))  # type: ignore[call-arg,arg-type]
+    runtime = kw.pop("runtime", None)
+    store = MemoryStore(tables, table, **kw)  # type: ignore[call-arg,arg-type]
+    if runtime is None:
+        return dblock.Client(store)
+    store.rt = runtime
+    return dblock.Client(store, runtime)
 
 
 _MEMORY_SETUP = threading.Lock()

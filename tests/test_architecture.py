@@ -166,3 +166,34 @@ def test_the_cli_imports_only_the_public_api_and_its_own_modules() -> None:
         used = {i for i in _imports(name, path, modules) if i.split(".")[0] == "dblock"}
         stray = {i for i in used if i not in allowed and not i.startswith("dblock.cli")}
         assert not stray, f"{name} imports {sorted(stray)}"
+
+
+#: where a blocking wait is right even under the async client: threads of their own (the
+#: statement watchdog), code the async client runs on a worker thread (SQLite's operations and
+#: connecting), and the blocking runtime itself
+_THREAD_ONLY = {"_runtime.py", "_renewer.py", "watchdog.py", "_forksafe.py"}
+_BLOCKING_WAITS = ("time.sleep(", "threading.Event(", "threading.Thread(", "threading.Condition(")
+
+
+def test_store_and_client_code_waits_only_through_its_runtime() -> None:
+    """The async client runs this code on the event loop: a wait that does not go through
+    ``rt`` (sleep, event, thread) would block every task of the loop."""
+    for path in sorted(SRC.rglob("*.py")):
+        if path.name in _THREAD_ONLY or "cli" in path.parts or "demo" in path.parts:
+            continue
+        if path.name in ("bench.py",):
+            continue
+        source = path.read_text()
+        for wait in _BLOCKING_WAITS:
+            if wait in source:
+                lines = [n for n, line in enumerate(source.splitlines(), 1) if wait in line]
+                allowed = path.name == "sqlite.py" and wait == "time.sleep("  # worker thread
+                assert allowed, f"{path.relative_to(SRC)}:{lines} waits with {wait}"
+
+
+def test_the_async_client_implements_no_lock_semantics() -> None:
+    """The async surface runs the blocking client's code (one implementation): it reaches no
+    store and no engine step directly."""
+    modules = _modules()
+    used = set(_imports("dblock._async_client", SRC / "_async_client.py", modules))
+    assert not {i for i in used if i.startswith(("dblock._engine", "dblock.backends"))}, used

@@ -13,6 +13,7 @@ import dblock
 
 API_NAMES = {
     "connect",
+    "connect_async",
     "Client",
     "Lock",
     "LockInfo",
@@ -50,6 +51,16 @@ def test_errors_pickle_with_their_key(cls: type[dblock.DBLockError]) -> None:
     assert (str(err), err.key) == ("boom on 'k'", "k")
 
 
+def test_connect_async_takes_what_connect_takes() -> None:
+    assert inspect.iscoroutinefunction(dblock.connect_async)
+    assert inspect.signature(dblock.connect_async).parameters.keys() == (
+        inspect.signature(dblock.connect).parameters.keys()
+    )
+    # the async classes, for annotations, load asyncio only when asked for
+    assert dblock.AsyncClient.__name__ == "AsyncClient"
+    assert dblock.AsyncLock.__name__ == "AsyncLock"
+
+
 def test_signatures() -> None:
     connect = inspect.signature(dblock.connect)
     assert list(connect.parameters)[:3] == ["url", "table", "create_schema"]
@@ -72,7 +83,8 @@ def test_import_loads_no_driver_and_no_cli_toolkit() -> None:
     # nor asyncio: the blocking client must not pay for the event loop it does not use
     code = (
         "import sys, dblock; "
-        "heavy = {'psycopg', 'pymysql', 'click', 'rich', 'asyncio'} & set(sys.modules); "
+        "heavy = {'psycopg', 'pymysql', 'click', 'rich', 'asyncio', 'greenlet', 'aiomysql'}"
+        " & set(sys.modules); "
         "print(sorted(heavy))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -10,6 +10,8 @@ PostgreSQL, MySQL/MariaDB or an embedded SQLite file.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from ._client import Client, connect
 from ._errors import (
     AlreadyDone,
@@ -24,7 +26,44 @@ from ._errors import (
 from ._lock import Lock
 from ._types import LockInfo
 
+if TYPE_CHECKING:
+    from ._async_client import AsyncClient
+
 __version__ = "0.1.0.dev0"
+
+
+async def connect_async(
+    url: str | None = None,
+    *,
+    table: str = "dblock_locks",
+    create_schema: bool = True,
+    max_connections: int | None = None,
+) -> AsyncClient:
+    """Open an async client (see ``connect``): ``client = await dblock.connect_async(url)``.
+
+    Every call that touches the database is awaited, every context manager is ``async with``;
+    the owner for re-entrancy is the asyncio task. Needs greenlet (``dblock[asyncio]``), and
+    for MySQL aiomysql (``dblock[mysql-async]``).
+    """
+    try:
+        from ._async_client import connect_async as connect_on_loop
+    except ImportError as exc:
+        raise ConfigurationError(
+            f"dblock's async API needs {exc.name}: pip install 'dblock[asyncio]'"
+        ) from exc
+    return await connect_on_loop(
+        url, table=table, create_schema=create_schema, max_connections=max_connections
+    )
+
+
+def __getattr__(name: str) -> Any:
+    # the async classes, loaded (with asyncio) only when asked for
+    if name in ("AsyncClient", "AsyncLock"):
+        from . import _async_client
+
+        return getattr(_async_client, name)
+    raise AttributeError(f"module 'dblock' has no attribute {name!r}")
+
 
 __all__ = [
     "AlreadyDone",
@@ -40,4 +79,5 @@ __all__ = [
     "NotHeld",
     "__version__",
     "connect",
+    "connect_async",
 ]

@@ -12,6 +12,7 @@ from typing import ParamSpec, TypeVar
 from ._core import Core
 from ._lock import Lock
 from ._patterns import OnceLock, locked, scheduled
+from ._runtime import THREADS, Runtime
 from ._rwlock import RWLock, Semaphore
 from ._types import LockInfo, State
 from ._url import parse_url
@@ -48,24 +49,35 @@ def connect(
     ...     with client.lock("nightly-report", ttl=60):
     ...         run_report()
     """
+    return Client(open_store(url, table, create_schema, max_connections))
+
+
+def open_store(
+    url: str | None,
+    table: str,
+    create_schema: bool,
+    max_connections: int | None,
+    runtime: Runtime | None = None,
+) -> Store:
+    """The store for a client: URL and options checked, its tables made or checked."""
     schema, name = check_table(table)
     parsed = parse_url(url)
     if max_connections is not None:
         parsed = replace(parsed, max_connections=check_max_connections(max_connections))
-    backend = open_backend(parsed, schema, name)
+    backend = open_backend(parsed, schema, name, runtime)
     try:
         backend.ensure_schema(create=bool(create_schema))
     except BaseException:
         backend.close()
         raise
-    return Client(backend)
+    return backend
 
 
 class Client:
     """A thread-safe handle on one lock table. Use it as a context manager or ``close()`` it."""
 
-    def __init__(self, store: Store) -> None:
-        self._core = Core(store)
+    def __init__(self, store: Store, runtime: Runtime = THREADS) -> None:
+        self._core = Core(store, runtime)
         self._store = store
         self._closed = False
 

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import secrets
 import socket
-import threading
 from typing import TypeVar
 
 from . import _forksafe
 from ._drive import run
 from ._engine import Hold, Steps, Traits
-from ._renewer import Scheduler
+from ._runtime import THREADS, Runtime
 from .backends._contract import Store
 
 T = TypeVar("T")
@@ -19,26 +18,31 @@ _HOST = socket.gethostname()[:64] or "localhost"
 
 
 class Core:
-    """The shared state of one blocking client."""
+    """The shared state of one client (blocking, or async: ``runtime``)."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, runtime: Runtime = THREADS) -> None:
         self.store = store
+        #: how the client's code waits: on threads, or on an event loop
+        self.rt = runtime
         #: what the store declares, read once
         self.traits = Traits.of(store)
-        self.scheduler = Scheduler(f"dblock-renewer[{store.table}]")
+        self.scheduler = runtime.jobs(f"dblock-renewer[{store.table}]")
         self._reentrant: dict[tuple[str, int], Hold] = {}
         self._registry_lock = _forksafe.lock()
 
     def run(self, steps: Steps[T]) -> T:
-        """Run engine steps against the store, blocking this thread."""
+        """Run engine steps against the store (on the async runtime, inside its greenlet)."""
         return run(steps, self.store)
 
     # -- owner identity -------------------------------------------------------------------
-    @staticmethod
-    def identity() -> str:
-        # <thread> names the thread for people; ownership is by the random part (in the
-        # store) and by thread_id (re-entrancy), neither of which is ever reused
-        return f"{_HOST}:{_forksafe.pid()}:{threading.get_ident()}"
+    def identity(self) -> str:
+        # <thread> names the thread (or task) for people; ownership is by the random part (in
+        # the store) and by the runtime's owner serial (re-entrancy), neither ever reused
+        return f"{_HOST}:{_forksafe.pid()}:{self.rt.owner_label()}"
+
+    def owner_serial(self) -> int:
+        """The re-entrancy owner: the thread, or the asyncio task."""
+        return self.rt.owner_serial()
 
     def new_owner(self) -> str:
         return f"{self.identity()}:{secrets.token_hex(8)}"

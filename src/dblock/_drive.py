@@ -1,8 +1,8 @@
-"""The blocking driver: runs engine steps against a store on the calling thread."""
+"""The driver: runs engine steps against a store on the calling thread, or for the async
+client in its greenlet (where the store's waits await on the event loop)."""
 
 from __future__ import annotations
 
-import time
 from typing import Any, TypeVar
 
 from ._engine import Call, Op, Sleep, Steps, Subscribe, Unsubscribe, Wait
@@ -43,6 +43,6 @@ def _execute(op: Op, store: Store) -> Any:
         op.subscription.close()
         return None
     if isinstance(op, Sleep):
-        time.sleep(op.seconds)
+        store.rt.sleep(op.seconds)  # the async client's runtime awaits it on the loop
         return None
     raise TypeError(f"not an engine operation: {op!r}")

@@ -21,15 +21,12 @@ Timeline of the race fencing protects against::
 
 from __future__ import annotations
 
-import itertools
 import logging
-import sys
-import threading
 import time
 from collections.abc import Callable
 from types import TracebackType
 
-from . import _engine, _forksafe
+from . import _engine, _forksafe, _runtime
 from ._core import Core
 from ._engine import Hold, Spec
 from ._errors import EventLoopError, LockLost, LockTimeout, NotHeld
@@ -38,32 +35,6 @@ from ._validate import check_key, check_timeout, check_ttl
 from .backends._contract import LossPush
 
 log = logging.getLogger("dblock")
-
-
-def _running_loop() -> bool:
-    """True if this thread is running an asyncio event loop (without importing asyncio)."""
-    if "asyncio" not in sys.modules:
-        return False  # nothing can be running a loop that was never imported
-    import asyncio  # already loaded: no import cost
-
-    return asyncio._get_running_loop() is not None
-
-
-_THREAD = threading.local()
-_THREAD_SERIAL = itertools.count(1)
-_SERIAL_LOCK = _forksafe.lock()
-
-
-def thread_id() -> int:
-    """This thread's identity for ownership: unlike ``threading.get_ident()``, which Python
-    gives to a new thread once the old one has ended, it is never reused in this process, so
-    a new thread can never re-enter or release a hold of a thread that died holding it."""
-    serial: int | None = getattr(_THREAD, "serial", None)
-    if serial is None:
-        with _SERIAL_LOCK:
-            serial = next(_THREAD_SERIAL)
-        _THREAD.serial = serial
-    return serial
 
 
 class Lock:
@@ -110,7 +81,7 @@ class Lock:
 
     def _current(self) -> Hold | None:
         with self._mutex:
-            refs = self._holds.get(thread_id())
+            refs = self._holds.get(self._core.owner_serial())
             if refs:
                 return refs[-1]
             for refs in self._holds.values():
@@ -163,7 +134,7 @@ class Lock:
         lost and this acquire is a fresh one. On a thread that runs an asyncio event loop it
         raises a DBLockError that is also a RuntimeError: use ``connect_async``.
         """
-        if _running_loop():
+        if self._core.rt.loop_running():
             raise EventLoopError(
                 f"lock {self._key!r}: the blocking dblock API was called on a thread that is "
                 "running an asyncio event loop. All coroutines share this thread, so the lock "
@@ -174,7 +145,7 @@ class Lock:
                 key=self._key,
             )
         wait = check_timeout(timeout) if timeout is not None else self._timeout
-        tid = thread_id()
+        tid = self._core.owner_serial()
         core = self._core
         if self._reentrant:
             shared = core.reentrant_hold(self._key, tid)
@@ -191,6 +162,8 @@ class Lock:
             hold = None
         if hold is None:
             return False
+        if core.rt is not _runtime.THREADS:
+            hold.mutex = core.rt.mutex()
         hold.handle = self
         self._push(tid, hold)
         if self._reentrant:
@@ -251,7 +224,7 @@ class Lock:
         Raises NotHeld if this owner does not hold the lock, and LockLost if its lease was
         gone (the work ran partly unprotected). Never frees another owner's hold.
         """
-        tid = thread_id()
+        tid = self._core.owner_serial()
         with self._mutex:
             refs = self._holds.get(tid)
             hold = refs[-1] if refs else None
@@ -305,7 +278,7 @@ class Lock:
 
     def _current_of_thread(self) -> Hold:
         with self._mutex:
-            refs = self._holds.get(thread_id())
+            refs = self._holds.get(self._core.owner_serial())
         if not refs or not refs[-1].ours():
             raise NotHeld(f"lock {self._key!r} is not held by this owner", key=self._key)
         return refs[-1]
@@ -354,13 +327,17 @@ class Lock:
     # -- context manager ------------------------------------------------------------------
     def __enter__(self) -> Lock:
         if not self.acquire():
-            raise LockTimeout(
-                f"lock {self._key!r} was not acquired within {self._timeout:g} s (table "
-                f"{self._core.store.table}); it is held by another owner — see "
-                f"`dblock info {self._key}`",
-                key=self._key,
-            )
+            raise self._timed_out()
         return self
+
+    def _timed_out(self) -> LockTimeout:
+        """The error of a ``with`` block whose acquire was not had in time."""
+        return LockTimeout(
+            f"lock {self._key!r} was not acquired within {self._timeout:g} s (table "
+            f"{self._core.store.table}); it is held by another owner — see "
+            f"`dblock info {self._key}`",
+            key=self._key,
+        )
 
     def __exit__(
         self,

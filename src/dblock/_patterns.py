@@ -87,10 +87,10 @@ class ScheduledLock(Lock):
         self._spec.at_least = at_least
 
 
-def scheduled(
-    core: Core, name: str, at_most: float, at_least: float = 0.0
-) -> Callable[[Callable[P, R]], Callable[P, R | None]]:
-    """Decorator: of N hosts calling the job at once, exactly one runs it; others get None."""
+def scheduled_lock(
+    core: Core, name: str, at_most: float, at_least: float
+) -> Callable[[], ScheduledLock]:
+    """``scheduled``'s checks, now; what they give makes the lock of each run."""
     at_most = check_ttl(at_most)
     at_least = check_seconds(at_least, "at_least", allow_zero=True)
     if at_least > at_most:
@@ -99,11 +99,19 @@ def scheduled(
             f"and at_most={at_most:g}"
         )
     ScheduledLock(core, name, at_most=at_most, at_least=at_least)  # validates the name now
+    return lambda: ScheduledLock(core, name, at_most=at_most, at_least=at_least)
+
+
+def scheduled(
+    core: Core, name: str, at_most: float, at_least: float = 0.0
+) -> Callable[[Callable[P, R]], Callable[P, R | None]]:
+    """Decorator: of N hosts calling the job at once, exactly one runs it; others get None."""
+    new_lock = scheduled_lock(core, name, at_most, at_least)
 
     def decorate(fn: Callable[P, R]) -> Callable[P, R | None]:
         @functools.wraps(fn)
         def run(*args: P.args, **kwargs: P.kwargs) -> R | None:
-            lock = ScheduledLock(core, name, at_most=at_most, at_least=at_least)
+            lock = new_lock()
             if not lock.acquire(blocking=False):
                 log.debug("scheduled job %r skipped: another host holds its lock", name)
                 return None
@@ -127,6 +135,24 @@ def locked(
 ) -> Callable[[Callable[P, R]], Callable[P, R]]:
     """Decorator: hold the lock named by ``template.format(**arguments)`` during each call;
     ``make_lock`` is the client's ``lock``."""
+    keys = key_template(template, ttl)
+
+    def decorate(fn: Callable[P, R]) -> Callable[P, R]:
+        key_of = keys(fn)
+
+        @functools.wraps(fn)
+        def call(*args: P.args, **kwargs: P.kwargs) -> R:
+            with make_lock(key_of(*args, **kwargs), ttl=ttl, timeout=timeout, **options):
+                return fn(*args, **kwargs)
+
+        return call
+
+    return decorate
+
+
+def key_template(template: str, ttl: float) -> Callable[[Callable[..., Any]], Callable[..., str]]:
+    """``locked``'s checks: of the template now, of each function it decorates when it does;
+    what they give is the function's call arguments -> its key."""
     if not isinstance(template, str):
         raise TypeError("the key template must be a str")
     check_ttl(ttl)
@@ -140,7 +166,7 @@ def locked(
             f"key template {template!r}: name the arguments, e.g. 'order:{{order_id}}'"
         )
 
-    def decorate(fn: Callable[P, R]) -> Callable[P, R]:
+    def for_function(fn: Callable[..., Any]) -> Callable[..., str]:
         signature = inspect.signature(fn)
         missing = fields - set(signature.parameters)
         if missing:
@@ -149,17 +175,14 @@ def locked(
                 f"{fn.__qualname__}{signature} does not take"
             )
 
-        @functools.wraps(fn)
-        def call(*args: P.args, **kwargs: P.kwargs) -> R:
+        def key_of(*args: Any, **kwargs: Any) -> str:
             bound = signature.bind(*args, **kwargs)
             bound.apply_defaults()
-            key = template.format(**bound.arguments)
-            with make_lock(key, ttl=ttl, timeout=timeout, **options):
-                return fn(*args, **kwargs)
+            return template.format(**bound.arguments)
 
-        return call
+        return key_of
 
-    return decorate
+    return for_function
 
 
-__all__ = ["OnceLock", "ScheduledLock", "locked", "scheduled"]
+__all__ = ["OnceLock", "ScheduledLock", "key_template", "locked", "scheduled", "scheduled_lock"]

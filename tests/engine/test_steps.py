@@ -1,5 +1,5 @@
-"""The engine without a store: its steps are driven by hand, by the blocking driver and by the
-asyncio driver, which must see the same operations and leave nothing behind on failure."""
+"""The engine without a store: its steps are driven by hand, and must leave nothing behind on
+failure or interruption."""
 
 from __future__ import annotations
 
@@ -9,10 +9,8 @@ from typing import Any
 import pytest
 
 from dblock import _engine
-from dblock._adrive import arun
-from dblock._drive import run
 from dblock._engine import Call, Sleep, Spec, Subscribe, Traits, Unsubscribe, Wait
-from dblock.backends._contract import Subscription, Wakeups
+from dblock.backends._contract import Subscription
 
 
 def _traits(*, fair: bool = True, wakeups: bool = True, probe: bool = False) -> Traits:
@@ -89,78 +87,46 @@ def test_without_wakeups_a_waiter_sleeps_and_without_a_queue_it_only_tries() -> 
     assert all(op.seconds <= 0.05 for op in ops if isinstance(op, Sleep))
 
 
-class _Store(Wakeups):
-    """Two busy tries, then the lock: the same answers for both drivers."""
-
-    def __init__(self) -> None:
-        self.calls: list[str] = []
-        self.tries = 0
-
-    def _answer(self, method: str) -> Any:
-        self.calls.append(method)
-        if method == "acquire_fair":
-            self.tries += 1
-            return None if self.tries < 3 else 42
-        return None
-
-    def __getattr__(self, method: str) -> Any:
-        return lambda *args: self._answer(method)
-
-    def subscribe(self, key: str, owner: str, queue: str | None) -> Subscription:
-        self.calls.append("subscribe")
-        return _Sub()
-
-
-class _AsyncStore(_Store):
-    def __getattr__(self, method: str) -> Any:
-        async def call(*args: Any) -> Any:
-            return self._answer(method)
-
-        return call
-
-    async def subscribe(self, key: str, owner: str, queue: str | None) -> Any:  # type: ignore[override]
-        self.calls.append("subscribe")
-        return _AsyncSub()
+def _grant_interrupted(error: BaseException, listed: list[Any]) -> list[Call]:
+    """Drive an acquire whose first try is interrupted by ``error``; the calls that follow."""
+    steps = _engine.Acquisition(
+        _traits(fair=False, wakeups=False), Spec("k", 30.0), "me", blocking=True, timeout=5
+    ).run()
+    op = steps.send(None)
+    assert isinstance(op, Call)
+    assert op.method == "acquire"
+    calls: list[Call] = []
+    reply: Any = error
+    raised: BaseException | None = None
+    try:
+        while True:
+            op = steps.throw(reply) if isinstance(reply, BaseException) else steps.send(reply)
+            assert isinstance(op, Call)
+            calls.append(op)
+            reply = listed if op.method == "list" else True
+    except BaseException as exc:
+        raised = exc
+    assert raised is error  # the interruption itself comes out, after the cleanup
+    return calls
 
 
-class _AsyncSub:
-    live, targeted, latched, granted = True, True, False, None
+def test_an_interrupted_grant_is_ended_before_the_interruption_propagates() -> None:
+    """A cancellation (or Ctrl-C) while the acquiring statement was in flight: the store may
+    have granted the hold anyway, so the steps look for this owner's hold and end it."""
+    from dblock._types import LockInfo
 
-    async def wait(self, timeout: float) -> bool:
-        await asyncio.sleep(0)
-        return False
-
-    async def close(self) -> None:
-        pass
-
-
-def test_the_blocking_and_the_asyncio_driver_run_the_same_steps() -> None:
-    def steps() -> Any:
-        return _engine.Acquisition(_traits(), Spec("k", 30.0), "me", blocking=True, timeout=5).run()
-
-    sync_store, async_store = _Store(), _AsyncStore()
-    hold = run(steps(), sync_store)  # type: ignore[arg-type]
-    ahold = asyncio.run(arun(steps(), async_store))
-    assert hold.token == ahold.token == 42
-    assert sync_store.calls == async_store.calls
-    assert sync_store.calls[:3] == ["acquire_fair", "subscribe", "enqueue"]
+    ours = LockInfo("k", "me", 7, None, None, "lock")  # type: ignore[arg-type]
+    theirs = LockInfo("k", "other", 8, None, None, "lock")  # type: ignore[arg-type]
+    calls = _grant_interrupted(asyncio.CancelledError(), [theirs, ours])
+    assert [(c.method, c.args) for c in calls] == [
+        ("list", ("k",)),
+        ("release", ("k", "me", 7)),
+    ]
 
 
-def test_the_asyncio_driver_cleans_up_a_cancelled_acquire() -> None:
-    class Never(_AsyncStore):
-        def _answer(self, method: str) -> Any:
-            self.calls.append(method)
-            return None  # always busy
+def test_a_failed_grant_is_not_looked_for() -> None:
+    """A statement that failed (the store retried it already) is not followed by a search:
+    the database cannot be reached, and the error should come at once."""
+    from dblock._errors import BackendError
 
-    async def main(store: Never) -> None:
-        steps = _engine.Acquisition(_traits(), Spec("k", 30.0), "me", blocking=True, timeout=None)
-        task = asyncio.ensure_future(arun(steps.run(), store))
-        while "enqueue" not in store.calls:
-            await asyncio.sleep(0)
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
-
-    store = Never()
-    asyncio.run(main(store))
-    assert store.calls[-1] == "dequeue", store.calls
+    assert _grant_interrupted(BackendError("down"), []) == []

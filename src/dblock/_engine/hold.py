@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Protocol
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
 
 from .. import _forksafe
 from .kinds import Spec
@@ -44,8 +45,9 @@ class Hold:
         #: the local monotonic time after which the lease may have ended (conservative: the
         #: store started the lease no earlier than the request was sent)
         self.expires_by = sent_at + self.lease
-        #: serialises the client's operations on this hold (caller, renewer, loss notice)
-        self.mutex = _forksafe.lock()
+        #: serialises the client's operations on this hold (caller, renewer, loss notice); the
+        #: async client puts one of its runtime's in its place
+        self.mutex: AbstractContextManager[Any] = _forksafe.lock()
         self.job: Cancellable | None = None
         #: stops the pushed loss notice (stores that push a force-release to its holder)
         self.unwatch: Callable[[], None] | None = None

@@ -134,8 +134,8 @@ class Acquisition:
             while True:
                 if should_try:
                     sent = time.monotonic()
-                    token = yield spec.try_call(
-                        self.traits, self.owner, entry.written_at is not None
+                    token = yield from self._granting(
+                        spec.try_call(self.traits, self.owner, entry.written_at is not None)
                     )
                     if token is not None:
                         acquired = True
@@ -175,6 +175,32 @@ class Acquisition:
                 yield Unsubscribe(self.subscription)
             if entry.made and not acquired:
                 yield from self._leave_queue()  # which also hands on a lock handed to us
+
+    # -- a grant interrupted ------------------------------------------------------------------
+    def _granting(self, call: Call) -> Steps[int | None]:
+        """Run a statement that may grant the hold. If it is interrupted in flight (an asyncio
+        cancellation, a timeout around the acquire, Ctrl-C), the store may have granted it
+        anyway: that hold is ended before the interruption propagates, so none is left for
+        only its lease to free. (A failed statement is not: the store retried it, and it
+        failed because the database cannot be reached.)"""
+        try:
+            token: int | None = yield call
+        except BaseException as exc:
+            if not isinstance(exc, Exception):
+                yield from self._disown()
+            raise
+        return token
+
+    def _disown(self) -> Steps[None]:
+        """End whatever hold of the key this acquisition's owner has in the store."""
+        spec = self.spec
+        try:
+            holds = yield Call("list", (spec.key,))
+            for hold in holds:
+                if hold.key == spec.key and hold.owner == self.owner:
+                    yield spec.end_call(self.owner, hold.token)
+        except Exception as exc:  # noqa: BLE001 - the interruption is what propagates
+            log.warning("could not end the interrupted grant of %r: %s", spec.key, exc)
 
     # -- queue upkeep -------------------------------------------------------------------------
     def _keep_queued(self) -> Steps[bool]:
@@ -222,7 +248,9 @@ class Acquisition:
         subscription = yield Subscribe(spec.key, self.owner, self.queue)
         sent = time.monotonic()
         try:
-            token = yield Call("acquire_or_enqueue", (spec.key, self.owner, spec.ttl, QUEUE_TTL))
+            token = yield from self._granting(
+                Call("acquire_or_enqueue", (spec.key, self.owner, spec.ttl, QUEUE_TTL))
+            )
         except BaseException:
             yield Unsubscribe(subscription)
             raise

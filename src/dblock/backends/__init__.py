@@ -9,6 +9,7 @@ from .._errors import ConfigurationError
 from ._contract import CAPABILITIES, SchemaScript, Store, Subscription, capabilities, lacking
 
 if TYPE_CHECKING:
+    from .._runtime import Runtime
     from .._url import DatabaseURL
 
 # dialect -> (module, class, the extra that installs its driver)
@@ -19,8 +20,12 @@ BACKENDS: dict[str, tuple[str, str, str | None]] = {
 }
 
 
-def open_backend(url: DatabaseURL, schema: str | None, table: str) -> Store:
-    """Instantiate the backend for ``url``; name the extra to install if its driver is missing."""
+def open_backend(
+    url: DatabaseURL, schema: str | None, table: str, runtime: Runtime | None = None
+) -> Store:
+    """Instantiate the backend for ``url``; name the extra to install if its driver is missing.
+
+    ``runtime``: the async client's (its connections are the driver's asyncio ones)."""
     module_name, class_name, extra = BACKENDS[url.dialect]
     try:
         module = importlib.import_module(module_name)
@@ -30,6 +35,8 @@ def open_backend(url: DatabaseURL, schema: str | None, table: str) -> Store:
             f"pip install 'dblock[{extra}]'"
         ) from exc
     store: Store = getattr(module, class_name)(url, schema, table)
+    if runtime is not None:
+        store.rt = runtime
     return store
 
 

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from .._errors import ConfigurationError
+from .._runtime import THREADS, Runtime
 
 if TYPE_CHECKING:
     from .._types import LockInfo
@@ -37,6 +38,9 @@ class Store(ABC):
     table: str
     #: longest pause between two tries of a waiter that is not woken by the store, seconds
     poll_cap: float = 0.25
+    #: how the store's code waits (sleeps, events, background workers): blocking threads, or
+    #: the async client's event loop (set by ``open_backend`` before the store's first use)
+    rt: Runtime = THREADS
 
     @abstractmethod
     def ensure_schema(self, create: bool) -> None:

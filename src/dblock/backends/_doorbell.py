@@ -32,12 +32,12 @@ waiters beyond that poll.
 from __future__ import annotations
 
 import hashlib
-import threading
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 from .. import _forksafe
+from .._runtime import Event
 from .._timing import Backoff, head_backoff
 from ._contract import Subscription
 from .sql.watchdog import Watchdog
@@ -124,14 +124,15 @@ class Bells:
             self._pid = _forksafe.pid()
 
     # -- waiters ----------------------------------------------------------------------------
-    def doorbell(self, key: str, owner: str) -> Doorbell | None:
-        """A doorbell for ``owner`` waiting on ``key``, or None if this client has too many."""
+    def doorbell(self, key: str, owner: str, sleep: Event) -> Doorbell | None:
+        """A doorbell for ``owner`` waiting on ``key``, or None if this client has too many.
+        ``sleep`` is the event its pauses wait on (the client's runtime makes it)."""
         with self._mutex:
             self._forked()
             if self._closed or self._count >= min(MAX_BELLS, self._limit):
                 return None
             self._count += 1
-            bell = Doorbell(self, key, owner)
+            bell = Doorbell(self, key, owner, sleep)
             self._waiting[(key, owner)] = bell
             return bell
 
@@ -251,7 +252,7 @@ class Doorbell(Subscription):
     latched = True  # the bell is a lock, not an event: one freed before GET_LOCK is had at once
     granted: int | None = None
 
-    def __init__(self, bells: Bells, key: str, owner: str) -> None:
+    def __init__(self, bells: Bells, key: str, owner: str, sleep: Event) -> None:
         self._bells = bells
         self.key = key
         self.owner = owner
@@ -270,7 +271,7 @@ class Doorbell(Subscription):
         self._head: Backoff | None = None
         #: pauses before asking for the bell again after passing it on (None: not passing)
         self._passing: Backoff | None = None
-        self._sleep = threading.Event()
+        self._sleep = sleep
 
     def wait(self, timeout: float) -> bool:
         if timeout <= 0:

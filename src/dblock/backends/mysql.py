@@ -499,8 +499,8 @@ class MysqlBackend(HoldersMixin[Any], FairQueue, SharedHolds, OnceRecords, Wakeu
 
     def subscribe(self, key: str, owner: str, queue: str | None = None) -> Subscription:
         """A doorbell for a plain lock's waiter (see _doorbell.py); others poll."""
-        bell = self._bells.doorbell(key, owner) if queue == "lock" else None
-        return Sleeper() if bell is None else bell
+        bell = self._bells.doorbell(key, owner, self.rt.event()) if queue == "lock" else None
+        return Sleeper(self.rt.event()) if bell is None else bell
 
     def close(self) -> None:
         self._bells.close()

@@ -26,16 +26,16 @@ import logging
 import os
 import secrets
 import socket
-import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, cast
 
 import psycopg
 
 from .. import _forksafe
 from .._errors import ConfigurationError
+from .._runtime import THREADS
 from .._types import Kind, LockInfo
 from .._url import MAX_URL_TIMEOUT, DatabaseURL, scrub, scrub_exception, url_number
 from ._contract import (
@@ -133,6 +133,13 @@ class PostgresBackend(
     # -- connections ----------------------------------------------------------------------
     def _connect(self) -> psycopg.Connection[Any]:
         try:
+            if self.rt is not THREADS:
+                from ._pg_green import GreenConnection
+
+                # the async client's code runs in a greenlet: it awaits psycopg's asyncio
+                # connection where this code looks blocking (the same calls, one subset)
+                green = GreenConnection.connect(autocommit=True, **self._options)
+                return cast("psycopg.Connection[Any]", green)
             return psycopg.connect(autocommit=True, **self._options)
         except psycopg.ProgrammingError as exc:  # psycopg's own check of a parameter's value
             raise self._misconfigured(exc) from exc
@@ -448,7 +455,7 @@ class _Subscription(Subscription):
         self.owner = owner
         self.live = live
         self.granted: int | None = None
-        self.event = threading.Event()
+        self.event = listener.rt.event()
 
     def wait(self, timeout: float) -> bool:
         woken = self.event.wait(timeout)
@@ -469,15 +476,17 @@ class _Listener:
 
     def __init__(self, backend: PostgresBackend) -> None:
         self._backend = backend
+        #: a thread for the blocking client, a task for the async one (its LISTEN connection
+        #: is psycopg's AsyncConnection, its notifications an async iterator)
+        self.rt = backend.rt
         self.channel = f"dblock_{secrets.token_hex(8)}"
         self._subs: dict[str, set[_Subscription]] = {}
         self._watches: dict[tuple[str, str], Callable[[], None]] = {}
         self._lock = _forksafe.lock()
-        self._ready = threading.Event()
-        self._stopped = threading.Event()
+        self._ready = self.rt.event()
+        self._stopped = self.rt.event()
         self._conn: psycopg.Connection[Any] | None = None
-        self._thread = threading.Thread(target=self._run, name="dblock-listener", daemon=True)
-        self._thread.start()
+        self._thread = self.rt.start("dblock-listener", self._run)
 
     def subscribe(self, key: str, owner: str) -> _Subscription:
         # Wait (briefly) until LISTEN is active, so no release after our next try is missed.

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import BackendError, ConfigurationError
+from .._runtime import Runtime
 from .._timing import DeadlinePassed, bounded_wait
 from .._types import Kind, LockInfo
 from .._url import DatabaseURL, url_number
@@ -57,9 +58,12 @@ class _ChangeWatch(Subscription):
     granted: int | None = None
     interval = 0.002
 
-    def __init__(self, conn: sqlite3.Connection, done: threading.Semaphore) -> None:
+    def __init__(self, conn: sqlite3.Connection, done: threading.Semaphore, rt: Runtime) -> None:
         self._conn = conn
         self._done = done  # released on close: the backend's count of watches
+        # reading the version is a read of shared memory (microseconds): done on the event
+        # loop itself by the async client, which only sleeps through its runtime
+        self._rt = rt
         self._version = self._read()
 
     def _read(self) -> int:
@@ -71,7 +75,7 @@ class _ChangeWatch(Subscription):
             try:
                 version = self._read()
             except sqlite3.Error:
-                time.sleep(max(0.0, min(0.05, deadline - time.monotonic())))
+                self._rt.sleep(max(0.0, min(0.05, deadline - time.monotonic())))
                 return False
             if version != self._version:
                 self._version = version
@@ -79,7 +83,7 @@ class _ChangeWatch(Subscription):
             left = deadline - time.monotonic()
             if left <= 0:
                 return False
-            time.sleep(min(self.interval, left))
+            self._rt.sleep(min(self.interval, left))
 
     def close(self) -> None:
         with contextlib.suppress(sqlite3.Error):
@@ -102,6 +106,7 @@ class SqliteBackend(
     """Lock table in a SQLite file."""
 
     name = dialect = "sqlite"
+    blocking_driver = True  # the async client runs each operation on a worker thread
     probe_before_try = True  # local reads cost microseconds; writers queue for one file lock
     poll_cap = 0.1  # a local file: polling is cheap, and hand-off latency is bounded by this
     sql: SqliteStatements
@@ -390,12 +395,12 @@ class SqliteBackend(
 
     def subscribe(self, key: str, owner: str, queue: str | None = None) -> Subscription:
         if not self._watches.acquire(blocking=False):
-            return Sleeper()  # max_connections waiters watch already: this one polls
+            return Sleeper(self.rt.event())  # max_connections waiters watch already: it polls
         try:
-            return _ChangeWatch(self._connect(), self._watches)
+            return _ChangeWatch(self.rt.offload(self._connect), self._watches, self.rt)
         except (sqlite3.Error, DeadlinePassed):
             self._watches.release()
-            return Sleeper()
+            return Sleeper(self.rt.event())
 
     # -- dialect hooks for the multi-holder operations ------------------------------------
     def _exec(self, conn: sqlite3.Connection, sql: str, params: dict[str, Any]) -> tuple[int, Rows]:

@@ -422,7 +422,7 @@ def test_a_waiter_woken_for_a_lock_handed_to_another_passes_the_bell_on(
         assert isinstance(backend, MysqlBackend)
         assert backend.acquire(key, "y", 30, "lock") is not None
         raw.execute(f"UPDATE `{table}` SET note = '7' WHERE lock_key = %s", (key,))  # handed
-        bell = backend._bells.doorbell(key, "x")
+        bell = backend._bells.doorbell(key, "x", backend.rt.event())
         assert bell is not None
         try:
             assert not bell.wait(1.0), "x is not woken for the lock"

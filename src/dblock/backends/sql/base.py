@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import random
-import threading
 import time
 from abc import abstractmethod
 from collections import deque
@@ -33,6 +32,7 @@ from typing import Generic, TypeVar
 
 from ... import _forksafe
 from ..._errors import BackendError, DBLockError
+from ..._runtime import Event
 from ..._timing import DeadlinePassed, bounded_wait
 from ..._url import DatabaseURL, scrub, scrub_exception
 from .._contract import Store, Subscription
@@ -66,8 +66,8 @@ class Sleeper(Subscription):
     latched = False
     granted: int | None = None
 
-    def __init__(self) -> None:
-        self._event = threading.Event()
+    def __init__(self, event: Event) -> None:
+        self._event = event
 
     def wait(self, timeout: float) -> bool:
         self._event.wait(timeout)
@@ -78,21 +78,23 @@ class Sleeper(Subscription):
 
 
 class _Turn(Generic[C]):
-    """A thread waiting for a pooled connection: given one, or room to open one."""
+    """A thread (or task) waiting for a pooled connection: given one, or room to open one."""
 
     __slots__ = ("conn", "ready", "room")
 
-    def __init__(self) -> None:
+    def __init__(self, ready: Event) -> None:
         self.conn: C | None = None
         self.room = False
-        self.ready = threading.Lock()  # released when served (or the client is closed)
-        self.ready.acquire()
+        self.ready = ready  # set when served (or the client is closed)
 
 
 class SqlBackend(Store, Generic[C]):
     """Pool, retries and error wrapping around a DB-API driver. Subclasses supply SQL."""
 
     dialect: str
+    #: the driver has no asyncio connections: the async client runs each operation (one
+    #: function of a connection) on a worker thread
+    blocking_driver = False
 
     def __init__(self, url: DatabaseURL, table: str) -> None:
         self.safe_url = url.safe
@@ -142,11 +144,11 @@ class SqlBackend(Store, Generic[C]):
             if self._open < self.max_connections:
                 self._open += 1
             else:
-                turn = _Turn()
+                turn = _Turn(self.rt.event())
                 self._turns.append(turn)
         if turn is not None:
             wait, cut = bounded_wait(MAINTENANCE_DEADLINE)
-            turn.ready.acquire(timeout=wait)
+            turn.ready.wait(wait)
             with self._pool_lock:
                 if turn.conn is not None:
                     return turn.conn
@@ -165,7 +167,7 @@ class SqlBackend(Store, Generic[C]):
                         "raise max_connections"
                     )
         try:
-            return self._connect()
+            return self.rt.offload(self._connect) if self.blocking_driver else self._connect()
         except BaseException:
             self._forget(1)
             raise
@@ -191,7 +193,7 @@ class SqlBackend(Store, Generic[C]):
                 turn = self._turns.popleft()
                 turn.room = True
                 self._open += 1
-                turn.ready.release()
+                turn.ready.set()
 
     def _checkin(self, conn: C) -> None:
         with self._pool_lock:
@@ -199,7 +201,7 @@ class SqlBackend(Store, Generic[C]):
                 if self._turns:  # straight to the thread waiting first
                     turn = self._turns.popleft()
                     turn.conn = conn
-                    turn.ready.release()
+                    turn.ready.set()
                 else:
                     self._idle.append(conn)
                 return
@@ -216,7 +218,7 @@ class SqlBackend(Store, Generic[C]):
             self._closed = True
             turns, self._turns = self._turns, deque()
         for turn in turns:  # they find the client closed
-            turn.ready.release()
+            turn.ready.set()
         self._drain()
         self._watchdog.stop()
 
@@ -257,7 +259,7 @@ class SqlBackend(Store, Generic[C]):
                 raise self._wrap(exc, f"cannot connect to {self.safe_url}", key) from exc
             ident, watch = self._watchdog.watch(deadline, partial(self._abort, conn))
             try:
-                result = fn(conn)
+                result = self.rt.offload(fn, conn) if self.blocking_driver else fn(conn)
             except BaseException as exc:
                 self._watchdog.done(ident)
                 failure = self._classify(exc)
@@ -282,7 +284,7 @@ class SqlBackend(Store, Generic[C]):
                     if failure is Failure.TRANSIENT and (
                         attempt < _TRANSIENT_ATTEMPTS or time.monotonic() < give_up
                     ):
-                        time.sleep(self._transient_pause(attempt))
+                        self.rt.sleep(self._transient_pause(attempt))
                         continue
                     if failure is Failure.TRANSIENT and cut:
                         # busy past the caller's deadline; the statement did nothing
@@ -321,4 +323,4 @@ class SqlBackend(Store, Generic[C]):
         return BackendError(f"{doing}{where}: {detail}", key=key)
 
     def subscribe(self, key: str, owner: str, queue: str | None = None) -> Subscription:
-        return Sleeper()
+        return Sleeper(self.rt.event())

@@ -1,0 +1,78 @@
+"""Run the blocking client's code on an asyncio event loop, without a thread per call.
+
+The async client does not re-implement anything: it runs the same code as the blocking client
+(engine, locks, patterns, stores) inside a greenlet per call (:func:`spawn`). Wherever that code
+would block on I/O or time (a statement, a sleep, a wake-up, a free pooled connection), the
+async runtime (:mod:`dblock._runtime`) passes an awaitable to :func:`await_`, which switches to
+the task driving the greenlet; the task awaits it on the loop and switches back with the result
+or throws the exception in. The code in between is plain Python, so one implementation serves
+both APIs, and the async one uses the drivers' own asyncio connections.
+
+Cancellation: a ``CancelledError`` (``task.cancel()``, ``asyncio.timeout``, ``wait_for``) is thrown
+into the greenlet at the ``await_`` where it was waiting, so the code's own ``finally`` and
+``except`` blocks run, as they would for an error. The cleanup they await is shielded from
+further cancellations (a second ``cancel()`` cannot leave a hold or a queue entry behind); the
+first ``CancelledError`` propagates once it is done.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar, cast
+
+from greenlet import getcurrent, greenlet
+
+T = TypeVar("T")
+
+
+class _Bridge(greenlet):  # type: ignore[misc]
+    """A greenlet running blocking-style code for the task that ``driver`` belongs to."""
+
+    def __init__(self, fn: Callable[..., Any], driver: greenlet) -> None:
+        super().__init__(fn, driver)
+        self.driver = driver
+        # contextvars (the caller's deadline, ...) are the task's own
+        self.gr_context = driver.gr_context
+
+
+def bridged() -> bool:
+    """True on a greenlet started by :func:`spawn`, where :func:`await_` may be called."""
+    return isinstance(getcurrent(), _Bridge)
+
+
+def await_(awaitable: Awaitable[T]) -> T:
+    """Await ``awaitable`` on the task driving this greenlet and return its result."""
+    current = getcurrent()
+    if not isinstance(current, _Bridge):
+        raise RuntimeError("dblock: await_() called outside of a dblock async call")  # noqa: TRY004
+    return cast(T, current.driver.switch(awaitable))
+
+
+async def spawn(fn: Callable[..., T], *args: Any) -> T:
+    """Run ``fn(*args)`` to the end, awaiting what it passes to :func:`await_`."""
+    bridge = _Bridge(fn, getcurrent())
+    pending: Any = bridge.switch(*args)
+    cancelled: BaseException | None = None
+    while not bridge.dead:
+        try:
+            value = await (pending if cancelled is None else _finish(pending))
+        except BaseException as exc:  # noqa: BLE001 - thrown into the code, which handles it
+            if cancelled is None and isinstance(exc, asyncio.CancelledError):
+                cancelled = exc
+            pending = bridge.throw(exc)
+        else:
+            pending = bridge.switch(value)
+    return cast(T, pending)
+
+
+async def _finish(awaitable: Awaitable[T]) -> T:
+    """Await ``awaitable`` to its end although the task is cancelled again meanwhile: the
+    cleanup after a cancellation runs to completion."""
+    future = asyncio.ensure_future(awaitable)
+    while True:
+        try:
+            return await asyncio.shield(future)
+        except asyncio.CancelledError:
+            if future.done():
+                return future.result()
