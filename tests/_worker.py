@@ -67,11 +67,11 @@ def once_crash(url: str, table: str, key: str, ttl: str) -> None:
         time.sleep(600)
 
 
-def scheduled(url: str, table: str, name: str, start_at: str) -> None:
-    """Fire a scheduled job (at_most 30 s, at_least 3 s) at a given moment."""
+def scheduled(url: str, table: str, name: str, start_at: str, at_least: str = "3") -> None:
+    """Fire a scheduled job (at_most 30 s, ``at_least`` s) at a given moment."""
     with dblock.connect(url, table=table) as client:
 
-        @client.scheduled(name, at_most=30, at_least=3)
+        @client.scheduled(name, at_most=30, at_least=float(at_least))
         def job() -> str:
             return "ran"
 

@@ -168,13 +168,16 @@ def test_five_hosts_fire_one_runs_and_at_least_holds(
 ) -> None:
     provider.connect(table=table).close()
     start = time.time() + 1.5
-    outs = run_workers(*[["scheduled", db_url, table, key, str(start)] for _ in range(5)])
+    # at_least 8 s: the second firing below must come within it, and starting a worker
+    # process takes seconds on a loaded machine
+    runs = [["scheduled", db_url, table, key, str(start), "8"] for _ in range(5)]
+    outs = run_workers(*runs)
     assert sorted(outs) == ["ran"] + ["skipped"] * 4
     with provider.connect(table=table) as client:
         info = client.info(key)
         assert info is not None and info.kind == "scheduled" and info.key == key
         assert [i.kind for i in client.list(key)] == ["scheduled"]
-        # a second firing within at_least (3 s from the start): nobody runs
+        # a second firing within at_least (8 s from the start): nobody runs
         assert run_workers(["scheduled", db_url, table, key, "0"]) == ["skipped"]
         while client.info(key) is not None:
             time.sleep(0.1)
