@@ -16,6 +16,9 @@ Scenarios (issue 6):
      from 6 s after they queued
   f  dblock: 8 and 32 threads of one process, each taking and releasing keys of its own, on
      one client whose pool holds at most max_connections (10, the default, and 32) (issue 29)
+  async  dblock: 200 asyncio tasks on one async client vs 8 blocking processes, on the same
+     4 keys: throughput, waits, fairness, connections opened, statements the server ran
+     (bench/async_contended.py)
 
 Each measurement runs in fresh forked processes, contenders alternate in every round (the order
 rotates each round; (a) interleaves a backend's contenders in 0.1 s slices), figures are
@@ -39,11 +42,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from bench import procs, servers, workload
+from bench import async_contended, procs, servers, workload
 from bench.contenders import BACKENDS, Contender, Targets, select
 from dblock.bench import handoffs, median, new_counter, percentile, read_counter
 
-SCENARIOS = ("a", "b", "c", "d", "e", "f")
+SCENARIOS = ("a", "b", "c", "d", "e", "f", "async")
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
 
@@ -69,6 +72,9 @@ class Budget:
     pools: tuple[int, ...] = (10, 32)
     handoff_hold: float = 0.01
     pause: float = 0.0  # sleep inside the critical section, between read and write
+    #: (async) tasks of the one async client, and the keys both cells contend on
+    async_tasks: int = 200
+    async_keys: int = 4
 
     @classmethod
     def quick(cls) -> Budget:
@@ -697,6 +703,8 @@ def markdown(report: dict[str, Any]) -> str:
                 f"| {_f(v.get('baseline_qps'), '.1f')} | {v.get('counter', '')} |"
             )
         lines.append("")
+    if "async" in res:
+        lines += async_contended.markdown(res["async"], report["budget"])
     if report.get("unavailable"):
         lines += ["### Not run", ""]
         for cid, why in report["unavailable"].items():
@@ -822,7 +830,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--hold", type=float, help="(e): seconds the holder sits on the lock")
     p.add_argument("--many-keys", help="(d): held-key counts, e.g. 10,1000,100000")
     p.add_argument("--backends", help=f"comma list of {', '.join(BACKENDS)} (default: all)")
-    p.add_argument("--scenarios", default="a,b,c,d,e,f", help="comma list of a,b,c,d,e,f")
+    p.add_argument(
+        "--scenarios", default=",".join(SCENARIOS), help=f"comma list of {','.join(SCENARIOS)}"
+    )
+    p.add_argument("--async-tasks", type=int, help="(async): tasks on the one client (200)")
+    p.add_argument("--async-keys", type=int, help="(async): keys both cells contend on (4)")
     p.add_argument(
         "--contenders",
         help="comma list of names or parts of names (e.g. dblock,floor,tooz,pals,peers)",
@@ -858,6 +870,10 @@ def main(argv: list[str] | None = None) -> int:
         budget.hold = max(0.5, args.hold)
     if args.section_pause is not None:
         budget.pause = max(0.0, args.section_pause)
+    if args.async_tasks is not None:
+        budget.async_tasks = max(1, args.async_tasks)
+    if args.async_keys is not None:
+        budget.async_keys = max(1, args.async_keys)
     if args.many_keys:
         budget.many_keys = tuple(int(x) for x in args.many_keys.split(","))
     scenarios = [s.strip() for s in args.scenarios.split(",") if s.strip()]
@@ -928,6 +944,8 @@ def run(
                 results["d"] = scenario_d(live_backends, t, budget)
             if "f" in scenarios and (names is None or any("dblock" in n for n in names)):
                 results["f"] = scenario_f(live_backends, t, budget)
+            if "async" in scenarios and (names is None or any("dblock" in n for n in names)):
+                results["async"] = async_contended.scenario_async(live_backends, t, budget, tmp)
         report = {
             "meta": _meta(t, live_backends, started, budget, not args.no_spinner),
             "budget": {
@@ -975,6 +993,11 @@ def run(
         cid
         for cid, v in report["results"].get("b", {}).items()
         if v.get("repeats") and not v["exclusive"] and not cid.startswith("local/")
+    ] + [
+        f"{backend}/{cell}"
+        for backend, cells in report["results"].get("async", {}).items()
+        for cell in async_contended.CELLS
+        if cells.get(cell, {}).get("repeats") and not cells[cell]["exclusive"]
     ]
     return 1 if failing else 0
 

@@ -160,3 +160,22 @@ def test_threads_scenario_stays_within_the_pool(tmp_path: Path) -> None:
             assert cell["pairs_per_s"] > 0
             assert 1 <= cell["connections"] <= min(threads, pool)
     assert "(f) dblock: threads of one process" in md
+
+
+def test_async_scenario_puts_tasks_and_processes_side_by_side(tmp_path: Path) -> None:
+    options = "--scenarios async --backends sqlite --workers 3 --async-tasks 20 --async-keys 2"
+    code, report, md = _main(tmp_path, *TINY, *options.split())
+    assert code == 0
+    cells = report["results"]["async"]["sqlite"]
+    assert "error" not in cells, cells
+    for cell in ("tasks", "processes"):
+        v = cells[cell]
+        (rep,) = v["repeats"]
+        assert v["exclusive"] and rep["lost_updates"] == rep["overlaps"] == 0, v
+        assert rep["sections"] > 0 and v["throughput"] > 0
+        assert 0 <= v["fairness"] <= 1 and 0 < v["jain"] <= 1
+        assert v["connections"] >= 1
+        # every section is at least an acquire and a release the clients ran
+        assert v["statements_per_section"] >= 2
+    assert "(async) 20 asyncio tasks on one async client vs 3 blocking processes" in md
+    assert "| sqlite | tasks / processes |" in md
