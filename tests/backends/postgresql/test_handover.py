@@ -210,6 +210,34 @@ def test_a_join_that_waits_for_a_release_takes_the_lock(
     assert entries == (0,), "and left no queue entry behind"
 
 
+def test_a_join_that_started_before_the_release_takes_the_lock(
+    pg: tuple[dblock.Client, PostgresBackend],
+) -> None:
+    """b's join starts, then waits for the row; a's release runs after it started (so the
+    freed row's time is later than the join's statement time) and commits: b takes the
+    lock, instead of sleeping in a queue nobody will ring."""
+    client, backend = pg
+    key = "k"
+    token = _held_by_a(backend)
+    releaser = raw_connect(POSTGRESQL_URL)
+    try:
+        releaser.autocommit = False
+        releaser.execute(f"SELECT 1 FROM {backend.sql.main} WHERE lock_key = %s FOR UPDATE", (key,))
+
+        def release() -> None:
+            row = releaser.execute(
+                backend.sql.release_and_hand_over, {"key": key, "owner": "a", "token": token}
+            ).fetchone()
+            assert row is not None
+            releaser.commit()
+
+        got = _blocked(lambda: backend.acquire_or_enqueue(key, "b", 30, QUEUE_TTL), release)
+    finally:
+        releaser.close()
+    assert got is not None and got > token, "b took the freed lock"
+    assert _owner(client, key) == "b"
+
+
 def test_a_handed_over_lock_is_renewed_to_its_ttl(
     pg: tuple[dblock.Client, PostgresBackend], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -312,10 +312,13 @@ class PostgresStatements(HolderStatements):
     def _count_join(self, condition: str = "") -> str:
         """A CTE ``j`` that counts a join to the queue of %(key)s on its row (``joins``): the
         release of a lock waits for it, and so notices a waiter its snapshot missed; ``free``:
-        the row, as it is after that wait, is not held."""
+        the row, as it is after that wait, is not held. A release that freed it leaves no
+        owner; its ``expires_at`` is the release's statement time, which may be later than
+        this statement's own (it started first and then waited for the row), so the time
+        alone would not show the lock free."""
         return (
             f"j AS (UPDATE {self.main} SET joins = joins + 1 WHERE lock_key = %(key)s "
-            f"{condition}\n    RETURNING expires_at <= {NOW} AS free)"
+            f"{condition}\n    RETURNING (owner IS NULL OR expires_at <= {NOW}) AS free)"
         )
 
     def _release_sql(self, match: str) -> str:
