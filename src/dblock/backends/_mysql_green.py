@@ -75,10 +75,10 @@ class GreenCursor:
 
     # buffered: the rows are here, in a future already done (nothing to await)
     def fetchone(self) -> Any:
-        return self._cursor.fetchone().result()
+        return _done(self._cursor.fetchone())
 
     def fetchall(self) -> list[Any]:
-        return list(self._cursor.fetchall().result())
+        return list(_done(self._cursor.fetchall()))
 
     def nextset(self) -> bool | None:
         return self._conn.call(self._cursor.nextset())  # type: ignore[no-any-return]
@@ -213,6 +213,11 @@ class GreenConnection:
             fn()
         elif not self._loop.is_closed():
             self._loop.call_soon_threadsafe(fn)
+
+
+def _done(value: Any) -> Any:
+    """aiomysql's fetch methods return their rows in a done future; the rows."""
+    return value.result() if isinstance(value, asyncio.Future) else value
 
 
 def _ssl_context(kwargs: dict[str, Any]) -> Any:
