@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
 import time
@@ -22,6 +23,26 @@ def count(url: str, table: str, key: str, n: str, counter: str, log: str) -> Non
                     f.write(str(value + 1))
                 end = time.monotonic_ns()
                 out.write(f"{start} {end} {lock.token}\n")
+
+
+def acount(url: str, table: str, key: str, n: str, counter: str, log: str) -> None:
+    """``count`` through the async client (the file I/O blocks the loop: it is the test's)."""
+
+    async def main() -> None:
+        async with await dblock.connect_async(url, table=table) as client:
+            with open(log, "a") as out:
+                for _ in range(int(n)):
+                    async with client.lock(key, ttl=30, timeout=120) as lock:
+                        start = time.monotonic_ns()
+                        with open(counter) as f:
+                            value = int(f.read() or 0)
+                        await asyncio.sleep(0.002)  # widen the race window
+                        with open(counter, "w") as f:
+                            f.write(str(value + 1))
+                        end = time.monotonic_ns()
+                        out.write(f"{start} {end} {lock.token}\n")
+
+    asyncio.run(main())
 
 
 def hold(url: str, table: str, key: str, ttl: str) -> None:
@@ -129,6 +150,7 @@ def sem_hold(url: str, table: str, key: str, permits: str, ttl: str) -> None:
 if __name__ == "__main__":
     commands = {
         "count": count,
+        "acount": acount,
         "hold": hold,
         "schema": schema,
         "once": once,

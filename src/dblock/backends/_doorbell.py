@@ -156,13 +156,18 @@ class Bells:
         return bell if bell is not None and bell.has_bell else None
 
     def checkout(self) -> Any:
-        with self._mutex:
-            self._forked()
-            while self._idle:
-                conn, since = self._idle.pop()
-                if time.monotonic() - since < BELL_IDLE / 2:
-                    return conn
-                self._close(conn)  # the server may have closed it by now
+        stale = []  # closed outside the mutex: under the async client a close awaits
+        try:
+            with self._mutex:
+                self._forked()
+                while self._idle:
+                    conn, since = self._idle.pop()
+                    if time.monotonic() - since < BELL_IDLE / 2:
+                        return conn
+                    stale.append(conn)  # the server may have closed it by now
+        finally:
+            for conn in stale:
+                self._close(conn)
         return self._connect()
 
     def checkin(self, conn: Any) -> None:

@@ -28,7 +28,7 @@ import contextlib
 import logging
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from typing import Any, ClassVar
@@ -37,6 +37,7 @@ import pymysql
 from pymysql.constants import CLIENT
 
 from .._errors import ConfigurationError
+from .._runtime import THREADS, Runtime
 from .._types import Kind, LockInfo
 from .._url import MAX_URL_TIMEOUT, DatabaseURL, url_number
 from ._contract import FairQueue, OnceRecords, SchemaScript, SharedHolds, Subscription, Wakeups
@@ -105,6 +106,25 @@ class _InitCommandFailed(pymysql.err.ProgrammingError):  # type: ignore[misc]
     """The server refused the statement given as the URL's ``init_command``."""
 
 
+@contextmanager
+def user_init_errors(close: Callable[[], None]) -> Iterator[None]:
+    """Around the URL's ``init_command`` on a new connection: on an error, ``close()`` it;
+    a lost connection is raised as it is (retried like any), the server's refusal as
+    _InitCommandFailed (the user's to fix)."""
+    try:
+        yield
+    except pymysql.err.MySQLError as exc:
+        close()
+        lost = isinstance(exc, pymysql.err.InterfaceError) or (
+            isinstance(exc, pymysql.err.OperationalError)
+            and exc.args[:1] != ()
+            and exc.args[0] in _DISCONNECT
+        )
+        if lost:
+            raise
+        raise _InitCommandFailed(*exc.args) from exc
+
+
 class _Connection(pymysql.connections.Connection):  # type: ignore[misc]
     """A PyMySQL connection that shares the default TLS context of the process.
 
@@ -134,19 +154,8 @@ class _Connection(pymysql.connections.Connection):  # type: ignore[misc]
             super().connect(sock)  # network, TLS, authentication, character set, autocommit
         finally:
             setattr(self, "init_command", own)  # noqa: B010
-        try:
-            with self.cursor() as cur:
-                cur.execute(self._user_init)  # may hold several statements (MULTI_STATEMENTS)
-        except pymysql.err.MySQLError as exc:
-            self._force_close()
-            lost = isinstance(exc, pymysql.err.InterfaceError) or (
-                isinstance(exc, pymysql.err.OperationalError)
-                and exc.args[:1] != ()
-                and exc.args[0] in _DISCONNECT
-            )
-            if lost:
-                raise
-            raise _InitCommandFailed(*exc.args) from exc
+        with user_init_errors(self._force_close), self.cursor() as cur:
+            cur.execute(self._user_init)  # may hold several statements (MULTI_STATEMENTS)
         with self.cursor() as cur:
             if own:
                 cur.execute(own)
@@ -165,6 +174,10 @@ class MysqlBackend(HoldersMixin[Any], FairQueue, SharedHolds, OnceRecords, Wakeu
 
     name = dialect = "mysql"
     sql: MysqlStatements
+
+    #: the async client's connection class (None: PyMySQL's blocking connections)
+    _green: Any = None
+    _rt: Runtime = THREADS
 
     def __init__(self, url: DatabaseURL, schema: str | None, table: str) -> None:
         super().__init__(url, f"{schema}.{table}" if schema else table)
@@ -191,7 +204,7 @@ class MysqlBackend(HoldersMixin[Any], FairQueue, SharedHolds, OnceRecords, Wakeu
         # user locks are the server's, not a database's: the bell's name says which table
         self._bells = Bells(
             self.table if schema else f"{url.database or ''}.{table}",
-            lambda: _Connection(user_init=self._user_init, **bell_kwargs),
+            lambda: self._new_connection(bell_kwargs),
             close=self._close_connection,
             watchdog=self._watchdog,
             abort=self._abort,
@@ -202,9 +215,36 @@ class MysqlBackend(HoldersMixin[Any], FairQueue, SharedHolds, OnceRecords, Wakeu
         )
 
     # -- connections ----------------------------------------------------------------------
+    @property
+    def rt(self) -> Runtime:
+        return self._rt
+
+    @rt.setter
+    def rt(self, runtime: Runtime) -> None:
+        """The async client's runtime: connections are aiomysql's, awaited on the loop (see
+        _mysql_green.py); its driver missing is said now, not at the first statement."""
+        if runtime is not THREADS:
+            try:
+                from ._mysql_green import GreenConnection
+            except ImportError as exc:
+                raise ConfigurationError(
+                    f"the async client on MySQL needs its asyncio driver ({exc.name}): "
+                    "pip install 'dblock[mysql-async]'"
+                ) from exc
+            self._green = GreenConnection
+        self._rt = runtime
+
+    def _new_connection(self, kwargs: dict[str, Any]) -> Any:
+        """A new connection: PyMySQL's, or under the async client aiomysql's seen as one."""
+        if self._green is not None:
+            return self._green.connect(
+                user_init=self._user_init, init_errors=user_init_errors, **kwargs
+            )
+        return _Connection(user_init=self._user_init, **kwargs)
+
     def _connect(self) -> Any:
         try:
-            return _Connection(user_init=self._user_init, **self._kwargs)
+            return self._new_connection(self._kwargs)
         except _InitCommandFailed as exc:
             raise ConfigurationError(
                 f"the init_command of {self.safe_url} failed: {exc.args[-1] if exc.args else exc}"
@@ -227,6 +267,9 @@ class MysqlBackend(HoldersMixin[Any], FairQueue, SharedHolds, OnceRecords, Wakeu
         return Failure.FATAL
 
     def _abort(self, conn: Any) -> None:
+        if self._green is not None:
+            conn.abort()
+            return
         sock = getattr(conn, "_sock", None)  # PyMySQL keeps its socket here
         if sock is not None:
             with contextlib.suppress(OSError):

@@ -26,20 +26,11 @@ from dblock._url import parse_url
 from dblock.backends import _doorbell
 from dblock.backends.mysql import _HANDED, MysqlBackend, _batch
 from tests._internals import store_of
-from tests._servers import MYSQL_URL, drop_tables, raw_connect, require_server
+from tests._servers import MYSQL_URL, raw_connect
 from tests._waiting import until
 from tests.contract.test_processes import finish, worker
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture
-def table() -> Iterator[str]:
-    require_server("mysql", MYSQL_URL)
-    name = "t_" + uuid.uuid4().hex[:16]
-    dblock.connect(MYSQL_URL, table=name, create_schema=True).close()
-    yield name
-    drop_tables(MYSQL_URL, name)
 
 
 _started: list[_Waiter] = []
@@ -53,13 +44,6 @@ def _stop_waiters(table: str) -> Iterator[None]:
         waiter = _started.pop()
         waiter.release.set()
         waiter.join(30)
-
-
-@pytest.fixture
-def raw() -> Iterator[Any]:
-    conn = raw_connect(MYSQL_URL)
-    yield conn.cursor()
-    conn.close()
 
 
 def _bell_user(cur: Any, table: str, key: str) -> int | None:
