@@ -75,11 +75,13 @@ def test_bells_of_equal_tables_in_two_databases_differ(table: str) -> None:
         qualified.close()
 
 
-def _in_get_lock(cur: Any) -> list[int]:
-    """Server sessions sleeping in a doorbell's GET_LOCK."""
+def _in_get_lock(cur: Any, table: str, key: str) -> list[int]:
+    """Server sessions sleeping in the GET_LOCK of ``key``'s doorbell (only this test's: the
+    server is shared with other tests, whose bells are none of its business)."""
     cur.execute(
-        "SELECT id FROM information_schema.processlist WHERE info LIKE 'SELECT GET_LOCK(%%' "
-        "OR info LIKE 'SELECT IF(GET_LOCK(%%'"
+        "SELECT id FROM information_schema.processlist WHERE (info LIKE 'SELECT GET_LOCK(%%' "
+        "OR info LIKE 'SELECT IF(GET_LOCK(%%') AND LOCATE(%s, info) > 0",
+        (_bell_name(table, key),),
     )
     return [int(row[0]) for row in cur.fetchall()]
 
@@ -143,7 +145,7 @@ def _holder_and_sleeping_waiter(table: str, raw: Any, timeout: float) -> tuple[_
     holder = _taken_at_the_bell(table, key, raw)
     waiter = _Waiter(table, key, timeout=timeout)
     waiter.start()
-    until(lambda: bool(_in_get_lock(raw)), "the waiter sleeps at the bell")
+    until(lambda: bool(_in_get_lock(raw, table, key)), "the waiter sleeps at the bell")
     return holder, waiter
 
 
@@ -185,7 +187,7 @@ def test_waiters_sleep_in_the_server_and_are_served_in_order(table: str, raw: An
     for n in range(1, 5):
         waiters.append(_Waiter(table, key, timeout=60))
         waiters[-1].start()
-        until(lambda n=n: len(_in_get_lock(raw)) == n, "the waiter sleeps")
+        until(lambda n=n: len(_in_get_lock(raw, table, key)) == n, "the waiter sleeps")
     before = _questions(raw)
     time.sleep(3.0)
     asked = _questions(raw) - before - 1  # minus our own SHOW STATUS
@@ -215,7 +217,7 @@ def test_sigkilled_bell_holder_frees_the_bell_and_its_lease_still_binds(
         assert bell is not None
         waiter = _Waiter(table, key, ttl=30, timeout=30)
         waiter.start()
-        until(lambda: bool(_in_get_lock(raw)), "the waiter sleeps at the bell")
+        until(lambda: bool(_in_get_lock(raw, table, key)), "the waiter sleeps at the bell")
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
         with dblock.connect(MYSQL_URL, table=table) as client:
@@ -257,7 +259,7 @@ def test_a_waiter_whose_bell_connection_the_server_kills_still_gets_the_lock(
     table: str, raw: Any
 ) -> None:
     holder, waiter = _holder_and_sleeping_waiter(table, raw, timeout=30)
-    for session in _in_get_lock(raw):
+    for session in _in_get_lock(raw, table, holder.lock.key):
         raw.execute(f"KILL {session}")
     # and the holder's own bell connection too: its release must still work
     holder_bell = _bell_user(raw, table, holder.lock.key)
@@ -302,11 +304,11 @@ def test_a_waiter_frozen_at_the_bell_is_handed_the_lock_and_holds_up_the_rest_no
     holder = _taken_at_the_bell(table, key, raw)
     frozen = worker("hold", MYSQL_URL, table, key, "30", stdin=subprocess.PIPE)
     try:
-        until(lambda: len(_in_get_lock(raw)) == 1, "the worker sleeps at the bell")
+        until(lambda: len(_in_get_lock(raw, table, key)) == 1, "the worker sleeps at the bell")
         frozen.send_signal(signal.SIGSTOP)
         behind = _Waiter(table, key, timeout=40)
         behind.start()
-        until(lambda: len(_in_get_lock(raw)) == 2, "a second waiter sleeps at the bell")
+        until(lambda: len(_in_get_lock(raw, table, key)) == 2, "a second waiter sleeps at the bell")
         held = holder.lock.token
         holder.release.set()
         holder.join(15)
@@ -365,7 +367,7 @@ def test_the_hand_over_goes_to_the_waiter_the_bell_wakes_not_the_queues_head(
                 target=lambda: rang.append(_get_lock(b_conn, bell)), daemon=True
             )
             sleeper.start()
-            until(lambda: bool(_in_get_lock(raw)), "b sleeps at the bell")
+            until(lambda: bool(_in_get_lock(raw, table, key)), "b sleeps at the bell")
             params = {"key": key, "owner": "a", "token": held, "bell": bell}
             counts = _batch(a_conn, backend.sql.release_and_hand_over, params)
             assert counts[_HANDED] == 1
@@ -461,7 +463,7 @@ def test_a_bell_connection_that_died_idle_is_replaced_not_given_up(table: str, r
         got: list[bool] = []
         waiter = threading.Thread(target=lambda: got.append(client.lock(key).acquire(timeout=30)))
         waiter.start()
-        until(lambda: bool(_in_get_lock(raw)), "the next waiter sleeps at the bell again")
+        until(lambda: bool(_in_get_lock(raw, table, key)), "the next waiter sleeps at the bell")
         holder.release.set()
         waiter.join(30)
         assert got == [True]
@@ -509,3 +511,4 @@ def test_a_newcomer_to_a_busy_key_joins_its_queue_without_waiting_for_its_row(
         first.release.set()
         waiting.join(30)
         assert got == [True]
+
