@@ -31,6 +31,8 @@ rings ``owner`` (everyone if empty); ``=<token> <owner> <key>``: the lock was ha
 from __future__ import annotations
 
 PREAMBLE = r"""
+-- Redis < 7 replicates a script that read TIME by its effects only when asked (7: always)
+if redis.replicate_commands then redis.replicate_commands() end
 local R, H, META = KEYS[1], KEYS[2], KEYS[3]
 local KEY, CHANNEL = ARGV[1], ARGV[2]
 local clock = redis.call('TIME')
