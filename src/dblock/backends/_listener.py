@@ -24,7 +24,7 @@ from typing import Any
 
 from .. import _forksafe
 from .._runtime import Runtime
-from ._contract import Subscription
+from ._contract import LossPush, QueueJoin, Subscription, Wakeups
 
 log = logging.getLogger("dblock")
 
@@ -149,10 +149,11 @@ class Listener(ABC):
             self._thread.join(timeout=2)
 
 
-class PushedWakeups(ABC):
-    """A store's side of its listener (first among its bases: it overrides ``subscribe`` and
-    ``close``): made on first use, and again in a forked child, whose parent's listener
-    thread is not its own."""
+class PushedWakeups(Wakeups, QueueJoin, LossPush):
+    """A store's side of its listener, and the capabilities it gives (the store adds
+    ``acquire_or_enqueue``). First among the store's bases: it overrides ``subscribe`` and
+    ``close``. The listener is made on first use, and again in a forked child, whose
+    parent's listener thread is not its own."""
 
     _listener: Listener | None = None
 

@@ -40,12 +40,9 @@ from .._types import Kind, LockInfo
 from .._url import MAX_URL_TIMEOUT, DatabaseURL, scrub, scrub_exception, url_number
 from ._contract import (
     FairQueue,
-    LossPush,
     OnceRecords,
-    QueueJoin,
     SchemaScript,
     SharedHolds,
-    Wakeups,
 )
 from ._listener import Listener, PushedWakeups
 from .sql.base import MAINTENANCE_DEADLINE, Failure
@@ -72,9 +69,6 @@ class PostgresBackend(
     FairQueue,
     SharedHolds,
     OnceRecords,
-    Wakeups,
-    QueueJoin,
-    LossPush,
     SchemaScript,
 ):
     """Lock table in PostgreSQL."""

@@ -45,11 +45,8 @@ from .._types import Kind, LockInfo
 from .._url import MAX_URL_TIMEOUT, DatabaseURL, url_number
 from ._contract import (
     FairQueue,
-    LossPush,
     OnceRecords,
-    QueueJoin,
     SharedHolds,
-    Wakeups,
 )
 from ._listener import Listener, PushedWakeups
 from .redis_scripts import SCRIPTS
@@ -104,9 +101,6 @@ class RedisBackend(
     FairQueue,
     SharedHolds,
     OnceRecords,
-    Wakeups,
-    QueueJoin,
-    LossPush,
 ):
     """Locks in Redis, under the key prefix of one table."""
 
