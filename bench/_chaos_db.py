@@ -46,8 +46,15 @@ def with_user(url: str, user: str, password: str) -> str:
 
 
 def connect(url: str, *, autocommit: bool) -> Any:
-    """A plain driver connection with short timeouts (not dblock's)."""
+    """A plain driver connection with short timeouts (not dblock's); for Redis a redis-py
+    client that has reached the server."""
     parsed = parse_url(url)
+    if parsed.dialect == "redis":
+        import redis
+
+        client = redis.Redis.from_url(url, socket_connect_timeout=5, socket_timeout=15)
+        client.ping()  # a failed connection leaves no socket open
+        return client
     if parsed.dialect == "sqlite":
         return sqlite3.connect(parsed.database, timeout=10, isolation_level=None)
     if parsed.dialect == "postgresql":
@@ -116,12 +123,28 @@ def create_tables(url: str, resource: str, audit: str, keys: int) -> None:
         conn.close()
 
 
+def resource_url(url: str, directory: str) -> str:
+    """Where the protected resource lives: the database of the locks, or for a store that is
+    no SQL database (Redis) an SQLite file of the run's (fencing protects any resource)."""
+    if dialect_of(url) == "redis":
+        return f"sqlite:///{directory}/resource.sqlite3"
+    return url
+
+
 def drop_tables(url: str, names: list[str]) -> None:
-    """Drop tables, and for a dblock lock table what lives beside it."""
+    """Drop tables, and for a dblock lock table what lives beside it (Redis: its keys)."""
     from dblock.backends.sql.names import aux_name
 
     d = dialect_of(url)
     conn = connect(url, autocommit=True)
+    if d == "redis":
+        try:
+            for name in names:
+                for found in conn.scan_iter(match=f"dblock:{{{name}}}:*", count=500):
+                    conn.delete(found)
+        finally:
+            conn.close()
+        return
     try:
         cur = conn.cursor()
         for name in names:
@@ -231,6 +254,12 @@ def kill_sessions(admin_url: str, tag: str) -> int:
     d = dialect_of(admin_url)
     conn = connect(admin_url, autocommit=True)
     try:
+        if d == "redis":  # the workers' connections carry the tag as their client name
+            found = [c["id"] for c in conn.client_list() if c.get("name") == tag.encode()]
+            for sid in found:
+                with contextlib.suppress(Exception):  # gone already
+                    conn.client_kill_filter(_id=sid)
+            return len(found)
         cur = conn.cursor()
         if d == "postgresql":
             cur.execute(

@@ -39,7 +39,7 @@ def run(config: dict[str, Any], index: int) -> int:
     rng = random.Random()
     parent = os.getppid()
     auto_renew = index % 2 == 1 and config["auto_renew"]
-    writer = FencedWriter(config["url"], config["resource"], config["audit"])
+    writer = FencedWriter(config["resource_url"], config["resource"], config["audit"])
     client: dblock.Client | None = None
     log("start", index=index, auto_renew=auto_renew)
     rounds = 0

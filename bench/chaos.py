@@ -151,6 +151,7 @@ class Soak:
         self.tag = f"dblock_chaos_{run}"
         self.password = ""
         self.worker_url = args.url
+        self.resource_url = db.resource_url(args.url, self.dir)
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
         self.killed: set[int] = set()
         self.deaths: dict[int, float] = {}
@@ -192,6 +193,8 @@ class Soak:
             )
         if self.dialect == "postgresql":
             self.worker_url = db.with_query(self.args.url, application_name=self.tag)
+        elif self.dialect == "redis":
+            self.worker_url = db.with_query(self.args.url, client_name=self.tag)
         elif self.dialect == "mysql":
             # a user of its own tags the workers' sessions; its password has URL-special
             # characters, and the referee checks it never shows up in a message
@@ -200,11 +203,12 @@ class Soak:
             self.worker_url = db.with_user(self.args.url, self.tag, self.password)
         with dblock.connect(self.worker_url, table=self.table):
             pass  # creates the lock table
-        db.create_tables(self.admin_url, self.resource, self.audit, self.args.keys)
+        db.create_tables(self.resource_url, self.resource, self.audit, self.args.keys)
         self.start = time.monotonic()
         self.deadline = self.start + self.args.duration
         config = {
             "url": self.worker_url,
+            "resource_url": self.resource_url,
             "table": self.table,
             "resource": self.resource,
             "audit": self.audit,
@@ -427,7 +431,9 @@ class Soak:
             with contextlib.suppress(dblock.DBLockError):
                 self.observer.close()
         try:
-            db.drop_tables(self.admin_url, [self.table, self.resource, self.audit])
+            db.drop_tables(self.admin_url, [self.table])
+            if self.resource_url == self.admin_url:
+                db.drop_tables(self.admin_url, [self.resource, self.audit])
             if self.dialect == "mysql":
                 db.mysql_drop_user(self.admin_url, self.tag)
         except Exception as exc:
@@ -441,7 +447,7 @@ class Soak:
 
     def referee(self, hung: list[int]) -> dict[str, Any]:
         events = referee.load_logs(self.dir)
-        audit, final = db.read_audit(self.admin_url, self.audit, self.resource)
+        audit, final = db.read_audit(self.resource_url, self.audit, self.resource)
         summary = referee.judge(
             events=events,
             faults=self.faults,

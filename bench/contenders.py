@@ -507,7 +507,7 @@ BACKENDS = ("postgresql", "mysql", "sqlite", "redis")
 
 def all_contenders() -> list[Contender]:
     c: list[Contender] = []
-    for b in ("postgresql", "mysql", "sqlite"):
+    for b in BACKENDS:
         c.append(Contender(b, "dblock", "dblock", _dblock_for(b)))
     for b in BACKENDS:
         trip = "PING" if b == "redis" else "SELECT 1"

@@ -65,6 +65,15 @@ def create_floor_table(t: Targets, backend: str) -> None:
 def drop_dblock_tables(t: Targets, backend: str, table: str) -> None:
     """Drop ``table`` and everything dblock keeps beside it (``<table>_meta``, ``_holders``,
     the token sequence...): whatever is named ``<table>_*``. Run ids keep the names unique."""
+    if backend == "redis":  # its keys: dblock:{<table>}:*
+        with contextlib.suppress(Exception):
+            client = raw(t, backend)
+            try:
+                for name in client.scan_iter(match=f"dblock:{{{table}}}:*", count=500):
+                    client.delete(name)
+            finally:
+                client.close()
+        return
     if backend not in ("postgresql", "mysql"):
         return  # SQLite lives in the run's temporary directory
     with contextlib.suppress(Exception):

@@ -23,12 +23,20 @@ def session_ids(client: dblock.Client) -> list[int]:
 
 def kill_sessions(client: dblock.Client, url: str) -> int:
     """Terminate every pooled connection of ``client`` from the server side; return how many."""
-    ids = session_ids(client)
     conn = raw_connect(url)
+    if client.dialect == "redis":
+        # its connections carry the store's own name; the pub/sub listener ('P') is spared
+        name = store_of(client)._options["client_name"]
+        found = conn.client_list()
+        ids = [c["id"] for c in found if c.get("name") == name and "P" not in c["flags"]]
+    else:
+        ids = session_ids(client)
     try:
-        cur = conn.cursor()
+        cur = None if client.dialect == "redis" else conn.cursor()
         for sid in ids:
-            if client.dialect == "postgresql":
+            if client.dialect == "redis":
+                conn.client_kill_filter(_id=sid)
+            elif client.dialect == "postgresql":
                 cur.execute("SELECT pg_terminate_backend(%s)", (sid,))
             else:
                 try:

@@ -68,12 +68,11 @@ class PrivateServer:
         return list(self._command)
 
     def start(self) -> None:
-        env = {
-            **os.environ,
-            "LD_PRELOAD": str(self._root / "slow_redo.so"),
-            "SLOW_REDO_FLAG": str(self._flag),
-            "SLOW_REDO_MATCH": self._log_files,
-        }
+        env = dict(os.environ)
+        if self._log_files:  # the slow-log shim, for servers that have a log to slow
+            env["LD_PRELOAD"] = str(self._root / "slow_redo.so")
+            env["SLOW_REDO_FLAG"] = str(self._flag)
+            env["SLOW_REDO_MATCH"] = self._log_files
         with (self._root / "server.log").open("ab") as log:
             self._proc = subprocess.Popen(
                 self._command,
@@ -209,3 +208,62 @@ def private_postgresql() -> Iterator[PrivateServer]:
             yield db
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+def _self_signed(root: Path) -> tuple[Path, Path]:
+    """A key and a self-signed certificate for 127.0.0.1 (openssl), made in ``root``."""
+    openssl = _tool("openssl", "/usr/bin")
+    if openssl is None:
+        _missing("openssl (for a TLS certificate)")
+    assert openssl is not None
+    key, cert = root / "server.key", root / "server.crt"
+    _quiet(
+        [
+            openssl,
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+        ]
+    )
+    return key, cert
+
+
+@contextlib.contextmanager
+def private_redis(root: Path, *, tls: bool = False) -> Iterator[PrivateServer]:
+    """A private redis-server in ``root`` that keeps nothing on disk (``--save ""
+    --appendonly no``, as the machine's): a restart forgets every key. With ``tls`` it
+    listens only for TLS, on a self-signed certificate (its ``url`` names the CA file)."""
+    server = _tool("redis-server", "/usr/bin")
+    if server is None:
+        _missing("redis-server")
+    assert server is not None
+    port = _free_port()
+    command = [server, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+    command += ["--dir", str(root), "--protected-mode", "no"]
+    if tls:
+        key, cert = _self_signed(root)
+        command += ["--port", "0", "--tls-port", str(port), "--tls-cert-file", str(cert)]
+        command += ["--tls-key-file", str(key), "--tls-ca-cert-file", str(cert)]
+        command += ["--tls-auth-clients", "no"]
+        url = f"rediss://127.0.0.1:{port}/0?ssl_ca_certs={cert}"
+    else:
+        command += ["--port", str(port)]
+        url = f"redis://127.0.0.1:{port}/0"
+    db = PrivateServer(root, command, url, url, "")
+    db.start()
+    try:
+        yield db
+    finally:
+        db.kill()

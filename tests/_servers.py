@@ -13,6 +13,7 @@ POSTGRESQL_URL = os.environ.get(
     "DBLOCK_TEST_POSTGRESQL_URL", "postgresql://postgres@127.0.0.1:5432/test"
 )
 MYSQL_URL = os.environ.get("DBLOCK_TEST_MYSQL_URL", "mysql://root@127.0.0.1:3306/test")
+REDIS_URL = os.environ.get("DBLOCK_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 REQUIRE_SERVERS = os.environ.get("DBLOCK_REQUIRE_SERVERS") == "1"
 
 
@@ -31,6 +32,8 @@ def raw_connect(url: str) -> Any:
         import psycopg
 
         return psycopg.connect(url, autocommit=True, connect_timeout=5)
+    if parts.scheme in ("redis", "rediss"):
+        return raw_redis(url)
     import pymysql
 
     return pymysql.connect(
@@ -43,6 +46,20 @@ def raw_connect(url: str) -> Any:
         connect_timeout=5,
         charset="utf8mb4",
     )
+
+
+def raw_redis(url: str) -> Any:
+    """A plain redis-py client (answers str), its server reached now (ping)."""
+    import redis
+
+    client = redis.Redis.from_url(url, socket_connect_timeout=5, decode_responses=True)
+    client.ping()  # a failed connection leaves no socket open
+    return client
+
+
+def redis_prefix(table: str) -> str:
+    """The prefix of a lock table's keys in Redis (as in dblock.backends.redis)."""
+    return f"dblock:{{{table}}}:"
 
 
 def reachable(url: str) -> str | None:
@@ -77,6 +94,14 @@ def drop_tables(url: str, table: str) -> None:
     from dblock.backends.sql.names import aux_name
 
     conn = raw_connect(url)
+    if urlsplit(url).scheme in ("redis", "rediss"):
+        try:
+            match = redis_prefix(table).replace("[", "\\[").replace("]", "\\]") + "*"
+            for found in conn.scan_iter(match=match, count=500):
+                conn.delete(found)
+        finally:
+            conn.close()
+        return
     try:
         cur = conn.cursor()
         scheme = urlsplit(url).scheme

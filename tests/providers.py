@@ -54,6 +54,7 @@ import dblock
 from tests._servers import (
     MYSQL_URL,
     POSTGRESQL_URL,
+    REDIS_URL,
     columns,
     drop_tables,
     execute,
@@ -419,6 +420,29 @@ def _private_mariadb(root: Path) -> contextlib.AbstractContextManager[Any]:
     return private_mariadb(root)
 
 
+def _private_redis(root: Path) -> contextlib.AbstractContextManager[Any]:
+    from tests._private_servers import private_redis
+
+    return private_redis(root)
+
+
+def _redis_kill_tagged(provider: Provider, client: dblock.Client, _tag: str) -> int:
+    """Kills every connection of the client's store, its pub/sub listener's too (all carry
+    the store's own client name)."""
+    from tests._internals import store_of
+
+    name = store_of(client)._options["client_name"]
+    assert provider.url is not None
+    conn = raw_connect(provider.url)
+    try:
+        ids = [c["id"] for c in conn.client_list() if c.get("name") == name]
+        for sid in ids:
+            conn.client_kill_filter(_id=sid)
+        return len(ids)
+    finally:
+        conn.close()
+
+
 def _memory_unavailable() -> str | None:
     if importlib.util.find_spec("dblock.backends._contract") is None:
         return (
@@ -495,6 +519,19 @@ PROVIDERS: tuple[Entry, ...] = (
         own_store=_same_store,
         # another session holds LOCK TABLES <table> WRITE, so renewals block
         outage=_locking_outage("LOCK TABLES `{table}` WRITE", "UNLOCK TABLES"),
+    ),
+    Entry(
+        name="redis",
+        # no SQL, no file, nothing durable: a Redis without persistence forgets on a restart
+        capabilities=(STORE_CAPABILITIES - {"SchemaScript"})
+        | {"url", "processes", "cli", "pool", "handover"}
+        | _SERVER,
+        dialect="redis",
+        url=lambda _tmp: REDIS_URL,
+        default_port=6379,
+        check=_check("redis"),
+        private=_private_redis,
+        kill_tagged=_redis_kill_tagged,
     ),
     Entry(
         name="memory",

@@ -14,10 +14,10 @@ from dblock.backends import BACKENDS, CAPABILITIES, Store
 SRC = Path(__file__).resolve().parent.parent / "src" / "dblock"
 #: the modules that hold the lock semantics and drive them: no store is named there
 CORE = ["_engine", "_core.py", "_drive.py", "_lock.py", "_client.py", "_patterns.py", "_rwlock.py"]
-STORE_NAMES = {"sqlite", "postgresql", "postgres", "mysql", "mariadb"}
+STORE_NAMES = {"sqlite", "postgresql", "postgres", "mysql", "mariadb", "redis"}
 #: what the engine may not import: drivers, sockets, processes, event loops
 IO_MODULES = {"socket", "select", "selectors", "subprocess", "asyncio", "sqlite3", "psycopg"}
-IO_MODULES |= {"pymysql", "urllib", "http"}
+IO_MODULES |= {"pymysql", "urllib", "http", "redis"}
 
 
 def _modules() -> dict[str, Path]:

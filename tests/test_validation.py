@@ -71,7 +71,7 @@ def test_good_table_names() -> None:
 
 @pytest.mark.parametrize(
     "url",
-    ["redis://localhost", "nonsense", "sqlite://host/x.db", "sqlite:///", "mysql://h:notaport/db"],
+    ["mongo://localhost", "nonsense", "sqlite://host/x.db", "sqlite:///", "mysql://h:notaport/db"],
 )
 def test_bad_urls_are_configuration_errors(url: str) -> None:
     with pytest.raises(dblock.ConfigurationError):

@@ -24,6 +24,8 @@ SCHEMES = {
     "postgres": "postgresql",
     "mysql": "mysql",
     "mariadb": "mysql",
+    "redis": "redis",
+    "rediss": "redis",
 }
 
 
@@ -180,7 +182,8 @@ def parse_url(url: str | None) -> DatabaseURL:
     if dialect is None:
         raise ConfigurationError(
             f"unsupported database URL {safe!r}: use sqlite:///path.db, "
-            "postgresql://user:password@host:port/db or mysql://user:password@host:port/db"
+            "postgresql://user:password@host:port/db, mysql://user:password@host:port/db or "
+            "redis://user:password@host:port/0"
         )
     try:
         parts = urlsplit(url)

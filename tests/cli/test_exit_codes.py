@@ -42,7 +42,7 @@ def test_bad_dblock_url_is_one_line() -> None:
             capture_output=True,
             text=True,
             timeout=60,
-            env={**os.environ, "DBLOCK_URL": "redis://127.0.0.1:6379/0"},
+            env={**os.environ, "DBLOCK_URL": "mongodb://127.0.0.1:27017/0"},
             check=False,
         )
         assert done.returncode == 2, done.stderr

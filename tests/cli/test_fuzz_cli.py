@@ -138,7 +138,7 @@ def cases(  # noqa: PLR0912 - one grammar
         url = draw(
             st.sampled_from(
                 [
-                    "redis://127.0.0.1:6379/0",
+                    "mongodb://127.0.0.1:27017/0",
                     f"postgresql://u:{secret}@[::1",
                     f"mysql://u:{secret}@h:99999/x",
                     f"postgresql://u:{secret}@host:port/x",

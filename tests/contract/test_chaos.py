@@ -165,6 +165,8 @@ def proxy(provider: Provider) -> Iterator[tuple[str, FreezingProxy]]:
     yield url, p
     p.close()
     provider.drop("chaos_freeze")
+    if not provider.has("sql"):
+        return
     with contextlib.closing(provider.raw()) as conn:
         q = provider.q
         conn.cursor().execute(f"DROP TABLE IF EXISTS {q}chaos_freeze_holders{q}")

@@ -17,6 +17,7 @@ BACKENDS: dict[str, tuple[str, str, str | None]] = {
     "sqlite": ("dblock.backends.sqlite", "SqliteBackend", None),
     "postgresql": ("dblock.backends.postgresql", "PostgresBackend", "postgresql"),
     "mysql": ("dblock.backends.mysql", "MysqlBackend", "mysql"),
+    "redis": ("dblock.backends.redis", "RedisBackend", "redis"),
 }
 
 

@@ -26,7 +26,7 @@ import logging
 import os
 import secrets
 import socket
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from typing import Any, cast
@@ -40,14 +40,11 @@ from .._types import Kind, LockInfo
 from .._url import MAX_URL_TIMEOUT, DatabaseURL, scrub, scrub_exception, url_number
 from ._contract import (
     FairQueue,
-    LossPush,
     OnceRecords,
-    QueueJoin,
     SchemaScript,
     SharedHolds,
-    Subscription,
-    Wakeups,
 )
+from ._listener import Listener, PushedWakeups
 from .sql.base import MAINTENANCE_DEADLINE, Failure
 from .sql.holders import HoldersMixin, Rows
 from .sql.postgresql import PostgresStatements
@@ -67,13 +64,11 @@ def _utc(value: datetime) -> datetime:
 
 
 class PostgresBackend(
+    PushedWakeups,
     HoldersMixin[psycopg.Connection[Any]],
     FairQueue,
     SharedHolds,
     OnceRecords,
-    Wakeups,
-    QueueJoin,
-    LossPush,
     SchemaScript,
 ):
     """Lock table in PostgreSQL."""
@@ -124,8 +119,6 @@ class PostgresBackend(
             raise self._misconfigured(exc) from None
         self.sql = PostgresStatements(schema, table)
         self.channel = self.sql.channel
-        self._listener: _Listener | None = None
-        self._listener_lock = _forksafe.lock()
         # (key, owner) -> the key's join count when owner took it as a newcomer
         self._quiet: dict[tuple[str, str], int] = {}
         self._quiet_lock = _forksafe.lock()
@@ -291,11 +284,6 @@ class PostgresBackend(
                 self._quiet.clear()
             self._quiet[key, owner] = joins
 
-    def joining(self) -> bool:
-        """True if this client's LISTEN connection is up (subscribing costs nothing then)."""
-        listener = self._listener
-        return listener is not None and listener.alive() and listener.ready()
-
     def acquire_or_enqueue(self, key: str, owner: str, ttl: float, queue_ttl: float) -> int | None:
         """Take the lock like a newcomer, or else join its queue: one statement."""
         params = {
@@ -379,16 +367,6 @@ class PostgresBackend(
         (delivered when the transaction that frees them commits)."""
         conn.execute(self.sql.announce_force, {"key": key})
 
-    def watch(self, key: str, owner: str, heard: Callable[[], None]) -> Callable[[], None]:
-        """Call ``heard`` (on the listener's thread: it must return quickly) when a
-        force-release of ``owner``'s hold of ``key`` commits; returns the call that stops it.
-        One LISTEN connection per client serves every watch and every waiter."""
-        with self._listener_lock:
-            if self._listener is None or not self._listener.alive():
-                self._listener = _Listener(self)
-            listener = self._listener
-        return listener.watch(key, owner, heard)
-
     def _notify(self, conn: psycopg.Connection[Any], key: str) -> None:
         conn.execute(self.sql.ring_everyone, {"key": key})
 
@@ -423,137 +401,19 @@ class PostgresBackend(
 
         self.run("leaving the queue", op, key=key)
 
-    # -- pushed wake-ups ------------------------------------------------------------------
-    def _own_channel(self) -> str | None:
-        """The channel this client's listener hears its own notices on (None: no listener)."""
-        listener = self._listener
-        return listener.channel if listener is not None and listener.alive() else None
-
-    def subscribe(self, key: str, owner: str, queue: str | None = None) -> _Subscription:
-        with self._listener_lock:
-            if self._listener is None or not self._listener.alive():
-                # first use, or a forked child: the parent's listener thread is not ours
-                self._listener = _Listener(self)
-            listener = self._listener
-        return listener.subscribe(key, owner)
-
-    def close(self) -> None:
-        with self._listener_lock:
-            listener, self._listener = self._listener, None
-        if listener is not None:
-            listener.stop()
-        super().close()
+    # -- pushed wake-ups (subscribe, watch, joining, close: PushedWakeups) ---------------
+    def _new_listener(self) -> Listener:
+        return _Listener(self)
 
 
-class _Subscription(Subscription):
-    targeted = True
-    latched = False
-
-    def __init__(self, listener: _Listener, key: str, owner: str, live: bool) -> None:
-        self._listener = listener
-        self.key = key
-        self.owner = owner
-        self.live = live
-        self.granted: int | None = None
-        self.event = listener.rt.event()
-
-    def wait(self, timeout: float) -> bool:
-        woken = self.event.wait(timeout)
-        self.event.clear()
-        return woken
-
-    def close(self) -> None:
-        self._listener.unsubscribe(self)
-
-
-class _Listener:
-    """One LISTEN connection per client, on its own thread, waking the waiters of a key.
-
-    It listens on the table's channel (releases that ring everyone) and on a channel of its
-    own, named in its waiters' queue entries, for what only they need to hear: a hand-over
-    to one of them, or their turn. A release then wakes one client, not all of them.
-    """
+class _Listener(Listener):
+    """The client's LISTEN connection (see backends/_listener.py); for the async client
+    psycopg's AsyncConnection, its notifications an async iterator."""
 
     def __init__(self, backend: PostgresBackend) -> None:
         self._backend = backend
-        #: a thread for the blocking client, a task for the async one (its LISTEN connection
-        #: is psycopg's AsyncConnection, its notifications an async iterator)
-        self.rt = backend.rt
-        self.channel = f"dblock_{secrets.token_hex(8)}"
-        self._subs: dict[str, set[_Subscription]] = {}
-        self._watches: dict[tuple[str, str], Callable[[], None]] = {}
-        self._lock = _forksafe.lock()
-        self._ready = self.rt.event()
-        self._stopped = self.rt.event()
         self._conn: psycopg.Connection[Any] | None = None
-        self._thread = self.rt.start("dblock-listener", self._run)
-
-    def subscribe(self, key: str, owner: str) -> _Subscription:
-        # Wait (briefly) until LISTEN is active, so no release after our next try is missed.
-        live = self._ready.wait(2.0)
-        sub = _Subscription(self, key, owner, live)
-        with self._lock:
-            self._subs.setdefault(key, set()).add(sub)
-        return sub
-
-    def watch(self, key: str, owner: str, heard: Callable[[], None]) -> Callable[[], None]:
-        with self._lock:
-            self._watches[key, owner] = heard
-
-        def unwatch() -> None:
-            with self._lock:
-                if self._watches.get((key, owner)) is heard:
-                    del self._watches[key, owner]
-
-        return unwatch
-
-    def unsubscribe(self, sub: _Subscription) -> None:
-        with self._lock:
-            subs = self._subs.get(sub.key)
-            if subs is not None:
-                subs.discard(sub)
-                if not subs:
-                    del self._subs[sub.key]
-
-    def _wake(self, key: str | None, owner: str = "", granted: int | None = None) -> None:
-        """Wake ``owner``'s subscription to ``key`` (everyone's if no owner; all if no key),
-        telling it the token of a lock ``granted`` to it."""
-        with self._lock:
-            targets = [
-                s
-                for k, subs in self._subs.items()
-                if key in (None, k)
-                for s in subs
-                if not owner or s.owner == owner
-            ]
-        for sub in targets:
-            if granted is not None:
-                sub.granted = granted
-            sub.event.set()
-
-    def _heard(self, payload: str) -> None:
-        """``<owner> <key>``: a release rings; ``=<token> <owner> <key>``: a hand-over;
-        ``!<owner> <key>``: owner's hold was force-released."""
-        if payload.startswith("!"):
-            owner, _, key = payload[1:].partition(" ")
-            with self._lock:
-                heard = self._watches.get((key, owner))  # ends when the hold does
-            if heard is not None:
-                try:
-                    heard()
-                except Exception:  # a watcher's failure must not stop the wake-ups
-                    log.exception("dblock loss watch of %r failed", key)
-            return
-        granted = None
-        if payload.startswith("="):
-            token, _, payload = payload[1:].partition(" ")
-            if not token.isdigit():
-                return
-            granted = int(token)
-        owner, _, key = payload.partition(" ")
-        if granted is not None and not owner:
-            return
-        self._wake(key, owner, granted)
+        super().__init__(backend.rt, f"dblock_{secrets.token_hex(8)}")
 
     def _run(self) -> None:
         pause = 0.1
@@ -579,17 +439,6 @@ class _Listener:
                 conn_, self._conn = self._conn, None
                 if conn_ is not None:
                     self._backend._close_connection(conn_)
-
-    def alive(self) -> bool:
-        return self._thread.is_alive() and not self._stopped.is_set()
-
-    def ready(self) -> bool:
-        return self._ready.is_set()
-
-    def stop(self) -> None:
-        self._stopped.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=2)
 
 
 def _shutdown(fd: int) -> None:

@@ -1,0 +1,446 @@
+"""Redis backend (redis-py): the store contract as one Lua script per operation.
+
+Every operation is one ``EVALSHA`` (redis-py's ``register_script``: the script is loaded once
+per server and called by its SHA1), atomic on the server, with time read by ``TIME`` inside
+the script: leases are measured by Redis, never by the client's clock. The scripts and the
+keys they keep are in :mod:`dblock.backends.redis_scripts`; a table's keys share the prefix
+``dblock:{<table>}:``, so two tables (two applications) on one Redis do not collide, and
+``list``/``purge`` walk that prefix with ``SCAN`` (never ``KEYS``).
+
+Fencing tokens are the larger of the table's last token + 1 and the server's clock in
+microseconds, so they keep increasing across a restart of a Redis that keeps nothing on disk
+(see redis_scripts for what breaks it). What such a restart does lose is every hold: its
+holders learn of it at their next renewal (``on_lost``).
+
+Releases hand the lock to the head of the key's wait queue and PUBLISH it to the waiter's
+client, whose listener (one pub/sub connection per client, :mod:`._listener`) wakes it; other
+releases PUBLISH on the table's channel. A waiter whose listener lost its connection is woken
+to look again, and polls until the listener is back.
+
+Connections: a pool of ``max_connections`` (one statement each at a time), the retry policy
+and deadlines of :class:`~dblock.backends.sql.base.SqlBackend`. For the async client each is
+a ``redis.asyncio`` connection behind :mod:`._redis_green`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import re
+import secrets
+import socket
+from collections.abc import Callable
+from datetime import datetime, timezone
+from typing import Any
+
+import redis
+from redis.backoff import NoBackoff
+from redis.commands.core import Script
+from redis.retry import Retry
+
+from .._errors import ConfigurationError
+from .._runtime import THREADS
+from .._types import Kind, LockInfo
+from .._url import MAX_URL_TIMEOUT, DatabaseURL, url_number
+from ._contract import (
+    FairQueue,
+    OnceRecords,
+    SharedHolds,
+)
+from ._listener import Listener, PushedWakeups
+from .redis_scripts import SCRIPTS
+from .sql.base import MAINTENANCE_DEADLINE, STATEMENT_DEADLINE, Failure, SqlBackend
+from .sql.schema import MissingTable
+
+log = logging.getLogger("dblock")
+
+#: keys per list/purge script call (one SCAN page)
+SCAN_COUNT = 500
+#: the URL's query parameters -> redis-py's names
+_PARAMS = {
+    "client_name": "client_name",
+    "connect_timeout": "socket_connect_timeout",
+    "ssl_ca_certs": "ssl_ca_certs",
+    "ssl_certfile": "ssl_certfile",
+    "ssl_keyfile": "ssl_keyfile",
+    "ssl_cert_reqs": "ssl_cert_reqs",
+}
+_TLS_ONLY = {"ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_cert_reqs"}
+_GLOB = re.compile(r"([\\*?\[\]])")
+
+
+@functools.cache
+def _scripts() -> dict[str, Script]:
+    """The scripts, registered once per process (the registrar only hashes them: each is
+    loaded into a server by its first ``EVALSHA`` there that fails with NOSCRIPT)."""
+    registrar = redis.Redis(decode_responses=True)
+    return {name: registrar.register_script(src) for name, src in SCRIPTS.items()}
+
+
+Keys = list[str]  # a name for the class whose method `list` shadows the builtin
+
+
+def _us(seconds: float) -> int:
+    return round(seconds * 1_000_000)
+
+
+def _when(us: str) -> datetime:
+    return datetime.fromtimestamp(int(us) / 1_000_000, tz=timezone.utc)
+
+
+def _info(key: str, row: list[str]) -> LockInfo:
+    owner, token, acquired, expires, kind = row
+    kind_value: Kind = kind  # type: ignore[assignment]
+    return LockInfo(key, owner, int(token), _when(acquired), _when(expires), kind_value)
+
+
+class RedisBackend(
+    PushedWakeups,
+    SqlBackend[Any],
+    FairQueue,
+    SharedHolds,
+    OnceRecords,
+):
+    """Locks in Redis, under the key prefix of one table."""
+
+    name = dialect = "redis"
+
+    def __init__(self, url: DatabaseURL, schema: str | None, table: str) -> None:
+        super().__init__(url, f"{schema}.{table}" if schema else table)
+        tls = url.raw.split("://", 1)[0].lower() == "rediss"
+        self._options = self._parse(url, tls)
+        #: every key of the table starts with it (a hash tag: one cluster slot per table)
+        self.prefix = f"dblock:{{{self.table}}}:"
+        self.channel = self.prefix + "released"
+        self._meta = self.prefix + "meta"
+
+    @staticmethod
+    def _parse(url: DatabaseURL, tls: bool) -> dict[str, Any]:
+        """redis-py's connection options from the URL; ConfigurationError naming a bad part."""
+        database = url.database or "0"
+        if not database.isdigit() or not database.isascii():
+            raise ConfigurationError(
+                f"invalid Redis URL {url.safe!r}: the path must be a database number "
+                f"(redis://host:port/0), not {database!r}"
+            )
+        if not url.host:
+            raise ConfigurationError(f"invalid Redis URL {url.safe!r}: it names no host")
+        unknown = set(url.query) - set(_PARAMS)
+        if not tls:
+            unknown |= set(url.query) & _TLS_ONLY
+        if unknown:
+            raise ConfigurationError(
+                f"unknown Redis URL parameter(s) {sorted(unknown)} in {url.safe!r}; supported: "
+                "client_name, connect_timeout, max_connections, and for rediss:// ssl_ca_certs, "
+                "ssl_certfile, ssl_keyfile, ssl_cert_reqs (required, optional, none)"
+            )
+        reqs = url.query.get("ssl_cert_reqs", "required")
+        if reqs not in ("required", "optional", "none"):
+            raise ConfigurationError(
+                f"URL parameter ssl_cert_reqs={reqs!r} in {url.safe!r} must be required, "
+                "optional or none"
+            )
+        options: dict[str, Any] = {
+            "host": url.host,
+            "port": url.port or 6379,
+            "db": int(database),
+            "username": url.user,
+            "password": url.password,
+            "socket_connect_timeout": url_number(
+                url.query.get("connect_timeout"),
+                "connect_timeout",
+                10,
+                safe=url.safe,
+                minimum=0.001,
+                maximum=MAX_URL_TIMEOUT,
+            ),
+            # the watchdog aborts a statement at its deadline; this bounds one it cannot reach
+            "socket_timeout": MAINTENANCE_DEADLINE,
+            "decode_responses": True,
+            # dblock's own retry policy (sql.base) is the only one: redis-py's would re-send
+            # a script whose reply was lost without the operation knowing it
+            "retry": Retry(NoBackoff(), 0),
+            # this client's connections, as an operator sees them (CLIENT LIST); by default
+            # a name of this client's own
+            "client_name": url.query.get("client_name") or f"dblock-{secrets.token_hex(4)}",
+        }
+        if tls:
+            options["ssl"] = True
+            options["ssl_cert_reqs"] = reqs
+            for name in ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile"):
+                if name in url.query:
+                    options[name] = url.query[name]
+        return options
+
+    # -- connections ----------------------------------------------------------------------
+    def _connect(self) -> Any:
+        if self.rt is not THREADS:
+            from ._redis_green import GreenRedis
+
+            # the async client's code runs in a greenlet: it awaits redis.asyncio's
+            # connection where this code looks blocking
+            return GreenRedis.connect(self._options)
+        client = redis.Redis(single_connection_client=True, **self._options)
+        try:
+            client.ping()
+        except BaseException:
+            client.close()
+            raise
+        return client
+
+    def _pubsub(self) -> Any:
+        """A pub/sub connection of its own, for the listener."""
+        if self.rt is not THREADS:
+            from ._redis_green import GreenRedis
+
+            return GreenRedis.pubsub(self._options)
+        return redis.Redis(**self._options).pubsub()  # type: ignore[no-untyped-call]
+
+    def _close_connection(self, conn: Any) -> None:
+        with contextlib.suppress(redis.RedisError, OSError):
+            conn.close()
+
+    def _classify(self, exc: BaseException) -> Failure | None:
+        if isinstance(exc, (redis.ConnectionError, redis.TimeoutError, OSError)):
+            return Failure.DISCONNECT  # a restart, a CLIENT KILL, a network fault
+        if isinstance(exc, redis.ResponseError) and str(exc).startswith(("LOADING", "BUSY")):
+            return Failure.TRANSIENT
+        if isinstance(exc, redis.RedisError):
+            return Failure.FATAL
+        return None
+
+    def _abort(self, conn: Any) -> None:
+        sock = getattr(getattr(conn, "connection", None), "_sock", None)
+        if isinstance(sock, socket.socket):
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+    _transient_for = STATEMENT_DEADLINE
+
+    # -- running scripts --------------------------------------------------------------------
+    def _keys(self, key: str) -> list[str]:
+        return [f"{self.prefix}r:{key}", f"{self.prefix}h:{key}", self._meta]
+
+    def _call(self, what: str, script: str, key: str, *args: Any) -> Any:
+        """Run one script on ``key`` (with the retry policy); its reply."""
+        run = _scripts()[script]
+        keys = self._keys(key)
+        return self.run(what, lambda conn: run(keys, [key, self.channel, *args], conn), key=key)
+
+    def _retried(self, what: str, script: str, key: str, *args: Any) -> bool:
+        """Run a script that ends a hold: a retry after a lost reply says so (the script then
+        counts the hold ended by the first attempt as ended by us)."""
+        run = _scripts()[script]
+        keys = self._keys(key)
+        calls = 0
+
+        def op(conn: Any) -> bool:
+            nonlocal calls
+            calls += 1
+            return bool(run(keys, [key, self.channel, *args, int(calls > 1)], conn))
+
+        return self.run(what, op, key=key)
+
+    @staticmethod
+    def _token(reply: Any) -> int | None:
+        return None if reply is None else int(reply)
+
+    # -- schema (a marker: Redis has no tables) ------------------------------------------------
+    def ensure_schema(self, create: bool) -> None:
+        def op(conn: Any) -> None:
+            if create:
+                conn.hsetnx(self._meta, "schema", "1")
+            elif not conn.exists(self._meta):
+                raise MissingTable(
+                    f"the lock table {self.table} does not exist in {self.safe_url}; it is "
+                    "created by connect(create_schema=True) and by the dblock commands that "
+                    "take locks (run, once); Redis has no `dblock schema` to apply"
+                )
+
+        self.run("creating the lock table", op)
+
+    # -- Store ------------------------------------------------------------------------------
+    def acquire(self, key: str, owner: str, ttl: float, kind: str) -> int | None:
+        return self._token(self._call("acquire", "acquire", key, owner, _us(ttl), kind))
+
+    def renew(self, key: str, owner: str, token: int, ttl: float) -> bool:
+        return bool(self._call("renew", "renew", key, owner, token, _us(ttl)))
+
+    def release(self, key: str, owner: str, token: int) -> bool:
+        return self._retried("release", "release", key, owner, token)
+
+    def info(self, key: str) -> LockInfo | None:
+        row = self._call("info", "info", key)
+        return None if row is None else _info(key, row)
+
+    def list(self, prefix: str) -> list[LockInfo]:
+        start = len(self.prefix) + 2
+
+        def batch(conn: Any, keys: Keys) -> Any:
+            flat = _scripts()["list"](
+                [*keys, *(f"{self.prefix}h:{k[start:]}" for k in keys)], [], conn
+            )
+            rows = [flat[i : i + 6] for i in range(0, len(flat), 6)]
+            return [_info(keys[int(r[0]) - 1][start:], r[1:]) for r in rows]
+
+        found = self._scan("list", "r:", prefix, batch)
+        return sorted(found, key=lambda i: (i.key, i.acquired_at))
+
+    def force_release(self, key: str) -> bool:
+        return bool(self._call("force_release", "force_release", key))
+
+    def purge(self, older_than: float, include_once: bool) -> int:
+        start = len(self.prefix) + 2
+        older = _us(older_than)
+
+        def records(conn: Any, keys: Keys) -> Any:
+            holders = [f"{self.prefix}h:{k[start:]}" for k in keys]
+            run = _scripts()["purge_records"]
+            return [int(run([*keys, *holders], [older, int(include_once)], conn))]
+
+        def holders(conn: Any, keys: Keys) -> Any:
+            return [int(_scripts()["purge_holders"](keys, [older], conn))]
+
+        found = self._scan("purge", "r:", "", records) + self._scan("purge", "h:", "", holders)
+        return int(sum(found))
+
+    def _scan(self, what: str, kind: str, prefix: str, batch: Callable[[Any, Keys], Any]) -> Any:
+        """``batch`` over every page of this table's keys of ``kind`` whose lock key starts
+        with ``prefix`` (SCAN: the server is never blocked by a walk of the whole keyspace)."""
+        match = _GLOB.sub(r"\\\1", f"{self.prefix}{kind}{prefix}") + "*"
+
+        def op(conn: Any) -> Any:
+            found: Any = []
+            seen: set[str] = set()
+            cursor = 0
+            while True:
+                cursor, keys = conn.scan(cursor, match=match, count=SCAN_COUNT)
+                fresh = [k for k in keys if k not in seen]  # SCAN may return a key twice
+                seen.update(fresh)
+                if fresh:
+                    found.extend(batch(conn, fresh))
+                if int(cursor) == 0:
+                    return found
+
+        return self.run(what, op, deadline=MAINTENANCE_DEADLINE)
+
+    # -- FairQueue --------------------------------------------------------------------------
+    def acquire_fair(self, key: str, owner: str, ttl: float, queued: bool) -> int | None:
+        reply = self._call("acquire", "acquire_fair", key, owner, _us(ttl), int(queued))
+        return self._token(reply)
+
+    def probe(self, key: str, owner: str) -> tuple[bool, int]:
+        free, ahead = self._call("probe", "probe", key, owner)
+        return bool(free), int(ahead)
+
+    def enqueue(
+        self, key: str, owner: str, kind: str, ttl: float, lease: float | None = None
+    ) -> None:
+        lease_us = "-" if lease is None else _us(lease)
+        self._call(
+            "queueing", "enqueue", key, owner, kind, _us(ttl), lease_us, self._own_channel("")
+        )
+
+    def requeue(self, key: str, owner: str, kind: str, ttl: float) -> bool:
+        return bool(self._call("queueing", "requeue", key, owner, _us(ttl)))
+
+    def dequeue(self, key: str, owner: str) -> None:
+        self._call("leaving the queue", "dequeue", key, owner)
+
+    # -- QueueJoin --------------------------------------------------------------------------
+    def acquire_or_enqueue(self, key: str, owner: str, ttl: float, queue_ttl: float) -> int | None:
+        reply = self._call(
+            "acquire",
+            "acquire_or_enqueue",
+            key,
+            owner,
+            _us(ttl),
+            _us(queue_ttl),
+            self._own_channel(""),
+        )
+        return self._token(reply)
+
+    # -- SharedHolds ------------------------------------------------------------------------
+    def acquire_shared(
+        self, key: str, owner: str, ttl: float, kind: str, permits: int | None
+    ) -> int | None:
+        count = "-" if permits is None else permits
+        reply = self._call("acquire", "acquire_shared", key, owner, _us(ttl), kind, count)
+        return self._token(reply)
+
+    def release_shared(self, key: str, owner: str, token: int) -> bool:
+        return self._retried("release", "release_shared", key, owner, token)
+
+    def renew_shared(self, key: str, owner: str, token: int, ttl: float) -> bool:
+        return bool(self._call("renew", "renew_shared", key, owner, token, _us(ttl)))
+
+    def acquire_write(self, key: str, owner: str, ttl: float) -> int | None:
+        return self._token(self._call("acquire", "acquire_write", key, owner, _us(ttl)))
+
+    # -- OnceRecords ------------------------------------------------------------------------
+    def claim_once(self, key: str, owner: str, ttl: float, note: str | None) -> int | None:
+        reply = self._call(
+            "once", "claim_once", key, owner, _us(ttl), int(note is not None), note or ""
+        )
+        return self._token(reply)
+
+    def once_state(self, key: str) -> tuple[str, str | None, bool] | None:
+        row = self._call("state", "once_state", key)
+        if row is None:
+            return None
+        kind, has_state, state, live = row
+        return kind, state if int(has_state) else None, bool(int(live))
+
+    def finish_once(self, key: str, owner: str, token: int, state: str) -> bool:
+        return self._retried("recording the once outcome", "finish_once", key, owner, token, state)
+
+    def finish_scheduled(self, key: str, owner: str, token: int, at_least: float) -> bool:
+        return self._retried("release", "finish_scheduled", key, owner, token, _us(at_least))
+
+    # -- Wakeups, LossPush (subscribe, watch, joining, close: PushedWakeups) ------------
+    def _new_listener(self) -> Listener:
+        return RedisListener(self)
+
+
+class RedisListener(Listener):
+    """The client's pub/sub connection: the table's channel and its own."""
+
+    def __init__(self, backend: RedisBackend) -> None:
+        self._backend = backend
+        #: pub/sub connections made, for tests: a reconnect makes another
+        self.connections = 0
+        super().__init__(backend.rt, f"{backend.prefix}c:{secrets.token_hex(8)}")
+
+    def _run(self) -> None:
+        pause = 0.1
+        while not self._stopped.is_set():
+            pubsub = None
+            try:
+                pubsub = self._backend._pubsub()
+                self.connections += 1
+                pubsub.subscribe(self._backend.channel, self.channel)
+                confirmed = 0
+                while not self._stopped.is_set():
+                    message = pubsub.get_message(timeout=0.5)
+                    if message is None:
+                        continue
+                    if message["type"] == "subscribe":
+                        confirmed += 1
+                        if confirmed == 2:
+                            self._ready.set()
+                            self._wake(None)  # anything released while we were away
+                            pause = 0.1
+                    elif message["type"] == "message":
+                        self._heard(message["data"])
+            except Exception as exc:  # noqa: BLE001 - any failure: reconnect, never stop
+                self._ready.clear()
+                if not self._stopped.is_set():
+                    log.debug("dblock listener reconnecting after: %s", exc)
+                    self._wake(None)  # waiters look again, and poll until we are back
+                    self._stopped.wait(pause)
+                    pause = min(pause * 2, 5.0)
+            finally:
+                if pubsub is not None:
+                    with contextlib.suppress(Exception):
+                        pubsub.close()
