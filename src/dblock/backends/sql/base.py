@@ -167,7 +167,9 @@ class SqlBackend(Store, Generic[C]):
                         "raise max_connections"
                     )
         try:
-            return self.rt.offload(self._connect) if self.blocking_driver else self._connect()
+            if self.blocking_driver:
+                return self.rt.offload(self._connect, discard=self._close_connection)
+            return self._connect()
         except BaseException:
             self._forget(1)
             raise
