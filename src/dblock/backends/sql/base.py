@@ -126,6 +126,12 @@ class SqlBackend(Store, Generic[C]):
     def _reset(self, conn: C) -> None:
         """Bring a connection back to a clean state after a failed statement."""
 
+    def _interrupted(self, conn: C) -> None:
+        """A statement on ``conn`` was interrupted (a cancellation, Ctrl-C) and ``conn`` is
+        about to be closed: make sure the statement is not still running in the server,
+        where it could commit later (a grant nobody would know of). Nothing to do where the
+        interruption waited for the statement to end."""
+
     @abstractmethod
     def _abort(self, conn: C) -> None:
         """Make a statement blocked on ``conn`` fail now (called from the watchdog thread)."""
@@ -273,6 +279,8 @@ class SqlBackend(Store, Generic[C]):
                         key=key,
                     ) from exc
                 if failure is None:
+                    if not isinstance(exc, Exception):  # a cancellation, Ctrl-C
+                        self._interrupted(conn)
                     self._discard(conn)
                     raise
                 if failure is Failure.DISCONNECT:
