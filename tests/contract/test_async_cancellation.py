@@ -7,9 +7,14 @@ test: a fresh blocking client, raw SQL where the provider has it."""
 from __future__ import annotations
 
 import asyncio
+import logging
+import random
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,6 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests._internals import ConnectionTracker, pool_busy
+from tests._worker import enter_fenced, leave_fenced
 from tests.contract._async_kit import (
     KINDS,
     Outside,
@@ -27,6 +33,8 @@ from tests.contract._async_kit import (
     outside,
 )
 from tests.providers import Provider
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -242,3 +250,160 @@ def test_timeout_wait_for_and_async_with_leave_nothing(
         holder.close()  # its hold is left to its lease: force it
     assert view.client.force_release(key)
     view.next_gets(kind, key)
+
+
+@pytest.mark.needs("pool")
+def test_thousand_tasks_ten_keys_a_third_cancelled(
+    provider: Provider, table: str, loop: asyncio.AbstractEventLoop, view: Outside
+) -> None:
+    """1,000 tasks of one client on 10 keys, a third of them cancelled at random moments:
+    never two inside one key, every task not cancelled gets its turn, nothing is left, and
+    the connections stay within what docs/async.md § "Connections and waiting" promises:
+    the pool's bound, plus one per key waited for (SQLite, MySQL) or one LISTEN connection
+    (PostgreSQL)."""
+    pool = 4
+    keys = [_fresh_key() for _ in range(10)]
+    client = loop.run_until_complete(provider.connect_async(table=table, max_connections=pool))
+    tracker = ConnectionTracker(client)
+    inside = dict.fromkeys(keys, 0)
+    entered: set[int] = set()
+    rng = random.Random(20261125)
+
+    async def work(i: int, key: str) -> None:
+        async with client.lock(key, ttl=30):
+            inside[key] += 1
+            assert inside[key] == 1, f"two tasks inside {key!r}"
+            await asyncio.sleep(0)
+            inside[key] -= 1
+            entered.add(i)
+
+    async def run() -> list[asyncio.Task[None]]:
+        tasks = [asyncio.ensure_future(work(i, keys[i % len(keys)])) for i in range(1000)]
+        for task in rng.sample(tasks, len(tasks) // 3):
+            loop.call_later(rng.uniform(0, 0.5), task.cancel)
+        await asyncio.wait(tasks)
+        return tasks
+
+    try:
+        tasks = loop.run_until_complete(run())
+        cancelled = {i for i, task in enumerate(tasks) if task.cancelled()}
+        errors = [task.exception() for task in tasks if not task.cancelled() and task.exception()]
+        assert errors == []
+        assert cancelled, "no task was cancelled before it was done"
+        assert set(range(1000)) - cancelled <= entered
+        for key in keys:
+            view.assert_clean(key)
+        assert_quiet(client, tracker)
+        assert tracker.peak <= pool + len(keys) + 1
+    finally:
+        loop.run_until_complete(client.close())
+
+
+@pytest.mark.needs("processes")
+def test_sync_process_and_async_tasks_take_turns_with_rising_tokens(
+    provider: Provider,
+    table: str,
+    loop: asyncio.AbstractEventLoop,
+    aclient: Any,
+    tmp_path: Path,
+) -> None:
+    """A blocking client in another process and async tasks contend on one key; each holder
+    checks a shared record: nobody else inside, and its token above every earlier one."""
+    key = _fresh_key()
+    record = tmp_path / "record"
+    record.write_text("0 0")
+    assert provider.url is not None
+    per_side = 30
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tests._worker",
+            "fence",
+            provider.url,
+            table,
+            key,
+            str(per_side),
+            str(record),
+        ],
+        cwd=ROOT,
+    )
+
+    async def task(n: int) -> None:
+        for _ in range(n):
+            async with aclient.lock(key, ttl=30, timeout=120) as lock:
+                enter_fenced(str(record), lock.token)
+                await asyncio.sleep(0.002)
+                leave_fenced(str(record), lock.token)
+
+    try:
+
+        async def tasks() -> None:
+            await asyncio.gather(*(task(per_side // 3) for _ in range(3)))
+
+        loop.run_until_complete(tasks())
+        assert proc.wait(120) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    tokens = [int(line) for line in (tmp_path / "record.log").read_text().split()]
+    assert len(tokens) == 2 * per_side
+    assert tokens == sorted(set(tokens))
+
+
+@pytest.mark.parametrize("raises", [False, True])
+@pytest.mark.parametrize("coroutine", [True, False])
+def test_on_lost_runs_on_the_loop_with_the_lock(
+    provider: Provider,
+    loop: asyncio.AbstractEventLoop,
+    aclient: Any,
+    view: Outside,
+    caplog: pytest.LogCaptureFixture,
+    coroutine: bool,
+    raises: bool,
+) -> None:
+    """force_release from outside while an auto_renew lock is held: ``on_lost`` (a coroutine
+    function, run as a task on the client's loop, or a plain function) gets the lock object;
+    an exception it raises is logged on the ``dblock`` logger."""
+    key = _fresh_key()
+    calls: list[tuple[Any, asyncio.AbstractEventLoop | None]] = []
+    called = asyncio.Event()
+
+    def note(lock: Any) -> None:
+        calls.append((lock, _running_loop()))
+        loop.call_soon_threadsafe(called.set)
+        if raises:
+            raise RuntimeError("on_lost failed")
+
+    async def async_note(lock: Any) -> None:
+        assert asyncio.current_task() is not None
+        note(lock)
+
+    async def scenario() -> Any:
+        lock = aclient.lock(
+            key, ttl=1.5, auto_renew=True, on_lost=async_note if coroutine else note
+        )
+        assert await lock.acquire()
+        assert await asyncio.to_thread(view.client.force_release, key)
+        await asyncio.wait_for(called.wait(), 20)
+        await asyncio.sleep(0.05)  # the exception, if any, is logged after the call
+        return lock
+
+    with caplog.at_level(logging.WARNING, logger="dblock"):
+        lock = loop.run_until_complete(scenario())
+    assert len(calls) == 1
+    assert calls[0][0] is lock
+    if coroutine:
+        assert calls[0][1] is loop
+    logged = [r for r in caplog.records if r.name == "dblock" and r.exc_info]
+    assert bool(logged) == raises
+    if raises:
+        assert "on_lost failed" in str(logged[0].exc_info[1])
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None

@@ -154,7 +154,11 @@ class SqlBackend(Store, Generic[C]):
                 self._turns.append(turn)
         if turn is not None:
             wait, cut = bounded_wait(MAINTENANCE_DEADLINE)
-            turn.ready.wait(wait)
+            try:
+                turn.ready.wait(wait)
+            except BaseException:  # a cancellation, Ctrl-C: what it was given goes on
+                self._leave_line(turn)
+                raise
             with self._pool_lock:
                 if turn.conn is not None:
                     return turn.conn
@@ -179,6 +183,20 @@ class SqlBackend(Store, Generic[C]):
         except BaseException:
             self._forget(1)
             raise
+
+    def _leave_line(self, turn: _Turn[C]) -> None:
+        """``turn``'s waiter was interrupted: out of the line, and a connection or room it
+        was given passes to the next one, or it would be lost to the pool for good."""
+        with self._pool_lock:
+            conn, room = turn.conn, turn.room
+            turn.conn, turn.room = None, False
+            if conn is None and not room:
+                with contextlib.suppress(ValueError):
+                    self._turns.remove(turn)
+        if conn is not None:
+            self._checkin(conn)
+        elif room:
+            self._forget(1)
 
     def _check_pool(self) -> None:
         """Raise if the client is closed; after a fork, forget the parent's connections."""
