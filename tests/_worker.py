@@ -147,6 +147,33 @@ def sem_hold(url: str, table: str, key: str, permits: str, ttl: str) -> None:
         time.sleep(600)
 
 
+def fence(url: str, table: str, key: str, n: str, record: str) -> None:
+    """n times under the lock: check the shared record (nobody inside, every earlier token
+    lower than ours), mark it taken with our token, then free it (see tests.contract
+    test_async_cancellation's sync + async test)."""
+    with dblock.connect(url, table=table) as client:
+        for _ in range(int(n)):
+            with client.lock(key, ttl=30, timeout=120) as lock:
+                enter_fenced(record, lock.token)
+                time.sleep(0.002)  # widen the race window
+                leave_fenced(record, lock.token)
+
+
+def enter_fenced(record: str, token: int | None) -> None:
+    with open(record) as f:
+        busy, last = map(int, f.read().split())
+    assert token is not None and not busy and token > last, (busy, last, token)
+    with open(record, "w") as f:
+        f.write(f"1 {token}")
+    with open(record + ".log", "a") as f:
+        f.write(f"{token}\n")
+
+
+def leave_fenced(record: str, token: int | None) -> None:
+    with open(record, "w") as f:
+        f.write(f"0 {token}")
+
+
 if __name__ == "__main__":
     commands = {
         "count": count,
@@ -160,5 +187,6 @@ if __name__ == "__main__":
         "rw": rw,
         "sem": sem,
         "sem_hold": sem_hold,
+        "fence": fence,
     }
     commands[sys.argv[1]](*sys.argv[2:])

@@ -190,8 +190,9 @@ class AsyncLock:
         return lock._reentrant and core.reentrant_hold(lock.key, core.owner_serial()) is not None
 
     async def release(self) -> None:
-        """Release one acquisition (NotHeld, LockLost as :meth:`dblock.Lock.release`)."""
-        await spawn(self._lock.release)
+        """Release one acquisition (NotHeld, LockLost as :meth:`dblock.Lock.release`). A
+        cancellation waits for the release to complete, then propagates."""
+        await spawn(self._lock.release, shielded=True)
 
     async def renew(self, ttl: float | None = None) -> None:
         """Extend the lease (NotHeld, LockLost as :meth:`dblock.Lock.renew`)."""
@@ -240,7 +241,7 @@ class AsyncOnce(AsyncLock):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        await spawn(self._lock.__exit__, exc_type, exc, tb)
+        await spawn(self._lock.__exit__, exc_type, exc, tb, shielded=True)
 
 
 class AsyncRWLock:
@@ -358,7 +359,7 @@ class AsyncClient:
                 try:
                     return await fn(*args, **kwargs)
                 finally:
-                    await spawn(lock.release)
+                    await spawn(lock.release, shielded=True)
 
             return run
 

@@ -12,7 +12,8 @@ Cancellation: a ``CancelledError`` (``task.cancel()``, ``asyncio.timeout``, ``wa
 into the greenlet at the ``await_`` where it was waiting, so the code's own ``finally`` and
 ``except`` blocks run, as they would for an error. The cleanup they await is shielded from
 further cancellations (a second ``cancel()`` cannot leave a hold or a queue entry behind); the
-first ``CancelledError`` propagates once it is done.
+first ``CancelledError`` propagates once it is done. A release runs shielded from the start
+(``spawn(..., shielded=True)``): a cancellation waits for it, then propagates.
 """
 
 from __future__ import annotations
@@ -49,30 +50,50 @@ def await_(awaitable: Awaitable[T]) -> T:
     return cast(T, current.driver.switch(awaitable))
 
 
-async def spawn(fn: Callable[..., T], *args: Any) -> T:
-    """Run ``fn(*args)`` to the end, awaiting what it passes to :func:`await_`."""
+async def spawn(fn: Callable[..., T], *args: Any, shielded: bool = False) -> T:
+    """Run ``fn(*args)`` to the end, awaiting what it passes to :func:`await_`.
+
+    ``shielded``: a cancellation does not interrupt ``fn`` at all (a release cut short would
+    leave its hold for the lease to end); it propagates once ``fn`` is done.
+    """
     bridge = _Bridge(fn, getcurrent())
-    pending: Any = bridge.switch(*args)
-    cancelled: BaseException | None = None
-    while not bridge.dead:
-        try:
-            value = await (pending if cancelled is None else _finish(pending))
-        except BaseException as exc:  # noqa: BLE001 - thrown into the code, which handles it
-            if cancelled is None and isinstance(exc, asyncio.CancelledError):
-                cancelled = exc
-            pending = bridge.throw(exc)
-        else:
-            pending = bridge.switch(value)
+    deferred: list[asyncio.CancelledError] = []
+    try:
+        pending: Any = bridge.switch(*args)
+        cancelled: BaseException | None = None
+        while not bridge.dead:
+            try:
+                if cancelled is None and not shielded:
+                    value = await pending
+                else:
+                    value = await _finish(pending, deferred if shielded else None)
+            except BaseException as exc:  # noqa: BLE001 - thrown into the code, which handles it
+                if cancelled is None and isinstance(exc, asyncio.CancelledError):
+                    cancelled = exc
+                pending = bridge.throw(exc)
+            else:
+                pending = bridge.switch(value)
+    except BaseException as exc:
+        if deferred:
+            raise deferred[0] from exc
+        raise
+    if deferred:
+        raise deferred[0]
     return cast(T, pending)
 
 
-async def _finish(awaitable: Awaitable[T]) -> T:
-    """Await ``awaitable`` to its end although the task is cancelled again meanwhile: the
-    cleanup after a cancellation runs to completion."""
+async def _finish(
+    awaitable: Awaitable[T], cancels: list[asyncio.CancelledError] | None = None
+) -> T:
+    """Await ``awaitable`` to its end although the task is cancelled meanwhile (the cleanup
+    after a cancellation, a shielded call, runs to completion); ``cancels`` collects those
+    cancellations."""
     future = asyncio.ensure_future(awaitable)
     while True:
         try:
             return await asyncio.shield(future)
-        except asyncio.CancelledError:
+        except asyncio.CancelledError as exc:
+            if cancels is not None:
+                cancels.append(exc)
             if future.done():
                 return future.result()

@@ -190,15 +190,21 @@ class LoopRuntime:
     def owner_label(self) -> str:
         return f"task-{self.owner_serial()}"
 
-    def offload(self, fn: Callable[..., T], *args: Any) -> T:
+    def offload(
+        self, fn: Callable[..., T], *args: Any, discard: Callable[[T], None] | None = None
+    ) -> T:
         """Run ``fn(*args)`` on a worker thread. A cancellation waits for it to finish (it
-        cannot be stopped, and it may be using a connection), then propagates."""
+        cannot be stopped, and it may be using a connection), hands what it returned to
+        ``discard`` (a connection it opened, which nobody would otherwise close), then
+        propagates."""
         future = asyncio.ensure_future(asyncio.to_thread(fn, *args))
         try:
             return await_(asyncio.shield(future))
         except asyncio.CancelledError:
             with contextlib.suppress(BaseException):
-                await_(future)
+                made = await_(future)
+                if discard is not None:
+                    discard(made)
             raise
 
     def jobs(self, name: str) -> Jobs:

@@ -57,7 +57,9 @@ class Runtime(Protocol):
     def mutex(self) -> AbstractContextManager[Any]: ...
     def owner_serial(self) -> int: ...
     def owner_label(self) -> str: ...
-    def offload(self, fn: Callable[..., T], *args: Any) -> T: ...
+    def offload(
+        self, fn: Callable[..., T], *args: Any, discard: Callable[[T], None] | None = None
+    ) -> T: ...
     def jobs(self, name: str) -> Jobs: ...
     def loop_running(self) -> bool: ...
 
@@ -108,8 +110,10 @@ class Threads:
     def owner_label(self) -> str:
         return str(threading.get_ident())
 
-    def offload(self, fn: Callable[..., T], *args: Any) -> T:
-        return fn(*args)
+    def offload(
+        self, fn: Callable[..., T], *args: Any, discard: Callable[[T], None] | None = None
+    ) -> T:
+        return fn(*args)  # on the caller's thread: nothing can be left half done
 
     def jobs(self, name: str) -> Jobs:
         return Scheduler(name)

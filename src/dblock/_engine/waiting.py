@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Any
 
 from .._errors import BackendError
 from .._timing import HEAD_POLL, Backoff, head_backoff, reset_deadline, set_deadline
@@ -203,6 +204,18 @@ class Acquisition:
             log.warning("could not end the interrupted grant of %r: %s", spec.key, exc)
 
     # -- queue upkeep -------------------------------------------------------------------------
+    def _queueing(self, call: Call) -> Steps[Any]:
+        """Run a statement that makes or refreshes our queue entry. Interrupted in flight (an
+        asyncio cancellation, Ctrl-C), it may have made the entry anyway: it counts as made,
+        so leaving the queue removes it rather than leave it for its lease to end."""
+        try:
+            result = yield call
+        except BaseException as exc:
+            if not isinstance(exc, Exception):
+                self.entry.made = True
+            raise
+        return result
+
     def _keep_queued(self) -> Steps[bool]:
         """Make our queue entry, or refresh it when due; True if we should try again now."""
         entry = self.entry
@@ -215,14 +228,18 @@ class Acquisition:
         if entry.written_at is None:
             # the lock may be handed to a plain lock's waiter that hears of releases
             lease = self.spec.ttl if sub is not None and sub.live and self.queue == "lock" else None
-            yield Call("enqueue", (self.spec.key, self.owner, self.queue, QUEUE_TTL, lease))
+            yield from self._queueing(
+                Call("enqueue", (self.spec.key, self.owner, self.queue, QUEUE_TTL, lease))
+            )
             entry.written(sent)
             # a release between our first try and our subscription was not announced to us:
             # look once more (where a look is a write, the probe before the next try does),
             # unless the subscription wakes for a release that came before its first wait
             latched = sub is not None and sub.latched
             return not self.traits.probe_before_try and not latched
-        kept = yield Call("requeue", (self.spec.key, self.owner, self.queue, QUEUE_TTL))
+        kept = yield from self._queueing(
+            Call("requeue", (self.spec.key, self.owner, self.queue, QUEUE_TTL))
+        )
         if not kept:
             # Our entry is gone: the lock was handed to us (its notification is late or lost,
             # and our own try takes it), or we were paused until the entry expired and was
@@ -251,7 +268,9 @@ class Acquisition:
             token = yield from self._granting(
                 Call("acquire_or_enqueue", (spec.key, self.owner, spec.ttl, QUEUE_TTL))
             )
-        except BaseException:
+        except BaseException as exc:
+            if not isinstance(exc, Exception):
+                self.entry.made = True  # it may have queued us: leaving removes the entry
             yield Unsubscribe(subscription)
             raise
         if token is None:

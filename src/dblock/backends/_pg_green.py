@@ -49,6 +49,10 @@ class GreenConnection:
         return cls(await_(psycopg.AsyncConnection.connect(**options)))
 
     @property
+    def info(self) -> Any:
+        return self._conn.info
+
+    @property
     def pgconn(self) -> Any:
         return self._conn.pgconn
 

@@ -34,7 +34,7 @@ from typing import Any, cast
 import psycopg
 
 from .. import _forksafe
-from .._errors import ConfigurationError
+from .._errors import ConfigurationError, DBLockError
 from .._runtime import THREADS
 from .._types import Kind, LockInfo
 from .._url import MAX_URL_TIMEOUT, DatabaseURL, scrub, scrub_exception, url_number
@@ -122,9 +122,16 @@ class PostgresBackend(
         # (key, owner) -> the key's join count when owner took it as a newcomer
         self._quiet: dict[tuple[str, str], int] = {}
         self._quiet_lock = _forksafe.lock()
+        #: id(connection) -> its server process (a closed connection no longer tells it)
+        self._pids: dict[int, int] = {}
 
     # -- connections ----------------------------------------------------------------------
     def _connect(self) -> psycopg.Connection[Any]:
+        conn = self._open_connection()
+        self._pids[id(conn)] = conn.info.backend_pid
+        return conn
+
+    def _open_connection(self) -> psycopg.Connection[Any]:
         try:
             if self.rt is not THREADS:
                 from ._pg_green import GreenConnection
@@ -151,8 +158,24 @@ class PostgresBackend(
         return ConfigurationError(f"invalid PostgreSQL URL parameter in {self.safe_url}: {detail}")
 
     def _close_connection(self, conn: psycopg.Connection[Any]) -> None:
+        self._pids.pop(id(conn), None)
         with contextlib.suppress(psycopg.Error):
             conn.close()
+
+    def _interrupted(self, conn: psycopg.Connection[Any]) -> None:
+        """psycopg answers an interruption by asking the server to cancel the statement and
+        waiting for it to end; interrupted again meanwhile, it closes the connection without
+        knowing. The server does not notice a closed client while a statement waits for a
+        lock: once it gets the lock the statement commits, a grant nobody knows of. End that
+        server process first (waiting until it has exited), so what it did is settled before
+        the acquire looks for a grant to undo."""
+        pid = self._pids.get(id(conn))
+        if pid is None or not (conn.closed or conn.broken):
+            return  # the statement ended, cancelled or done: the connection still answers
+        try:
+            self.run("ending an interrupted statement", lambda c: _terminate(c, pid))
+        except DBLockError as exc:
+            log.warning("could not end the interrupted statement of process %s: %s", pid, exc)
 
     def _classify(self, exc: BaseException) -> Failure | None:
         if not isinstance(exc, psycopg.Error):
@@ -439,6 +462,14 @@ class _Listener(Listener):
                 conn_, self._conn = self._conn, None
                 if conn_ is not None:
                     self._backend._close_connection(conn_)
+
+
+def _terminate(conn: psycopg.Connection[Any], pid: int) -> None:
+    """End server process ``pid``; from PostgreSQL 14 on, return once it has exited."""
+    if conn.info.server_version >= 140000:
+        conn.execute("SELECT pg_terminate_backend(%s, 5000)", (pid,))
+    else:
+        conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
 
 
 def _shutdown(fd: int) -> None:

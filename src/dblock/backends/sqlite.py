@@ -396,11 +396,19 @@ class SqliteBackend(
     def subscribe(self, key: str, owner: str, queue: str | None = None) -> Subscription:
         if not self._watches.acquire(blocking=False):
             return Sleeper(self.rt.event())  # max_connections waiters watch already: it polls
+        conn = None
         try:
-            return _ChangeWatch(self.rt.offload(self._connect), self._watches, self.rt)
-        except (sqlite3.Error, DeadlinePassed):
+            conn = self.rt.offload(self._connect, discard=self._close_connection)
+            return _ChangeWatch(conn, self._watches, self.rt)
+        except BaseException as exc:
+            # a cancellation too: the watch was never handed out, so nobody else would
+            # close its connection or give its place back
+            if conn is not None:
+                self._close_connection(conn)
             self._watches.release()
-            return Sleeper(self.rt.event())
+            if isinstance(exc, (sqlite3.Error, DeadlinePassed)):
+                return Sleeper(self.rt.event())
+            raise
 
     # -- dialect hooks for the multi-holder operations ------------------------------------
     def _exec(self, conn: sqlite3.Connection, sql: str, params: dict[str, Any]) -> tuple[int, Rows]:

@@ -126,6 +126,12 @@ class SqlBackend(Store, Generic[C]):
     def _reset(self, conn: C) -> None:
         """Bring a connection back to a clean state after a failed statement."""
 
+    def _interrupted(self, conn: C) -> None:
+        """A statement on ``conn`` was interrupted (a cancellation, Ctrl-C) and ``conn`` is
+        about to be closed: make sure the statement is not still running in the server,
+        where it could commit later (a grant nobody would know of). Nothing to do where the
+        interruption waited for the statement to end."""
+
     @abstractmethod
     def _abort(self, conn: C) -> None:
         """Make a statement blocked on ``conn`` fail now (called from the watchdog thread)."""
@@ -148,7 +154,11 @@ class SqlBackend(Store, Generic[C]):
                 self._turns.append(turn)
         if turn is not None:
             wait, cut = bounded_wait(MAINTENANCE_DEADLINE)
-            turn.ready.wait(wait)
+            try:
+                turn.ready.wait(wait)
+            except BaseException:  # a cancellation, Ctrl-C: what it was given goes on
+                self._leave_line(turn)
+                raise
             with self._pool_lock:
                 if turn.conn is not None:
                     return turn.conn
@@ -167,10 +177,26 @@ class SqlBackend(Store, Generic[C]):
                         "raise max_connections"
                     )
         try:
-            return self.rt.offload(self._connect) if self.blocking_driver else self._connect()
+            if self.blocking_driver:
+                return self.rt.offload(self._connect, discard=self._close_connection)
+            return self._connect()
         except BaseException:
             self._forget(1)
             raise
+
+    def _leave_line(self, turn: _Turn[C]) -> None:
+        """``turn``'s waiter was interrupted: out of the line, and a connection or room it
+        was given passes to the next one, or it would be lost to the pool for good."""
+        with self._pool_lock:
+            conn, room = turn.conn, turn.room
+            turn.conn, turn.room = None, False
+            if conn is None and not room:
+                with contextlib.suppress(ValueError):
+                    self._turns.remove(turn)
+        if conn is not None:
+            self._checkin(conn)
+        elif room:
+            self._forget(1)
 
     def _check_pool(self) -> None:
         """Raise if the client is closed; after a fork, forget the parent's connections."""
@@ -271,6 +297,8 @@ class SqlBackend(Store, Generic[C]):
                         key=key,
                     ) from exc
                 if failure is None:
+                    if not isinstance(exc, Exception):  # a cancellation, Ctrl-C
+                        self._interrupted(conn)
                     self._discard(conn)
                     raise
                 if failure is Failure.DISCONNECT:
