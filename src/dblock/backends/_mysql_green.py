@@ -180,6 +180,10 @@ class GreenConnection:
     def rollback(self) -> None:
         self.call(self._conn.rollback())
 
+    @property
+    def open(self) -> bool:
+        return not self._conn.closed
+
     def thread_id(self) -> int:
         return int(self._conn.thread_id())
 

@@ -36,7 +36,7 @@ from typing import Any, ClassVar
 import pymysql
 from pymysql.constants import CLIENT
 
-from .._errors import ConfigurationError
+from .._errors import ConfigurationError, DBLockError
 from .._runtime import THREADS, Runtime
 from .._types import Kind, LockInfo
 from .._url import MAX_URL_TIMEOUT, DatabaseURL, url_number
@@ -53,6 +53,8 @@ log = logging.getLogger("dblock")
 # (MySQL 4031), commands out of sync after an interrupted read
 _DISCONNECT = {2006, 2013, 2055, 1927, 1053, 4031, 2014, 0}
 _TRANSIENT = {1213, 1205}  # deadlock, lock wait timeout
+_UNKNOWN_THREAD = 1094  # KILL of a session that has already ended
+_SESSION_ALIVE = "SELECT 1 FROM information_schema.PROCESSLIST WHERE ID = %s"
 #: keys this client remembers having found busy (forgotten all at once beyond this many)
 _BUSY_KEYS = 1024
 #: a queue mark seen this much longer than a new entry needs is left alone (clock drift,
@@ -265,6 +267,35 @@ class MysqlBackend(HoldersMixin[Any], FairQueue, SharedHolds, OnceRecords, Wakeu
         if code in _TRANSIENT:
             return Failure.TRANSIENT
         return Failure.FATAL
+
+    def _interrupted(self, conn: Any) -> None:
+        """A statement interrupted (a cancellation, Ctrl-C) may still run in the server, which
+        notices a closed client only when it next reads from it: one waiting for a row lock
+        would get it and commit a grant nobody knows of. So its session is killed from
+        another connection, and gone, before the acquire looks for a grant to undo."""
+        try:
+            session = int(conn.thread_id())
+        except Exception:  # noqa: BLE001 - never connected: nothing runs in the server
+            return
+        try:
+            self.run("ending an interrupted statement", lambda c: self._kill(c, session))
+        except DBLockError as exc:
+            log.warning("could not end the interrupted statement of session %s: %s", session, exc)
+
+    def _kill(self, conn: Any, session: int) -> None:
+        """KILL ``session`` and wait (briefly) until the server has ended it."""
+        with conn.cursor() as cur:
+            try:
+                cur.execute("KILL %s", (session,))
+            except pymysql.err.MySQLError as exc:
+                if not exc.args or exc.args[0] != _UNKNOWN_THREAD:
+                    raise
+                return  # already gone
+            for _ in range(100):  # a killed statement ends at its next check, within ms
+                cur.execute(_SESSION_ALIVE, (session,))
+                if cur.fetchone() is None:
+                    return
+                self.rt.sleep(0.01)
 
     def _abort(self, conn: Any) -> None:
         if self._green is not None:
