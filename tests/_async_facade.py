@@ -191,8 +191,8 @@ class _Caller:
             value = await make()
         except BaseException as exc:
             reply.put(("error", exc))
-            if isinstance(exc, asyncio.CancelledError) and _cancelling():
-                raise
+            if isinstance(exc, asyncio.CancelledError):
+                raise  # the caller is being ended (shutdown); the thread's next call makes one
         else:
             reply.put(("ok", value))
         finally:
@@ -212,11 +212,6 @@ class _Caller:
                     raise result
                 return result  # type: ignore[no-any-return]
             await self._handle(item)
-
-
-def _cancelling() -> bool:
-    task = asyncio.current_task()
-    return task is not None and task.cancelling() > 0
 
 
 class _Seat:
