@@ -15,7 +15,7 @@ def session_ids(client: dblock.Client) -> list[int]:
     ids = []
     for conn in list(backend._idle):
         if client.dialect == "postgresql":
-            ids.append(conn.info.backend_pid)
+            ids.append(conn.pgconn.backend_pid)  # a psycopg connection, or its async adapter
         elif client.dialect == "mysql":
             ids.append(conn.thread_id())
     return ids

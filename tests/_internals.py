@@ -2,7 +2,9 @@
 
 Tests that must reach the store behind a :class:`dblock.Client` (its contract operations, its
 pool, a fault seam) go through :func:`store_of`, so that renaming the attribute in the core
-is a one-line change here.
+is a one-line change here. :func:`store_call` runs one of the store's operations the way the
+client itself would: directly for a blocking client, in a greenlet on the loop for the async
+one (tests/_async_facade.py), whose store awaits its I/O.
 """
 
 from __future__ import annotations
@@ -79,3 +81,13 @@ def _closed(conn: Any) -> bool:
     if hasattr(conn, "closed"):  # psycopg (and its green adapter)
         return bool(conn.closed)
     return not conn.open  # PyMySQL
+
+
+def store_call(client: dblock.Client, operation: str, *args: Any) -> Any:
+    """``store_of(client).<operation>(*args)``, run as the client runs its store's code."""
+    from tests._async_facade import Client as Facade
+
+    method = getattr(store_of(client), operation)
+    if isinstance(client, Facade):
+        return client.run_green(method, *args)
+    return method(*args)

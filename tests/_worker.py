@@ -4,15 +4,21 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 import time
 
 import dblock
 
+if os.environ.get("DBLOCK_TEST_CLIENT") == "async":  # the contract suite's [async] runs
+    from tests._async_facade import connect
+else:
+    connect = dblock.connect
+
 
 def count(url: str, table: str, key: str, n: str, counter: str, log: str) -> None:
     """Increment a counter file n times with a non-atomic read-modify-write under the lock."""
-    with dblock.connect(url, table=table) as client, open(log, "a") as out:
+    with connect(url, table=table) as client, open(log, "a") as out:
         for _ in range(int(n)):
             with client.lock(key, ttl=30, timeout=120) as lock:
                 start = time.monotonic_ns()
@@ -47,7 +53,7 @@ def acount(url: str, table: str, key: str, n: str, counter: str, log: str) -> No
 
 def hold(url: str, table: str, key: str, ttl: str) -> None:
     """Acquire, report, wait for 'go' on stdin, then renew and release and report both."""
-    with dblock.connect(url, table=table) as client:
+    with connect(url, table=table) as client:
         lock = client.lock(key, ttl=float(ttl))
         assert lock.acquire(timeout=30)
         print(json.dumps({"token": lock.token, "owner": lock.owner}), flush=True)
@@ -65,13 +71,13 @@ def hold(url: str, table: str, key: str, ttl: str) -> None:
 def schema(url: str, table: str, start_at: str) -> None:
     """Create the schema at a given wall-clock moment (many processes at once)."""
     time.sleep(max(0.0, float(start_at) - time.time()))
-    with dblock.connect(url, table=table) as client, client.lock("created"):
+    with connect(url, table=table) as client, client.lock("created"):
         print("ok", flush=True)
 
 
 def once(url: str, table: str, key: str, start_at: str, work: str) -> None:
     """At a given moment, run a once-block that sleeps ``work`` s; print what happened."""
-    with dblock.connect(url, table=table) as client:
+    with connect(url, table=table) as client:
         time.sleep(max(0.0, float(start_at) - time.time()))
         try:
             with client.once(key, ttl=30):
@@ -83,14 +89,14 @@ def once(url: str, table: str, key: str, start_at: str, work: str) -> None:
 
 def once_crash(url: str, table: str, key: str, ttl: str) -> None:
     """Claim a once-record, report, then wait to be killed."""
-    with dblock.connect(url, table=table) as client, client.once(key, ttl=float(ttl)):
+    with connect(url, table=table) as client, client.once(key, ttl=float(ttl)):
         print("claimed", flush=True)
         time.sleep(600)
 
 
 def scheduled(url: str, table: str, name: str, start_at: str, at_least: str = "3") -> None:
     """Fire a scheduled job (at_most 30 s, ``at_least`` s) at a given moment."""
-    with dblock.connect(url, table=table) as client:
+    with connect(url, table=table) as client:
 
         @client.scheduled(name, at_most=30, at_least=float(at_least))
         def job() -> str:
@@ -102,7 +108,7 @@ def scheduled(url: str, table: str, name: str, start_at: str, at_least: str = "3
 
 def fair(url: str, table: str, key: str, idx: str, timeout: str) -> None:
     """Wait for a fair lock; print "<idx> <token>" once had (or "<idx> timeout")."""
-    with dblock.connect(url, table=table) as client:
+    with connect(url, table=table) as client:
         lock = client.lock(key, ttl=30, fair=True)
         if not lock.acquire(timeout=float(timeout)):
             print(idx, "timeout", flush=True)
@@ -114,7 +120,7 @@ def fair(url: str, table: str, key: str, idx: str, timeout: str) -> None:
 
 def rw(url: str, table: str, key: str, mode: str, hold: str, count: str, log: str) -> None:
     """Take read or write holds ``count`` times for ``hold`` s; log "<mode> <start> <end>"."""
-    with dblock.connect(url, table=table) as client, open(log, "a") as out:
+    with connect(url, table=table) as client, open(log, "a") as out:
         lock = client.rwlock(key, ttl=30, timeout=120)
         for _ in range(int(count)):
             with lock.read_lock() if mode == "read" else lock.write_lock():
@@ -127,7 +133,7 @@ def rw(url: str, table: str, key: str, mode: str, hold: str, count: str, log: st
 
 def sem(url: str, table: str, key: str, permits: str, hold: str, count: str, log: str) -> None:
     """Take a permit ``count`` times for ``hold`` s; log "<start> <end>"."""
-    with dblock.connect(url, table=table) as client, open(log, "a") as out:
+    with connect(url, table=table) as client, open(log, "a") as out:
         semaphore = client.semaphore(key, int(permits), ttl=30, timeout=120)
         for _ in range(int(count)):
             with semaphore:
@@ -140,7 +146,7 @@ def sem(url: str, table: str, key: str, permits: str, hold: str, count: str, log
 
 def sem_hold(url: str, table: str, key: str, permits: str, ttl: str) -> None:
     """Take one permit with a short ttl, report, then wait to be killed."""
-    with dblock.connect(url, table=table) as client:
+    with connect(url, table=table) as client:
         semaphore = client.semaphore(key, int(permits), ttl=float(ttl))
         assert semaphore.acquire(timeout=30)
         print(semaphore.token, flush=True)

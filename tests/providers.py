@@ -29,6 +29,17 @@ provider and what a test may do to it:
 ``advisory``   the database has session advisory locks of its own (the demo's strategy 7)
 ``handover``   a release hands the lock straight to the head waiter (it holds the lock
                before it runs again)
+``blocking``   the test's clients are blocking ``dblock.Client`` objects (the ``[sync]`` runs)
+
+Every provider runs in two client modes (``mode``): ``[sync]``, where ``connect`` returns a
+blocking ``dblock.Client``, and ``[async]``, where it returns a blocking facade over an
+``AsyncClient`` (tests/_async_facade.py), each thread of the test being one asyncio task,
+and the worker processes of tests/_worker.py use the async client too. The same test thus
+proves each behaviour of both APIs. A test that only the blocking client can mean declares
+``needs("blocking")`` and is skipped in the ``[async]`` runs: it forks, calls the blocking
+API on a thread that runs an event loop, or has no client of its own in the test process
+(the CLI, the demo, the chaos soak, inline scripts that use ``dblock.connect``), so an async
+run would repeat the sync one.
 
 Adding a store: its module, one entry in PROVIDERS, a CI service line.
 """
@@ -81,8 +92,12 @@ HARNESS_CAPABILITIES = frozenset(
         "durable",
         "handover",
         "advisory",
+        "blocking",
     }
 )
+#: the client modes of every contract test: ``provider.connect`` gives a blocking client, or
+#: a blocking facade over the async client
+CLIENT_MODES = ("sync", "async")
 _SQL_STORE = frozenset({"url", "processes", "cli", "sql", "outage", "pool", "durable"})
 _SERVER = frozenset({"server", "restart"})
 
@@ -131,6 +146,8 @@ class Provider:
 
     entry: Entry
     url: str | None
+    #: "sync": ``connect`` gives a ``dblock.Client``; "async": a facade over an AsyncClient
+    mode: str = "sync"
     _state: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -139,7 +156,7 @@ class Provider:
 
     @property
     def capabilities(self) -> frozenset[str]:
-        return self.entry.capabilities
+        return self.entry.capabilities | ({"blocking"} if self.mode == "sync" else set())
 
     @property
     def dialect(self) -> str | None:
@@ -158,11 +175,20 @@ class Provider:
         assert not unknown, f"unknown capabilities {sorted(unknown)}"
         missing = sorted(set(capabilities) - self.capabilities)
         if missing:
-            pytest.skip(f"provider {self.name} lacks {', '.join(missing)}")
+            pytest.skip(f"provider {self.name} [{self.mode}] lacks {', '.join(missing)}")
 
     def connect(self, table: str, **kw: Any) -> dblock.Client:
         """A new client of the store's lock table ``table``; two clients of one provider
-        contend like two processes."""
+        contend like two processes. In the async mode, a blocking facade over an async
+        client (tests/_async_facade.py) with the same surface."""
+        if self.mode == "async":
+            from tests._async_facade import Client as Facade
+
+            return Facade(lambda: self.connect_async(table, **kw))  # type: ignore[return-value]
+        return self.connect_blocking(table, **kw)
+
+    def connect_blocking(self, table: str, **kw: Any) -> dblock.Client:
+        """A new blocking client, whatever the mode."""
         if self.entry.make_client is not None:
             return self.entry.make_client(self._state, table, kw)
         assert self.url is not None
@@ -545,16 +571,16 @@ PROVIDERS: tuple[Entry, ...] = (
 )
 
 
-def bind(entry: Entry, tmp: Path) -> Provider:
-    """``entry`` for one test (``tmp``: a fresh directory of the test's): skips the test if
-    the store is unreachable or unavailable here."""
+def bind(entry: Entry, tmp: Path, mode: str = "sync") -> Provider:
+    """``entry`` for one test (``tmp``: a fresh directory of the test's) in client ``mode``:
+    skips the test if the store is unreachable or unavailable here."""
     reason = entry.unavailable()
     if reason is not None:
         pytest.skip(f"provider {entry.name} unavailable: {reason}")
     url = entry.url(tmp)
     if entry.check is not None:
         entry.check(url)
-    return Provider(entry, url)
+    return Provider(entry, url, mode)
 
 
 def fresh_table() -> str:

@@ -5,6 +5,11 @@ bound to this test. A test that needs more than the store contract's required pa
 it with ``@pytest.mark.needs("Capability", ...)`` and is skipped, by capability, where the
 provider lacks it ("provider X lacks Y"); no test here names a store.
 
+Every such test also runs in both client modes, ``[sync]`` and ``[async]`` (``client_mode``):
+``client`` and ``provider.connect`` give a blocking client, or a blocking facade over the async
+client (tests/_async_facade.py), so one test proves a behaviour of both APIs. A test that
+only means something for the blocking client says ``needs("blocking")`` (tests/providers.py).
+
 ``table``, ``client`` and ``db_url`` are this directory's versions of the root fixtures, made
 from ``provider``: ``db_url`` is for what reaches the store by URL from elsewhere (a worker
 process, the CLI) and needs the ``processes`` capability.
@@ -17,12 +22,33 @@ from collections.abc import Iterator
 import pytest
 
 import dblock
-from tests.providers import PROVIDERS, Provider, bind, fresh_table
+from tests.providers import CLIENT_MODES, PROVIDERS, Provider, bind, fresh_table
+
+
+@pytest.fixture(params=CLIENT_MODES)
+def client_mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """The client the test drives; in the async mode the worker processes
+    (tests/_worker.py) use the async client too, and afterwards nothing may be left running
+    on the facade's event loop."""
+    mode = str(request.param)
+    if mode == "sync":
+        yield mode
+        return
+    from tests import _async_facade
+
+    monkeypatch.setenv("DBLOCK_TEST_CLIENT", "async")
+    try:
+        yield mode
+    finally:
+        left = _async_facade.shutdown()
+    assert not left, f"left running by the async client: {left}"
 
 
 @pytest.fixture(params=PROVIDERS, ids=[entry.name for entry in PROVIDERS])
-def provider(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Provider:
-    bound = bind(request.param, tmp_path_factory.mktemp("db"))
+def provider(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, client_mode: str
+) -> Provider:
+    bound = bind(request.param, tmp_path_factory.mktemp("db"), client_mode)
     for marker in request.node.iter_markers("needs"):
         bound.require(*marker.args)
     return bound

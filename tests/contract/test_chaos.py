@@ -61,7 +61,7 @@ def run_chaos(cmd: list[str]) -> tuple[int, str, str]:
 
 
 @pytest.mark.slow
-@pytest.mark.needs("processes")
+@pytest.mark.needs("processes", "blocking")  # chaos.py's workers: no client of the test's
 @pytest.mark.timeout(CHAOS_TIMEOUT + 120)
 def test_soak(provider: Provider, db_url: str, tmp_path: Path) -> None:
     restarts = RESTART and provider.has("restart")
@@ -174,14 +174,14 @@ def proxy(provider: Provider) -> Iterator[tuple[str, FreezingProxy]]:
 
 @pytest.mark.slow
 def test_acquire_timeout_holds_when_the_network_freezes(
-    proxy: tuple[str, FreezingProxy],
+    provider: Provider, proxy: tuple[str, FreezingProxy]
 ) -> None:
     url, p = proxy
     done = threading.Event()
     result: dict[str, Any] = {}
 
     def scenario() -> None:
-        with dblock.connect(url, table="chaos_freeze") as client:
+        with provider.connect(table="chaos_freeze", url=url) as client:
             lock = client.lock("k", ttl=5)
             assert lock.acquire(timeout=2)
             lock.release()

@@ -21,7 +21,8 @@ from dblock.demo import main
 from tests._servers import demo_tables, raw_connect
 from tests.providers import Provider
 
-pytestmark = pytest.mark.needs("processes", "sql")
+# the demo's workers are its own processes: no client of the test's
+pytestmark = pytest.mark.needs("processes", "sql", "blocking")
 
 SMALL = ["--workers", "3", "--stock", "30", "--seed", "7"]
 

@@ -13,7 +13,7 @@ import pytest
 import dblock
 from dblock._engine import QUEUE_TTL
 from dblock.backends.sql.names import aux_name
-from tests._internals import store_of
+from tests._internals import store_call
 from tests._waiting import until
 from tests.providers import Provider
 
@@ -117,10 +117,10 @@ def test_a_newcomer_does_not_barge_past_waiters(
 ) -> None:
     holder = client.lock(key, fair=fair)
     holder.acquire()
-    store_of(client).enqueue(key, "someone-waiting", "lock", 30)
+    store_call(client, "enqueue", key, "someone-waiting", "lock", 30)
     holder.release()
     assert not client.lock(key, fair=fair).acquire(blocking=False)
-    store_of(client).dequeue(key, "someone-waiting")
+    store_call(client, "dequeue", key, "someone-waiting")
     assert client.lock(key, fair=fair).acquire(blocking=False)
 
 

@@ -17,8 +17,9 @@ from tests.providers import Provider
 
 pytestmark = [
     pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()"),
-    # a forked child reaches the locks through the store as another process would
-    pytest.mark.needs("processes"),
+    # a forked child reaches the locks through the store as another process would; a fork
+    # takes only the calling thread, not the async client's event loop
+    pytest.mark.needs("processes", "blocking"),
 ]
 
 

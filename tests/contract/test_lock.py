@@ -39,7 +39,7 @@ def test_acquire_release_and_state(client: dblock.Client, key: str) -> None:
     assert client.info(key) is None
 
 
-def test_owner_identity_format(client: dblock.Client, key: str) -> None:
+def test_owner_identity_format(client: dblock.Client, provider: Provider, key: str) -> None:
     import os
     import socket
 
@@ -47,8 +47,17 @@ def test_owner_identity_format(client: dblock.Client, key: str) -> None:
         host, pid, thread, rand = lock.owner.split(":")
         assert host == socket.gethostname()[:64]
         assert int(pid) == os.getpid()
-        assert int(thread) == threading.get_ident()
         assert len(rand) >= 8
+        if provider.has("blocking"):  # the async client names the task: "task-<n>"
+            assert int(thread) == threading.get_ident()
+    # <thread> names the owner: the same for this thread's next hold, another for another's
+    with client.lock(key + "2") as again:
+        assert again.owner.split(":")[2] == thread
+    others: list[str] = []
+    elsewhere = threading.Thread(target=lambda: others.append(client.lock(key).owner))
+    elsewhere.start()
+    elsewhere.join()
+    assert others and others[0].split(":")[2] != thread
 
 
 @pytest.mark.parametrize("odd", KEYS_THAT_MUST_SURVIVE)

@@ -174,6 +174,7 @@ def _blocking_paths(client: dblock.Client, key: str) -> dict[str, object]:
     }
 
 
+@pytest.mark.needs("blocking")  # the blocking API on a loop's own thread
 def test_blocking_api_refuses_to_run_on_an_event_loop(client: dblock.Client, key: str) -> None:
     paths = _blocking_paths(client, key)
 
@@ -198,6 +199,7 @@ def test_blocking_api_refuses_to_run_on_an_event_loop(client: dblock.Client, key
         pass
 
 
+@pytest.mark.needs("blocking")  # the blocking API on a loop's own thread
 def test_many_coroutines_never_share_a_lock_silently(client: dblock.Client, key: str) -> None:
     """The issue's scenario: a `with client.lock(key)` in concurrent handlers. Each handler
     gets the error at once; none enters, and the loop is never blocked."""
@@ -341,7 +343,7 @@ _LOOP_WORKER = textwrap.dedent(
 )
 
 
-@pytest.mark.needs("processes")
+@pytest.mark.needs("processes", "blocking")  # its clients are sync scripts in other processes
 def test_to_thread_critical_sections_exclude_across_processes(
     db_url: str, table: str, key: str, tmp_path: Path
 ) -> None:

@@ -145,7 +145,8 @@ _WORKER = textwrap.dedent(
 )
 
 
-@pytest.mark.needs("SharedHolds", "OnceRecords", "processes")
+# its clients are sync scripts in other processes
+@pytest.mark.needs("SharedHolds", "OnceRecords", "processes", "blocking")
 def test_processes_mixing_kinds_never_overlap_wrongly(
     db_url: str, table: str, key: str, tmp_path: Path
 ) -> None:

@@ -246,6 +246,21 @@ def test_locked_on_methods_and_busy_raises_timeout(client: dblock.Client) -> Non
             Account("A-7").debit()
 
 
+def test_locked_body_runs_as_its_callers_owner(client: dblock.Client, key: str) -> None:
+    @client.locked("{name}", timeout=0)
+    def job(name: str) -> tuple[bool, bool, int | None]:
+        inner = client.lock(name)  # the caller holds it: it re-enters, with the same token
+        entered = inner.acquire(blocking=False)
+        token = inner.token
+        inner.release()
+        return entered, client.lock(name, reentrant=False).acquire(blocking=False), token
+
+    entered, again, token = job(key)
+    assert (entered, again) == (True, False)
+    assert token is not None
+    assert client.info(key) is None  # released once the call returned
+
+
 @pytest.mark.parametrize("template", ["x:{missing}", "x:{0}", "x:{}"])
 def test_locked_bad_template_fails_at_decoration(client: dblock.Client, template: str) -> None:
     with pytest.raises(dblock.ConfigurationError):

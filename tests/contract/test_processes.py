@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import dblock
-from tests._internals import store_of
+from tests._internals import store_call
 from tests.providers import Provider
 
 pytestmark = [pytest.mark.slow, pytest.mark.needs("processes")]
@@ -156,7 +156,7 @@ def _line(proc: subprocess.Popen[str], timeout: float) -> str | None:
 def _waiters(client: dblock.Client, key: str, n: int) -> None:
     """Wait until ``n`` waiters queue for ``key``."""
     deadline = time.monotonic() + 20
-    while store_of(client).probe(key, "nobody")[1] < n:
+    while store_call(client, "probe", key, "nobody")[1] < n:
         assert time.monotonic() < deadline, f"{n} waiters never queued"
         time.sleep(0.05)
 

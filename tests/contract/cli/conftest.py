@@ -1,5 +1,6 @@
 """The real ``dblock`` command in subprocesses, against each provider with the ``cli``
-capability (the helpers are tests/cli's)."""
+capability (the helpers are tests/cli's). The command is the blocking client's: these tests
+need ``blocking`` (they are not repeated with the async client)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,11 @@ from tests.cli.conftest import WAIT, Dblock, alive, finish, wait_for
 from tests.providers import Provider
 
 __all__ = ["WAIT", "Dblock", "alive", "finish", "wait_for"]
+
+
+@pytest.fixture(autouse=True)
+def _blocking_only(provider: Provider) -> None:
+    provider.require("blocking")
 
 
 @pytest.fixture
