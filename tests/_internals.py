@@ -13,6 +13,7 @@ import sqlite3
 from typing import Any
 
 import dblock
+from dblock.backends.sql.base import SqlBackend
 
 
 def store_of(client: dblock.Client | dblock.AsyncClient) -> Any:
@@ -42,8 +43,9 @@ class ConnectionTracker:
         self._store = store = store_of(client)
         self._made: list[Any] = []
         self.peak = 0
-        connect = getattr(store, "_connect", None)
-        if connect is None:  # a store without connections
+        # a store with a pool of its own (SQL); redis-py keeps its connections itself
+        connect = store._connect if isinstance(store, SqlBackend) else None
+        if connect is None:  # a store without connections of its own
             return
 
         def tracked() -> Any:

@@ -30,6 +30,8 @@ provider and what a test may do to it:
 ``handover``   a release hands the lock straight to the head waiter (it holds the lock
                before it runs again)
 ``blocking``   the test's clients are blocking ``dblock.Client`` objects (the ``[sync]`` runs)
+``asyncio``    the store serves the async client (``dblock.connect_async``): the ``[async]``
+               runs, and the async-only tests, need it
 
 Every provider runs in two client modes (``mode``): ``[sync]``, where ``connect`` returns a
 blocking ``dblock.Client``, and ``[async]``, where it returns a blocking facade over an
@@ -93,6 +95,7 @@ HARNESS_CAPABILITIES = frozenset(
         "handover",
         "advisory",
         "blocking",
+        "asyncio",
     }
 )
 #: the client modes of every contract test: ``provider.connect`` gives a blocking client, or
@@ -117,6 +120,8 @@ class Entry:
     check: Callable[[str | None], None] | None = None
     #: the server's port when the URL names none (capability "server")
     default_port: int | None = None
+    #: the store serves the async client (harness capability "asyncio")
+    serves_async: bool = True
     #: the store's SQL identifier quote and parameter marker (capability "sql")
     q: str = '"'
     mark: str = "%s"
@@ -156,7 +161,8 @@ class Provider:
 
     @property
     def capabilities(self) -> frozenset[str]:
-        return self.entry.capabilities | ({"blocking"} if self.mode == "sync" else set())
+        mode = {"blocking"} if self.mode == "sync" else set()
+        return self.entry.capabilities | mode | ({"asyncio"} if self.entry.serves_async else set())
 
     @property
     def dialect(self) -> str | None:
@@ -558,6 +564,7 @@ PROVIDERS: tuple[Entry, ...] = (
         check=_check("redis"),
         private=_private_redis,
         kill_tagged=_redis_kill_tagged,
+        serves_async=False,  # connect_async refuses Redis URLs for now (see RedisBackend)
     ),
     Entry(
         name="memory",

@@ -58,6 +58,8 @@ async def spawn(fn: Callable[..., T], *args: Any, shielded: bool = False) -> T:
     """
     bridge = _Bridge(fn, getcurrent())
     deferred: list[asyncio.CancelledError] = []
+    task = asyncio.current_task()
+    requests = _cancelling(task)
     try:
         pending: Any = bridge.switch(*args)
         cancelled: BaseException | None = None
@@ -68,11 +70,17 @@ async def spawn(fn: Callable[..., T], *args: Any, shielded: bool = False) -> T:
                 else:
                     value = await _finish(pending, deferred if shielded else None)
             except BaseException as exc:  # noqa: BLE001 - thrown into the code, which handles it
+                exc = _as_thrown(exc, cancelled, None if shielded else (task, requests))
                 if cancelled is None and isinstance(exc, asyncio.CancelledError):
                     cancelled = exc
                 pending = bridge.throw(exc)
             else:
-                pending = bridge.switch(value)
+                lost = None if cancelled or shielded else _lost_cancellation(task, requests)
+                if lost is not None:
+                    cancelled = lost
+                    pending = bridge.throw(lost)
+                else:
+                    pending = bridge.switch(value)
     except BaseException as exc:
         if deferred:
             raise deferred[0] from exc
@@ -80,6 +88,45 @@ async def spawn(fn: Callable[..., T], *args: Any, shielded: bool = False) -> T:
     if deferred:
         raise deferred[0]
     return cast(T, pending)
+
+
+def _as_thrown(
+    exc: BaseException,
+    cancelled: BaseException | None,
+    watch: tuple[asyncio.Task[Any] | None, int] | None,
+) -> BaseException:
+    """What to throw into the code for ``exc``, raised by an awaitable it passed."""
+    if cancelled is not None:
+        if exc.__context__ is None and exc is not cancelled:
+            # raised in the cleanup after the cancellation (greenlet's throw does not chain
+            # it, as a raise in an except block would): the cleanup's callers must still see
+            # the cancellation behind it (see sql.base's retries)
+            exc.__context__ = cancelled
+        return exc
+    if watch is None or isinstance(exc, asyncio.CancelledError):
+        return exc
+    return _lost_cancellation(*watch, exc) or exc
+
+
+def _cancelling(task: asyncio.Task[Any] | None) -> int:
+    """The task's pending cancellation requests (0 before Python 3.11, which cannot tell)."""
+    count = getattr(task, "cancelling", None)
+    return int(count()) if count is not None else 0
+
+
+def _lost_cancellation(
+    task: asyncio.Task[Any] | None, requests: int, error: BaseException | None = None
+) -> asyncio.CancelledError | None:
+    """A CancelledError if the task was cancelled since the call began but the awaitable did
+    not raise one: a driver turned it into an error of its own (aiomysql's "Cancelled during
+    execution"), or it was swallowed on the way (``wait_for`` before Python 3.12). The code in
+    the greenlet must learn of it as a cancellation, or it would retry, or carry on, and the
+    cancellation be lost."""
+    if _cancelling(task) <= requests:
+        return None
+    lost = asyncio.CancelledError()
+    lost.__context__ = error
+    return lost
 
 
 async def _finish(

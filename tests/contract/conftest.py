@@ -49,6 +49,8 @@ def provider(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, client_mode: str
 ) -> Provider:
     bound = bind(request.param, tmp_path_factory.mktemp("db"), client_mode)
+    if client_mode == "async":
+        bound.require("asyncio")
     for marker in request.node.iter_markers("needs"):
         bound.require(*marker.args)
     return bound

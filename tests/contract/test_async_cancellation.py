@@ -34,6 +34,10 @@ from tests.contract._async_kit import (
 )
 from tests.providers import Provider
 
+# the async client under test is made here (provider.connect_async); the clients that look
+# from outside are blocking ones: one run per store, the [sync] one
+pytestmark = pytest.mark.needs("blocking", "asyncio")
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -37,6 +37,12 @@ def open_backend(
         ) from exc
     store: Store = getattr(module, class_name)(url, schema, table)
     if runtime is not None:
+        if not store.serves_async:
+            store.close()
+            raise ConfigurationError(
+                f"the {store.name} store does not serve the async client yet: use "
+                "dblock.connect(...) (its calls in a worker thread, e.g. asyncio.to_thread)"
+            )
         store.rt = runtime
     return store
 

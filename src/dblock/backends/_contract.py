@@ -41,6 +41,8 @@ class Store(ABC):
     #: how the store's code waits (sleeps, events, background workers): blocking threads, or
     #: the async client's event loop (set by ``open_backend`` before the store's first use)
     rt: Runtime = THREADS
+    #: the store runs under the async client's runtime (``dblock.connect_async``)
+    serves_async: bool = True
 
     @abstractmethod
     def ensure_schema(self, create: bool) -> None:

@@ -258,7 +258,7 @@ class SqlBackend(Store, Generic[C]):
             self._forget(len(idle))
 
     # -- running ------------------------------------------------------------------------
-    def run(  # noqa: PLR0912 - the retry policy, in one place
+    def run(  # noqa: PLR0912, PLR0915 - the retry policy, in one place
         self,
         what: str,
         fn: Callable[[C], T],
@@ -288,6 +288,16 @@ class SqlBackend(Store, Generic[C]):
                 result = self.rt.offload(fn, conn) if self.blocking_driver else fn(conn)
             except BaseException as exc:
                 self._watchdog.done(ident)
+                interruption = _interruption(exc)
+                if interruption is not None:
+                    # a cancellation or Ctrl-C, maybe followed by a driver error in the
+                    # statement's own cleanup (a rollback on the interrupted connection):
+                    # never retried, and the interruption is what propagates
+                    self._interrupted(conn)
+                    self._discard(conn)
+                    if interruption is exc:
+                        raise
+                    raise interruption from exc
                 failure = self._classify(exc)
                 if watch.aborted:
                     self._discard(conn)
@@ -297,8 +307,6 @@ class SqlBackend(Store, Generic[C]):
                         key=key,
                     ) from exc
                 if failure is None:
-                    if not isinstance(exc, Exception):  # a cancellation, Ctrl-C
-                        self._interrupted(conn)
                     self._discard(conn)
                     raise
                 if failure is Failure.DISCONNECT:
@@ -352,3 +360,16 @@ class SqlBackend(Store, Generic[C]):
 
     def subscribe(self, key: str, owner: str, queue: str | None = None) -> Subscription:
         return Sleeper(self.rt.event())
+
+
+def _interruption(exc: BaseException) -> BaseException | None:
+    """The cancellation or Ctrl-C (a BaseException that is not an Exception) that ``exc`` is,
+    or that it was raised while handling; None if there is none."""
+    seen: BaseException | None = exc
+    for _ in range(8):  # a cleanup's error chain is short
+        if seen is None:
+            return None
+        if not isinstance(seen, Exception):
+            return seen
+        seen = seen.__context__
+    return None
