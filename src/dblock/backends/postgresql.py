@@ -202,24 +202,35 @@ class PostgresBackend(
     def ensure_schema(self, create: bool) -> None:
         required = {"t": MAIN, "s": SEQUENCE, "h": HOLDERS}
 
-        def op(conn: psycopg.Connection[Any]) -> None:
+        def look(conn: psycopg.Connection[Any]) -> dict[str, set[str]]:
             found: dict[str, set[str]] = {}
             for name, column in conn.execute(self.sql.find_tables, self.sql.table_names).fetchall():
                 found.setdefault(name, set()).update([column] if column else [])
-            refuse_foreign(
-                self.table,
-                self.safe_url,
-                {self.sql.table_names[k]: v for k, v in found.items()},
-                {self.sql.table_names[k]: v for k, v in required.items()},
-            )
-            if len(found) == len(required):
+            return found
+
+        def complete(found: dict[str, set[str]]) -> bool:
+            return all(columns <= found.get(key, set()) for key, columns in required.items())
+
+        def op(conn: psycopg.Connection[Any]) -> None:
+            if complete(look(conn)):
                 return
-            if not create:
-                raise missing(self.table, self.safe_url, self.dialect)
-            # CREATE ... IF NOT EXISTS races on the catalog when many processes start at
-            # once; a transaction-scoped advisory lock serialises them.
+            # Anything less is judged under the transaction-scoped advisory lock that
+            # serialises creations (CREATE ... IF NOT EXISTS races on the catalog when many
+            # processes start at once): a creation in flight elsewhere can show a table
+            # without all its columns for a moment, which is not a foreign table.
             with conn.transaction():
                 conn.execute(self.sql.lock_for_ddl, (self.sql.ddl_lock_id,))
+                found = look(conn)
+                refuse_foreign(
+                    self.table,
+                    self.safe_url,
+                    {self.sql.table_names[k]: v for k, v in found.items()},
+                    {self.sql.table_names[k]: v for k, v in required.items()},
+                )
+                if len(found) == len(required):
+                    return
+                if not create:
+                    raise missing(self.table, self.safe_url, self.dialect)
                 for statement in self.sql.ddl:
                     conn.execute(statement)
 
