@@ -46,14 +46,12 @@ async def connect_async(
     for MySQL aiomysql (``dblock[mysql-async]``).
     """
     try:
-        from ._async_client import connect_async as connect_on_loop
+        from ._async_client import open_client
     except ImportError as exc:
         raise ConfigurationError(
             f"dblock's async API needs {exc.name}: pip install 'dblock[asyncio]'"
         ) from exc
-    return await connect_on_loop(
-        url, table=table, create_schema=create_schema, max_connections=max_connections
-    )
+    return await open_client(url, table, create_schema, max_connections)
 
 
 def __getattr__(name: str) -> Any:

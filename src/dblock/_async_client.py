@@ -42,19 +42,11 @@ R = TypeVar("R")
 OnLost = Callable[["AsyncLock"], object]
 
 
-async def connect_async(
-    url: str | None = None,
-    *,
-    table: str = "dblock_locks",
-    create_schema: bool = True,
-    max_connections: int | None = None,
+async def open_client(
+    url: str | None, table: str, create_schema: bool, max_connections: int | None
 ) -> AsyncClient:
-    """The async twin of :func:`dblock.connect`: the same URLs, table, options and errors.
-
-    >>> async with await dblock.connect_async("postgresql://app@db/app") as client:
-    ...     async with client.lock("nightly-report", ttl=60):
-    ...         await run_report()
-    """
+    """What :func:`dblock.connect_async` does once greenlet is known to import: the store,
+    opened on this loop's runtime, behind an async client."""
     runtime = LoopRuntime(asyncio.get_running_loop())
     store = await spawn(open_store, url, table, create_schema, max_connections, runtime)
     return AsyncClient(Client(store, runtime), runtime)
@@ -455,6 +447,5 @@ def _need_coroutine_function(fn: Callable[..., Any], decorator: str) -> None:
 
 for _cls in (AsyncClient, AsyncLock, AsyncOnce, AsyncRWLock):
     _cls.__module__ = "dblock"
-connect_async.__module__ = "dblock"
 
-__all__ = ["AsyncClient", "AsyncLock", "AsyncOnce", "AsyncRWLock", "connect_async"]
+__all__ = ["AsyncClient", "AsyncLock", "AsyncOnce", "AsyncRWLock", "open_client"]
