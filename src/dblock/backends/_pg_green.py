@@ -2,8 +2,8 @@
 
 The async client runs the store's code in a greenlet (:mod:`dblock._green`); each call here
 awaits the asyncio connection's coroutine on the event loop. Only what the store uses is
-offered: ``execute`` and its cursor's results, ``transaction``, ``notifies`` (psycopg's async
-iterator of LISTEN notifications), ``close``, and the state the pool checks.
+offered: ``execute`` and its cursor's results, ``transaction``, ``pipeline``, ``notifies``
+(psycopg's async iterator of LISTEN notifications), ``close``, and the state the pool checks.
 """
 
 from __future__ import annotations
@@ -70,6 +70,18 @@ class GreenConnection:
     @contextmanager
     def transaction(self) -> Iterator[None]:
         manager = self._conn.transaction()
+        await_(manager.__aenter__())
+        try:
+            yield
+        except BaseException as exc:
+            if not await_(manager.__aexit__(type(exc), exc, exc.__traceback__)):
+                raise
+        else:
+            await_(manager.__aexit__(None, None, None))
+
+    @contextmanager
+    def pipeline(self) -> Iterator[None]:
+        manager = self._conn.pipeline()
         await_(manager.__aenter__())
         try:
             yield
