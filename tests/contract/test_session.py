@@ -11,8 +11,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -20,28 +18,13 @@ from pathlib import Path
 import pytest
 
 import dblock
+from tests.contract.test_processes import finish, worker
 from tests.providers import Provider, table_of
 
-ROOT = Path(__file__).resolve().parents[2]
 #: how late a lost session is noticed at most: its connection is checked every second, and a
 #: check that takes more than two is a loss (hold.SESSION_CHECK, pg_session.CHECK_DEADLINE),
 #: plus room for a loaded machine
 LOSS_BOUND = 6.0
-
-
-def worker(*args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "tests._worker", *args],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-
-
-def finish(proc: subprocess.Popen[str]) -> None:
-    if proc.poll() is None:
-        proc.kill()
-    proc.communicate(timeout=10)
 
 
 # -- every store ---------------------------------------------------------------------------------

@@ -144,42 +144,37 @@ class PgSessions:
             conn = self._session_conns.get((key, owner, token))
         if conn is None:
             return False
-        ident, watch = self.store._watchdog.watch(CHECK_DEADLINE, partial(self.store._abort, conn))
-        try:
-            conn.execute(self.store.sql.session_alive).fetchone()
-        except BaseException as exc:
-            self.store._watchdog.done(ident)
-            self._forget_session(key, owner, token)
-            self._session_drop(conn)
-            if not isinstance(exc, Exception):
-                raise
-            log.warning("the session of lock %r (token %d) ended: %s", key, token, exc)
-            return False
-        self.store._watchdog.done(ident)
-        if watch.aborted:
-            self._forget_session(key, owner, token)
-            self._session_drop(conn)
-            return False
-        return True
+        if self._on_hold(conn, self.store.sql.session_alive):
+            return True
+        self._forget_session(key, owner, token)
+        log.warning("the session of lock %r (token %d) ended", key, token)
+        return False
 
     def release_session(self, key: str, owner: str, token: int) -> bool:
         conn = self._forget_session(key, owner, token)
-        if conn is None:
+        if conn is None or not self._on_hold(conn, self.store.sql.session_unlock_all):
             return False
-        ident, watch = self.store._watchdog.watch(CHECK_DEADLINE, partial(self.store._abort, conn))
+        self._session_checkin(conn)
+        return True
+
+    def _on_hold(self, conn: psycopg.Connection[Any], sql: str) -> bool:
+        """Run ``sql`` on a hold's connection within ``CHECK_DEADLINE``; False, the connection
+        closed (which frees the server's lock if it still had it), if it failed or overran."""
+        watchdog = self.store._watchdog
+        ident, watch = watchdog.watch(CHECK_DEADLINE, partial(self.store._abort, conn))
         try:
-            conn.execute(self.store.sql.session_unlock_all).fetchone()
+            conn.execute(sql).fetchone()
         except BaseException as exc:
-            self.store._watchdog.done(ident)
-            self._session_drop(conn)  # closing it frees the lock anyway
+            watchdog.done(ident)
+            self._session_drop(conn)
             if not isinstance(exc, Exception):
                 raise
+            log.debug("a session connection failed: %s", exc)
             return False
-        self.store._watchdog.done(ident)
+        watchdog.done(ident)
         if watch.aborted:
             self._session_drop(conn)
             return False
-        self._session_checkin(conn)
         return True
 
     def _forget_session(self, key: str, owner: str, token: int) -> psycopg.Connection[Any] | None:
