@@ -210,3 +210,28 @@ def test_a_cancelled_async_wait_leaves_nothing_held(
     assert asyncio.run(cancelled_then_free())
     with provider.connect(table=table) as other:
         assert other.lock(key, ttl=None).acquire(timeout=1)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")
+@pytest.mark.needs("SessionHolds", "processes", "blocking")
+def test_a_forked_child_leaves_the_parents_session_hold_alone(
+    provider: Provider, client: dblock.Client, table: str, key: str
+) -> None:
+    lock = client.lock(key, ttl=None)
+    assert lock.acquire(timeout=5)
+    pid = os.fork()
+    if pid == 0:  # child: its own session holds on its own connections, then close
+        status = 1
+        try:
+            with client.lock(key + "-child", ttl=None, timeout=5):
+                pass
+            client.close()
+            status = 0
+        finally:
+            os._exit(status)
+    _, status = os.waitpid(pid, 0)
+    assert os.WEXITSTATUS(status) == 0
+    with provider.connect(table=table) as other:
+        assert not other.lock(key, ttl=None).acquire(timeout=0.5)
+    assert lock.held
+    lock.release()

@@ -25,6 +25,7 @@ from typing import Any
 
 import psycopg
 
+from .. import _forksafe
 from .._types import LockInfo
 from .sql.base import Failure
 
@@ -57,6 +58,7 @@ class PgSessions:
         #: the PostgresBackend (typed loosely: importing it here would make a cycle); its
         #: connections, pool lock, watchdog, statements and error handling are used
         self.store = store
+        self._pid = _forksafe.pid()
         self._session_idle: list[psycopg.Connection[Any]] = []
         self._session_conns: dict[tuple[str, str, int], psycopg.Connection[Any]] = {}
 
@@ -70,6 +72,12 @@ class PgSessions:
         """(a connection for one hold or waiter, whether it was kept from an earlier one)."""
         with self.store._pool_lock:
             self.store._check_pool()
+            if self._pid != _forksafe.pid():
+                # forked: the parent's connections (and the locks they hold) are the parent's;
+                # forget them without closing, as closing would end the parent's sessions
+                self._session_idle.clear()
+                self._session_conns.clear()
+                self._pid = _forksafe.pid()
             if self._session_idle:
                 return self._session_idle.pop(), True
         try:
@@ -204,9 +212,13 @@ class PgSessions:
         return infos
 
     def close(self) -> None:
+        """Close every session connection (the server frees their locks); in a forked child,
+        forget the parent's instead."""
         with self.store._pool_lock:
             conns = [*self._session_idle, *self._session_conns.values()]
             self._session_idle.clear()
             self._session_conns.clear()
+        if self._pid != _forksafe.pid():
+            return
         for conn in conns:
             self.store._close_connection(conn)
