@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 
 import dblock
+from tests.contract import test_chaos
+from tests.contract.test_chaos import FreezingProxy
 from tests.contract.test_processes import finish, worker
 from tests.providers import Provider, table_of
 
@@ -25,6 +27,9 @@ from tests.providers import Provider, table_of
 #: check that takes more than two is a loss (hold.SESSION_CHECK, pg_session.CHECK_DEADLINE),
 #: plus room for a loaded machine
 LOSS_BOUND = 6.0
+
+
+proxy = test_chaos.proxy  # the fixture: a loopback proxy that can freeze
 
 
 # -- every store ---------------------------------------------------------------------------------
@@ -235,3 +240,25 @@ def test_a_forked_child_leaves_the_parents_session_hold_alone(
         assert not other.lock(key, ttl=None).acquire(timeout=0.5)
     assert lock.held
     lock.release()
+
+
+@pytest.mark.slow
+@pytest.mark.needs("SessionHolds", "server")
+def test_a_frozen_network_marks_the_session_hold_lost_within_the_bound(
+    provider: Provider, proxy: tuple[str, FreezingProxy]
+) -> None:
+    """A partition (nothing comes back, nothing is reset): the keep-alive check overruns its
+    deadline, so the holder stops believing it holds within the bound."""
+    url, p = proxy
+    lost = threading.Event()
+    with provider.connect(table="chaos_freeze", url=url) as client:
+        lock = client.lock("k", ttl=None, on_lost=lambda _lock: lost.set())
+        assert lock.acquire(timeout=5)
+        p.frozen.set()
+        frozen = time.monotonic()
+        assert lost.wait(LOSS_BOUND), "on_lost did not fire"
+        assert time.monotonic() - frozen < LOSS_BOUND
+        assert not lock.held
+        with pytest.raises(dblock.LockLost):
+            lock.release()
+        p.close()  # the server's side of the session ends too

@@ -28,6 +28,7 @@ import psycopg
 from .. import _forksafe
 from .._types import LockInfo
 from .sql.base import Failure
+from .sql.watchdog import Watchdog
 
 log = logging.getLogger("dblock")
 
@@ -59,6 +60,8 @@ class PgSessions:
         #: connections, pool lock, watchdog, statements and error handling are used
         self.store = store
         self._pid = _forksafe.pid()
+        # the store's watchdog gives every statement at least its 5 s: checks get their own
+        self._watchdog = Watchdog(f"dblock-session-watchdog[{store.table}]", CHECK_DEADLINE)
         self._session_idle: list[psycopg.Connection[Any]] = []
         self._session_conns: dict[tuple[str, str, int], psycopg.Connection[Any]] = {}
 
@@ -168,20 +171,22 @@ class PgSessions:
     def _on_hold(self, conn: psycopg.Connection[Any], sql: str) -> bool:
         """Run ``sql`` on a hold's connection within ``CHECK_DEADLINE``; False, the connection
         closed (which frees the server's lock if it still had it), if it failed or overran."""
-        watchdog = self.store._watchdog
+        watchdog = self._watchdog
         ident, watch = watchdog.watch(CHECK_DEADLINE, partial(self.store._abort, conn))
         try:
             conn.execute(sql).fetchone()
         except BaseException as exc:
             watchdog.done(ident)
-            self._session_drop(conn)
+            # nothing of this statement can grant anything later: just close (ending the
+            # server's process first would wait for a server that may not answer)
+            self.store._close_connection(conn)
             if not isinstance(exc, Exception):
                 raise
             log.debug("a session connection failed: %s", exc)
             return False
         watchdog.done(ident)
         if watch.aborted:
-            self._session_drop(conn)
+            self.store._close_connection(conn)
             return False
         return True
 
@@ -218,6 +223,7 @@ class PgSessions:
             conns = [*self._session_idle, *self._session_conns.values()]
             self._session_idle.clear()
             self._session_conns.clear()
+        self._watchdog.stop()
         if self._pid != _forksafe.pid():
             return
         for conn in conns:
