@@ -9,8 +9,8 @@ the provider lacks it.
 
 Capabilities are of two sorts. The store-contract ones are the names of the optional
 interfaces in ``dblock.backends._contract`` that the store declares: FairQueue, SharedHolds,
-OnceRecords, Wakeups, QueueJoin, LossPush, SessionHolds, SchemaScript. The harness ones describe the
-provider and what a test may do to it:
+OnceRecords, Wakeups, QueueJoin, LossPush, SessionHolds, SchemaScript. The harness ones
+describe the provider and what a test may do to it:
 
 ``url``        reached through a dblock URL (``dblock.connect(provider.url)``)
 ``processes``  other processes reach the same locks through ``url``
