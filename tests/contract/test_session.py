@@ -262,3 +262,30 @@ def test_a_frozen_network_marks_the_session_hold_lost_within_the_bound(
         with pytest.raises(dblock.LockLost):
             lock.release()
         p.close()  # the server's side of the session ends too
+
+
+@pytest.mark.needs("SessionHolds", "Wakeups")
+def test_a_lease_waiter_behind_a_session_hold_is_woken_by_its_release(
+    provider: Provider, client: dblock.Client, table: str, key: str
+) -> None:
+    """Without a wake-up it would learn of the release only by its fallback poll, 3.75-5 s
+    on; the session's release rings the key's queued lease waiters."""
+    taken = threading.Event()
+    released: list[float] = []
+
+    def hold_briefly() -> None:
+        with client.lock(key, ttl=None):
+            taken.set()
+            time.sleep(1.0)  # the lease waiter below is queued by then
+        released.append(time.monotonic())
+
+    holder = threading.Thread(target=hold_briefly)
+    holder.start()
+    assert taken.wait(10)
+    with provider.connect(table=table) as other:
+        lease = other.lock(key, ttl=10)
+        assert lease.acquire(timeout=10)
+        got = time.monotonic()
+        lease.release()
+    holder.join()
+    assert got - released[0] < 3.0

@@ -163,18 +163,20 @@ class PgSessions:
 
     def release_session(self, key: str, owner: str, token: int) -> bool:
         conn = self._forget_session(key, owner, token)
-        if conn is None or not self._on_hold(conn, self.store.sql.session_unlock_all):
+        if conn is None or not self._on_hold(conn, self.store.sql.session_release, {"key": key}):
             return False
         self._session_checkin(conn)
         return True
 
-    def _on_hold(self, conn: psycopg.Connection[Any], sql: str) -> bool:
+    def _on_hold(
+        self, conn: psycopg.Connection[Any], sql: str, params: dict[str, Any] | None = None
+    ) -> bool:
         """Run ``sql`` on a hold's connection within ``CHECK_DEADLINE``; False, the connection
         closed (which frees the server's lock if it still had it), if it failed or overran."""
         watchdog = self._watchdog
         ident, watch = watchdog.watch(CHECK_DEADLINE, partial(self.store._abort, conn))
         try:
-            conn.execute(sql).fetchone()
+            conn.execute(sql, params).fetchone()
         except BaseException as exc:
             watchdog.done(ident)
             # nothing of this statement can grant anything later: just close (ending the

@@ -420,6 +420,13 @@ class PostgresStatements(HolderStatements):
             f"        WHERE lock_key = %(key)s AND expires_at > {NOW}) AS busy) s"
         )
         self.session_unlock_all = "SELECT pg_advisory_unlock_all()"
+        # key -> ends the hold; lease waiters queued for the key are rung (delivered at the
+        # statement's commit, after the unlock), as a lease's release would
+        self.session_release = (
+            "SELECT pg_advisory_unlock_all(), (SELECT pg_notify("
+            f"'{self.channel}', ' ' || %(key)s) FROM {self.holders} "
+            "WHERE lock_key = %(key)s AND waiting = 1 LIMIT 1)"
+        )
         self.session_alive = "SELECT 1"
         # key -> the application names of the sessions that hold its server lock
         self.session_holders = (
