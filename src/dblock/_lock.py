@@ -12,6 +12,9 @@ When a lock object learns of it: a force-release is pushed where the store can (
 NOTIFY, for locks with ``on_lost`` or ``auto_renew``); otherwise at the next renewal (every
 ttl/3 with ``auto_renew``, at the lease's end without), or at release, renew or re-entry.
 
+A session hold (``ttl=None`` on a store with ``SessionHolds``) has no lease: it is lost when
+its connection to the server ends, which a check every second notices (docs/session-locks.md).
+
 Timeline of the race fencing protects against::
 
     A acquires (token 7) ... A pauses (GC, SIGSTOP) ...... A resumes, writes with token 7
@@ -128,8 +131,9 @@ class Lock:
     def lease_end(self) -> float | None:
         """The ``time.monotonic()`` moment from which the current hold's lease may have ended
         (the request that started or last renewed it was sent no earlier than its ttl before);
-        None when nothing is held or the hold is known lost. Work that must not outlive the
-        lease stops before it: ``dblock run`` stops its command ahead of it."""
+        None when nothing is held or the hold is known lost; ``math.inf`` for a session hold
+        (no lease: it ends with its connection). Work that must not outlive the lease stops
+        before it: ``dblock run`` stops its command ahead of it."""
         hold = self._current()
         if hold is None or hold.lost or not hold.ours():
             return None
