@@ -63,7 +63,10 @@ class PgSessions:
         # the store's watchdog gives every statement at least its 5 s: checks get their own
         self._watchdog = Watchdog(f"dblock-session-watchdog[{store.table}]", CHECK_DEADLINE)
         self._session_idle: list[psycopg.Connection[Any]] = []
-        self._session_conns: dict[tuple[str, str, int], psycopg.Connection[Any]] = {}
+        #: (key, owner, token) -> the hold's connection, and the server process that
+        #: granted it
+        self._session_conns: dict[tuple[str, str, int], tuple[psycopg.Connection[Any], int]] = {}
+        self._warned_pooler = False
 
     # -- connections ----------------------------------------------------------------------
     def _session_options(self) -> dict[str, Any]:
@@ -108,7 +111,7 @@ class PgSessions:
         for attempt in (1, 2):
             conn, kept = self._session_checkout()
             try:
-                token = self._grant(conn, key, owner, timeout)
+                granted = self._grant(conn, key, owner, timeout)
             except BaseException as exc:
                 self._session_drop(conn)
                 if not isinstance(exc, Exception):
@@ -123,17 +126,35 @@ class PgSessions:
                 raise self.store._wrap(
                     exc, f"session acquire failed on {self.store.safe_url}", key
                 ) from exc
-            if token is None:
+            if granted is None:
                 self._session_checkin(conn)
                 return None
+            token, pid = granted
+            if pid != conn.info.backend_pid:
+                self._pooler_between()
             with self.store._pool_lock:
-                self._session_conns[key, owner, token] = conn
+                self._session_conns[key, owner, token] = (conn, pid)
             return token
         raise AssertionError("unreachable")
 
+    def _pooler_between(self) -> None:
+        """The server process differs from the one the connection started with: a pooler
+        (PgBouncer) sits between. In its session mode the hold is safe; in transaction mode
+        the next statement may reach another server process, and the checks then find the
+        hold lost (see check_session)."""
+        if not self._warned_pooler:
+            self._warned_pooler = True
+            log.warning(
+                "dblock session locks on %s go through a connection pooler: they need its "
+                "session mode (in transaction mode an advisory lock stays on a server "
+                "connection others get); see docs/session-locks.md",
+                self.store.safe_url,
+            )
+
     def _grant(
         self, conn: psycopg.Connection[Any], key: str, owner: str, timeout: float
-    ) -> int | None:
+    ) -> tuple[int, int] | None:
+        """(token, server process) if granted, else None."""
         lock_ms = "0" if math.isinf(timeout) else str(max(1, round(timeout * 1000)))
         params = {"key": key, "owner": owner, "lt": lock_ms}
         with conn.pipeline():
@@ -144,39 +165,49 @@ class PgSessions:
         granted, row = got.fetchone(), grant.fetchone()
         if granted is None or not granted[2] or row is None:
             return None
-        token, busy, _name = row
+        token, busy, _name, pid = row
         if busy:  # a live lease holds the key: give the server lock back, the caller waits
             conn.execute(self.store.sql.session_unlock_all)
             return None
-        return int(token)
+        return int(token), int(pid)
 
     def check_session(self, key: str, owner: str, token: int) -> bool:
         with self.store._pool_lock:
-            conn = self._session_conns.get((key, owner, token))
-        if conn is None:
+            held = self._session_conns.get((key, owner, token))
+        if held is None:
             return False
-        if self._on_hold(conn, self.store.sql.session_alive):
+        conn, pid = held
+        row = self._on_hold(conn, self.store.sql.session_alive)
+        if row is not None and row[0] == pid:
             return True
         self._forget_session(key, owner, token)
-        log.warning("the session of lock %r (token %d) ended", key, token)
+        if row is not None:  # alive, but another server process: a pooler moved it
+            self.store._close_connection(conn)
+            log.warning("lock %r (token %d): its server session changed", key, token)
+        else:
+            log.warning("the session of lock %r (token %d) ended", key, token)
         return False
 
     def release_session(self, key: str, owner: str, token: int) -> bool:
-        conn = self._forget_session(key, owner, token)
-        if conn is None or not self._on_hold(conn, self.store.sql.session_release, {"key": key}):
+        held = self._forget_session(key, owner, token)
+        if held is None:
+            return False
+        conn = held[0]
+        if self._on_hold(conn, self.store.sql.session_release, {"key": key}) is None:
             return False
         self._session_checkin(conn)
         return True
 
     def _on_hold(
         self, conn: psycopg.Connection[Any], sql: str, params: dict[str, Any] | None = None
-    ) -> bool:
-        """Run ``sql`` on a hold's connection within ``CHECK_DEADLINE``; False, the connection
-        closed (which frees the server's lock if it still had it), if it failed or overran."""
+    ) -> Any:
+        """Run ``sql`` on a hold's connection within ``CHECK_DEADLINE``: its row; None, the
+        connection closed (which frees the server's lock if it still had it), if it failed
+        or overran."""
         watchdog = self._watchdog
         ident, watch = watchdog.watch(CHECK_DEADLINE, partial(self.store._abort, conn))
         try:
-            conn.execute(sql, params).fetchone()
+            row = conn.execute(sql, params).fetchone()
         except BaseException as exc:
             watchdog.done(ident)
             # nothing of this statement can grant anything later: just close (ending the
@@ -185,14 +216,16 @@ class PgSessions:
             if not isinstance(exc, Exception):
                 raise
             log.debug("a session connection failed: %s", exc)
-            return False
+            return None
         watchdog.done(ident)
         if watch.aborted:
             self.store._close_connection(conn)
-            return False
-        return True
+            return None
+        return row
 
-    def _forget_session(self, key: str, owner: str, token: int) -> psycopg.Connection[Any] | None:
+    def _forget_session(
+        self, key: str, owner: str, token: int
+    ) -> tuple[psycopg.Connection[Any], int] | None:
         with self.store._pool_lock:
             return self._session_conns.pop((key, owner, token), None)
 
@@ -222,7 +255,7 @@ class PgSessions:
         """Close every session connection (the server frees their locks); in a forked child,
         forget the parent's instead."""
         with self.store._pool_lock:
-            conns = [*self._session_idle, *self._session_conns.values()]
+            conns = [*self._session_idle, *(held[0] for held in self._session_conns.values())]
             self._session_idle.clear()
             self._session_conns.clear()
         self._watchdog.stop()

@@ -415,7 +415,8 @@ class PostgresStatements(HolderStatements):
             f"to_hex(floor(extract(epoch from {NOW}) * 1000)::bigint), %(owner)s::text), 63)"
         )
         self.session_grant = (
-            f"SELECT s.tok, s.busy, set_config('application_name', {tag}, false) FROM (\n"
+            f"SELECT s.tok, s.busy, set_config('application_name', {tag}, false), "
+            "pg_backend_pid() FROM (\n"
             f"    SELECT nextval('{self.seq}') AS tok, EXISTS (SELECT 1 FROM {t}\n"
             f"        WHERE lock_key = %(key)s AND expires_at > {NOW}) AS busy) s"
         )
@@ -427,7 +428,8 @@ class PostgresStatements(HolderStatements):
             f"'{self.channel}', ' ' || %(key)s) FROM {self.holders} "
             "WHERE lock_key = %(key)s AND waiting = 1 LIMIT 1)"
         )
-        self.session_alive = "SELECT 1"
+        # -> the server process the connection reaches now (a pooler may change it)
+        self.session_alive = "SELECT pg_backend_pid()"
         # key -> the application names of the sessions that hold its server lock
         self.session_holders = (
             "SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid\n"
