@@ -172,10 +172,14 @@ class Acquisition:
                 should_try, ahead = yield from self._worth_trying()
         finally:
             reset_deadline(bound)
-            if self.subscription is not None:
-                yield Unsubscribe(self.subscription)
-            if entry.made and not acquired:
-                yield from self._leave_queue()  # which also hands on a lock handed to us
+            try:
+                if self.subscription is not None:
+                    yield Unsubscribe(self.subscription)
+            finally:
+                # even when an interruption lands in the unsubscribe (a second cancellation,
+                # or one re-delivered after a driver swallowed it)
+                if entry.made and not acquired:
+                    yield from self._leave_queue()  # which also hands on a lock handed to us
 
     # -- a grant interrupted ------------------------------------------------------------------
     def _granting(self, call: Call) -> Steps[int | None]:
