@@ -154,15 +154,19 @@ def test_a_server_side_kill_of_the_holder_fires_on_lost_and_release_raises(
     lost = threading.Event()
     lock = client.lock(key, ttl=None, on_lost=lambda _lock: lost.set())
     assert lock.acquire(timeout=5)
+    lock_token = lock.token
     with provider.connect(table=table) as operator:
         killed = time.monotonic()
         assert operator.force_release(key)  # ends the holder's connection in the server
         assert lost.wait(LOSS_BOUND), "on_lost did not fire"
         assert time.monotonic() - killed < LOSS_BOUND
         assert not lock.held
-        assert operator.lock(key, ttl=None).acquire(timeout=5)
-    with pytest.raises(dblock.LockLost):
-        lock.release()
+        after = operator.lock(key, ttl=None)
+        assert after.acquire(timeout=5)
+        assert after.token is not None and lock_token is not None and after.token > lock_token
+        with pytest.raises(dblock.LockLost):
+            lock.release()
+        after.release()
 
 
 @pytest.mark.slow
