@@ -67,6 +67,8 @@ class PgSessions:
         #: granted it
         self._session_conns: dict[tuple[str, str, int], tuple[psycopg.Connection[Any], int]] = {}
         self._warned_pooler = False
+        #: id(connection) -> it has the grant function (one statement), else the pipeline
+        self._one_statement: dict[int, bool] = {}
 
     # -- connections ----------------------------------------------------------------------
     def _session_options(self) -> dict[str, Any]:
@@ -91,6 +93,15 @@ class PgSessions:
         except psycopg.Error as exc:
             raise self.store._wrap(exc, f"cannot connect to {self.store.safe_url}", None) from exc
         self.store._pids[id(conn)] = conn.info.backend_pid
+        try:
+            conn.execute(self.store.sql.session_function)
+            self._one_statement[id(conn)] = True
+        except psycopg.Error as exc:  # no TEMP privilege on the database: two statements
+            log.debug("session grants in a pipeline (%s)", exc)
+            self._one_statement[id(conn)] = False
+        except BaseException:
+            self._close(conn)
+            raise
         return conn, False
 
     def _session_checkin(self, conn: psycopg.Connection[Any]) -> None:
@@ -98,13 +109,17 @@ class PgSessions:
             if not self.store._closed and len(self._session_idle) < _IDLE_KEPT:
                 self._session_idle.append(conn)
                 return
+        self._close(conn)
+
+    def _close(self, conn: psycopg.Connection[Any]) -> None:
+        self._one_statement.pop(id(conn), None)
         self.store._close_connection(conn)
 
     def _session_drop(self, conn: psycopg.Connection[Any]) -> None:
         """Close a session connection whose state is unknown: the server frees its lock (an
         interrupted wait is ended in the server first, so it cannot be granted later)."""
         self.store._interrupted(conn)
-        self.store._close_connection(conn)
+        self._close(conn)
 
     # -- the capability -------------------------------------------------------------------
     def acquire_session(self, key: str, owner: str, timeout: float) -> int | None:
@@ -157,6 +172,13 @@ class PgSessions:
         """(token, server process) if granted, else None."""
         lock_ms = "0" if math.isinf(timeout) else str(max(1, round(timeout * 1000)))
         params = {"key": key, "owner": owner, "lt": lock_ms}
+        sql = self.store.sql
+        if self._one_statement.get(id(conn)):
+            one = sql.session_try_one if timeout <= 0 else sql.session_lock_one
+            row = conn.execute(one, params).fetchone()
+            if row is None or row[0] is None:
+                return None
+            return self._granted(conn, row)
         with conn.pipeline():
             got = conn.execute(
                 self.store.sql.session_try if timeout <= 0 else self.store.sql.session_lock, params
@@ -165,8 +187,13 @@ class PgSessions:
         granted, row = got.fetchone(), grant.fetchone()
         if granted is None or not granted[2] or row is None:
             return None
+        return self._granted(conn, row)
+
+    def _granted(self, conn: psycopg.Connection[Any], row: Any) -> tuple[int, int] | None:
+        """(token, server process) of a grant's row, or None if a live lease holds the key:
+        the server lock is given back, and the caller waits."""
         token, busy, _name, pid = row
-        if busy:  # a live lease holds the key: give the server lock back, the caller waits
+        if busy:
             conn.execute(self.store.sql.session_unlock_all)
             return None
         return int(token), int(pid)
@@ -182,7 +209,7 @@ class PgSessions:
             return True
         self._forget_session(key, owner, token)
         if row is not None:  # alive, but another server process: a pooler moved it
-            self.store._close_connection(conn)
+            self._close(conn)
             log.warning("lock %r (token %d): its server session changed", key, token)
         else:
             log.warning("the session of lock %r (token %d) ended", key, token)
@@ -212,14 +239,14 @@ class PgSessions:
             watchdog.done(ident)
             # nothing of this statement can grant anything later: just close (ending the
             # server's process first would wait for a server that may not answer)
-            self.store._close_connection(conn)
+            self._close(conn)
             if not isinstance(exc, Exception):
                 raise
             log.debug("a session connection failed: %s", exc)
             return None
         watchdog.done(ident)
         if watch.aborted:
-            self.store._close_connection(conn)
+            self._close(conn)
             return None
         return row
 
@@ -262,4 +289,4 @@ class PgSessions:
         if self._pid != _forksafe.pid():
             return
         for conn in conns:
-            self.store._close_connection(conn)
+            self._close(conn)

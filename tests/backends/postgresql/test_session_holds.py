@@ -75,3 +75,29 @@ def test_a_holds_connection_is_its_own_with_keepalives_and_dblocks_settings(
         with client.lock("k2", ttl=None) as again:
             assert again.token is not None
             assert backend._sessions._session_conns["k2", again.owner, again.token][0] is conn
+
+
+def test_without_temp_privilege_the_grant_is_a_pipeline_of_two_statements(
+    pg_table: str,
+) -> None:
+    """Where the connection cannot make the temporary grant function (TEMP revoked), the
+    lock and the grant go as two statements in one pipeline, with the same outcome."""
+    with dblock.connect(POSTGRESQL_URL, table=pg_table) as client:
+        backend = _backend(client)
+        backend.sql.session_function = "SELECT 1 / 0"  # as a refused CREATE would fail
+        lock = client.lock("k", ttl=None)
+        assert lock.acquire(timeout=5)
+        (conn, _pid), *_ = backend._sessions._session_conns.values()
+        assert backend._sessions._one_statement[id(conn)] is False
+        with dblock.connect(POSTGRESQL_URL, table=pg_table) as other:
+            assert not other.lock("k", ttl=10).acquire(timeout=0)
+            assert not other.lock("k", ttl=None).acquire(timeout=0.2)
+            first = lock.token
+            lock.release()
+            lease = other.lock("k", ttl=10)
+            assert lease.acquire(timeout=0)
+            assert not lock.acquire(timeout=0.2)  # stepped back by the live lease
+            lease.release()
+        assert lock.acquire(timeout=5)
+        assert first is not None and lock.token is not None and lock.token > first
+        lock.release()

@@ -420,6 +420,33 @@ class PostgresStatements(HolderStatements):
             f"    SELECT nextval('{self.seq}') AS tok, EXISTS (SELECT 1 FROM {t}\n"
             f"        WHERE lock_key = %(key)s AND expires_at > {NOW}) AS busy) s"
         )
+        # The same in one statement, where the connection could make this temporary function
+        # (pg_temp: no privilege on the schema, nothing left behind). A VOLATILE SQL function
+        # runs its query with a snapshot of its own and is never inlined, so, called after the
+        # lock in the same statement (LATERAL on the lock's row), it sees a lease committed
+        # while the lock waited. Its clock is clock_timestamp(): the statement started before.
+        at = "to_hex(floor(extract(epoch from clock_timestamp()) * 1000)::bigint)"
+        self.session_function = (
+            "CREATE OR REPLACE FUNCTION pg_temp.dblock_session_grant(k text, o text, "
+            "locked boolean)\nRETURNS TABLE (tok bigint, busy boolean, app text, pid integer)\n"
+            "LANGUAGE sql VOLATILE AS $dblock$\n"
+            "SELECT s.tok, s.busy, CASE WHEN locked THEN set_config('application_name', "
+            f"left(format('d:%s:%s:%s', s.tok, {at}, o), 63), false) END, pg_backend_pid()\n"
+            f"FROM (SELECT CASE WHEN locked THEN nextval('{self.seq}') END AS tok,\n"
+            f"    locked AND EXISTS (SELECT 1 FROM {t} WHERE lock_key = k\n"
+            "        AND expires_at > clock_timestamp()) AS busy) s\n"
+            "$dblock$"
+        )
+        one = (
+            "SELECT g.tok, g.busy, g.app, g.pid FROM (SELECT {lock} AS locked OFFSET 0) l,\n"
+            "    LATERAL pg_temp.dblock_session_grant(%(key)s::text, %(owner)s::text, l.locked) g"
+        )
+        # lt (ms) key owner -> (token or NULL if not had, a live lease holds it, -, process)
+        self.session_lock_one = one.format(
+            lock=f"set_config('lock_timeout', %(lt)s, false) IS NOT NULL AND "
+            f"pg_advisory_lock({k}) IS NOT NULL"
+        )
+        self.session_try_one = one.format(lock=f"pg_try_advisory_lock({k})")
         self.session_unlock_all = "SELECT pg_advisory_unlock_all()"
         # key -> ends the hold; lease waiters queued for the key are rung (delivered at the
         # statement's commit, after the unlock), as a lease's release would
