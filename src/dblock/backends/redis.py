@@ -19,8 +19,9 @@ to look again, and polls until the listener is back.
 
 Connections: a pool of ``max_connections`` (one statement each at a time), the retry policy
 and deadlines of :class:`~dblock.backends.sql.base.SqlBackend`. The async client runs each
-operation, and each call of its listener, on a worker thread with redis-py's blocking
-connections (``blocking_driver``; why not ``redis.asyncio``: docs/redis.md).
+operation on a worker thread with redis-py's blocking connections (``blocking_driver``; why not
+``redis.asyncio``: docs/redis.md), and the listener on a thread of its own, as the blocking
+client does.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from redis.exceptions import NoScriptError
 from redis.retry import Retry
 
 from .._errors import ConfigurationError
+from .._runtime import THREADS, Runtime
 from .._types import Kind, LockInfo
 from .._url import MAX_URL_TIMEOUT, DatabaseURL, url_number
 from ._contract import (
@@ -420,18 +422,20 @@ class RedisListener(Listener):
         self.connections = 0
         super().__init__(backend.rt, f"{backend.prefix}c:{secrets.token_hex(8)}")
 
+    def _runs_on(self) -> Runtime:
+        return THREADS  # redis-py blocks: a thread of its own, for the async client too
+
     def _run(self) -> None:
-        offload = self.rt.offload  # the async client's: redis-py blocks, the loop must not
         pause = 0.1
         while not self._stopped.is_set():
             pubsub = None
             try:
-                pubsub = offload(self._backend._pubsub)
+                pubsub = self._backend._pubsub()
                 self.connections += 1
-                offload(pubsub.subscribe, self._backend.channel, self.channel)
+                pubsub.subscribe(self._backend.channel, self.channel)
                 confirmed = 0
                 while not self._stopped.is_set():
-                    message = offload(pubsub.get_message, False, 0.5)
+                    message = pubsub.get_message(timeout=0.5)
                     if message is None:
                         continue
                     if message["type"] == "subscribe":
@@ -452,4 +456,4 @@ class RedisListener(Listener):
             finally:
                 if pubsub is not None:
                     with contextlib.suppress(Exception):
-                        offload(pubsub.close)
+                        pubsub.close()
