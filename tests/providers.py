@@ -573,7 +573,6 @@ PROVIDERS: tuple[Entry, ...] = (
         check=_check("redis"),
         private=_private_redis,
         kill_tagged=_redis_kill_tagged,
-        serves_async=False,  # connect_async refuses Redis URLs for now (see RedisBackend)
     ),
     Entry(
         name="memory",
