@@ -14,8 +14,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, NamedTuple, Protocol
 
 from ._errors import DBLockError
 
@@ -24,8 +23,7 @@ log = logging.getLogger("dblock")
 Outcome = Literal["granted", "busy", "timeout", "error", "cancelled"]
 
 
-@dataclass(frozen=True, slots=True)
-class LockEvent:
+class LockEvent(NamedTuple):  # a tuple: made on every acquire, and cheapest to make
     """Who, what and where: the fields every hook gets. ``owner`` and ``token`` are those of
     the hold (None for an acquire that was not granted); ``reentry`` marks a re-entrant
     acquisition of a hold the owner already had (no new hold)."""
@@ -113,11 +111,12 @@ def _event(lock: Lock, hold: Hold | None = None, *, reentry: bool = False) -> Lo
     return LockEvent(name, spec.key, spec.kind, hold.owner, hold.token, reentry)
 
 
-def _each(call: Callable[[Observer], None]) -> None:
+def _report(hook: str, *args: object) -> None:
+    """Call ``hook`` on every observer; an observer's bug must not fail the lock."""
     for observer in HUB.observers:
         try:
-            call(observer)
-        except Exception:  # an observer's bug must not fail the lock
+            getattr(observer, hook)(*args)
+        except Exception:
             log.exception("dblock observer %r failed", observer)
 
 
@@ -128,7 +127,7 @@ def acquire(
     event = _event(lock)
     waits = blocking and (timeout is None or timeout > 0)
     if waits:
-        _each(lambda o: o.waiting(event, 1))
+        _report("waiting", event, 1)
     started = time.monotonic()
     try:
         ok = acquire(blocking, timeout)
@@ -160,18 +159,14 @@ def _acquired(
         if hold is not None:
             event = _event(lock, hold, reentry=hold.count > 1)
     if waits:
-        _each(lambda o: o.waiting(event, -1))
-    _each(lambda o: o.acquired(event, outcome, wait, error))
-    if outcome == "granted":
-        log.debug(
-            "granted lock %r (token %s) after %.3f s",
-            event.key,
-            event.token,
-            wait,
-            extra=_fields(event, wait=wait),
-        )
-    elif outcome == "error":
-        log.debug("acquiring lock %r failed: %s", event.key, error, extra=_fields(event))
+        _report("waiting", event, -1)
+    _report("acquired", event, outcome, wait, error)
+    if outcome in ("granted", "error") and log.isEnabledFor(logging.DEBUG):
+        if outcome == "granted":
+            message = "granted lock %r (token %s) after %.3f s"
+            log.debug(message, event.key, event.token, wait, extra=_fields(event, wait=wait))
+        else:
+            log.debug("acquiring lock %r failed: %s", event.key, error, extra=_fields(event))
 
 
 def released(lock: Lock, hold: Hold, lost: bool) -> None:
@@ -182,14 +177,10 @@ def released(lock: Lock, hold: Hold, lost: bool) -> None:
         return
     event = _event(lock, hold)
     held = time.monotonic() - hold.granted_at
-    _each(lambda o: o.released(event, held, lost))
-    log.debug(
-        "released lock %r (token %d) after %.3f s",
-        event.key,
-        hold.token,
-        held,
-        extra=_fields(event, held=held),
-    )
+    _report("released", event, held, lost)
+    if log.isEnabledFor(logging.DEBUG):
+        message = "released lock %r (token %d) after %.3f s"
+        log.debug(message, event.key, hold.token, held, extra=_fields(event, held=held))
 
 
 def found_lost(lock: Lock, hold: Hold) -> None:
@@ -199,7 +190,7 @@ def found_lost(lock: Lock, hold: Hold) -> None:
     hold.loss_reported = True
     event = _event(lock, hold)
     log.warning("lost the lease of lock %r (token %d)", event.key, hold.token, extra=_fields(event))
-    _each(lambda o: o.lost(event))
+    _report("lost", event)
 
 
 def renewal_failed(hold: Hold, error: BaseException) -> None:
@@ -208,7 +199,7 @@ def renewal_failed(hold: Hold, error: BaseException) -> None:
     backend = core.store.name if core is not None else "?"
     event = LockEvent(backend, hold.key, hold.spec.kind, hold.owner, hold.token)
     log.warning("renewing %r failed, retrying: %s", hold.key, error, extra=_fields(event))
-    _each(lambda o: o.renewal_failed(event, error))
+    _report("renewal_failed", event, error)
 
 
 def _fields(event: LockEvent, **more: float) -> dict[str, object]:

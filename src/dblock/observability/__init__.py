@@ -41,7 +41,12 @@ def add_observer(observer: Observer) -> None:
 
 
 def remove_observer(observer: Observer) -> None:
+    """Stop reporting to ``observer`` (the metrics of ``enable_metrics`` also leave their
+    registry)."""
     remove(observer)
+    unregister = getattr(observer, "unregister", None)
+    if callable(unregister):
+        unregister()
 
 
 def enable_metrics(

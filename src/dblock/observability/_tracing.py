@@ -43,7 +43,6 @@ class Tracing:
         }
         if event.token is not None:
             attributes["dblock.token"] = event.token
-            attributes["dblock.owner"] = event.owner or ""
         return attributes
 
     def waiting(self, event: LockEvent, delta: int) -> None:
@@ -56,7 +55,8 @@ class Tracing:
         attributes = self._attributes(event)
         attributes["dblock.outcome"] = outcome
         attributes["dblock.wait_seconds"] = wait
-        attributes["dblock.reentry"] = event.reentry
+        if event.reentry:
+            attributes["dblock.reentry"] = True
         span = self._tracer.start_span(
             "dblock.acquire", attributes=attributes, start_time=end - int(wait * 1e9)
         )
@@ -81,6 +81,7 @@ class Tracing:
         granted = self._forget(event)
         links = [trace.Link(granted)] if granted is not None else []
         attributes = self._attributes(event)
+        attributes["dblock.owner"] = event.owner or ""
         with self._tracer.start_as_current_span(
             "dblock.lease_lost", links=links, attributes=attributes
         ) as span:
