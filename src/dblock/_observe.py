@@ -40,8 +40,8 @@ class Observer(Protocol):
     """What an observer implements. Hooks run on the thread (or greenlet) of the event and
     must be quick and must not raise; every time is in seconds."""
 
-    def waiting(self, event: LockEvent, delta: int) -> None:
-        """An acquire that may wait began (+1) or ended (-1)."""
+    def acquiring(self, event: LockEvent) -> None:
+        """An acquire call began (it may wait); :meth:`acquired` reports its end."""
 
     def acquired(
         self, event: LockEvent, outcome: Outcome, wait: float, error: BaseException | None
@@ -125,23 +125,21 @@ def acquire(
 ) -> bool:
     """Run ``acquire`` and report it (the caller checked :meth:`_Hub.active`)."""
     event = _event(lock)
-    waits = blocking and (timeout is None or timeout > 0)
-    if waits:
-        _report("waiting", event, 1)
+    _report("acquiring", event)
     started = time.monotonic()
     try:
         ok = acquire(blocking, timeout)
     except BaseException as exc:
         # asyncio's CancelledError, KeyboardInterrupt: not the store's failure
         outcome: Outcome = "error" if isinstance(exc, (DBLockError, Exception)) else "cancelled"
-        _acquired(lock, event, outcome, time.monotonic() - started, exc, waits=waits)
+        _acquired(lock, event, outcome, time.monotonic() - started, exc)
         raise
     if ok:
         outcome = "granted"
     else:
         no_wait = not blocking or timeout == 0 or (timeout is None and lock._timeout == 0)
         outcome = "busy" if no_wait else "timeout"
-    _acquired(lock, event, outcome, time.monotonic() - started, None, waits=waits)
+    _acquired(lock, event, outcome, time.monotonic() - started, None)
     return ok
 
 
@@ -151,15 +149,11 @@ def _acquired(
     outcome: Outcome,
     wait: float,
     error: BaseException | None,
-    *,
-    waits: bool,
 ) -> None:
     if outcome == "granted":
         hold = lock._current()
         if hold is not None:
             event = _event(lock, hold, reentry=hold.count > 1)
-    if waits:
-        _report("waiting", event, -1)
     _report("acquired", event, outcome, wait, error)
     if outcome in ("granted", "error") and log.isEnabledFor(logging.DEBUG):
         if outcome == "granted":

@@ -98,16 +98,17 @@ class PrometheusMetrics:
         return series
 
     # -- the hooks ------------------------------------------------------------------------
-    def waiting(self, event: LockEvent, delta: int) -> None:
+    def acquiring(self, event: LockEvent) -> None:
         series = self._of(event)
         with series.mutex:
-            series.waiters += delta
+            series.waiters += 1
 
     def acquired(
         self, event: LockEvent, outcome: Outcome, wait: float, error: BaseException | None
     ) -> None:
         series = self._of(event)
         with series.mutex:
+            series.waiters -= 1
             series.acquisitions[outcome] = series.acquisitions.get(outcome, 0) + 1
             histogram = series.waits.get(outcome)
             if histogram is None:
@@ -160,7 +161,9 @@ class PrometheusMetrics:
         )
         holds = GaugeMetricFamily("dblock_holds", "Holds of this process now", labels=LABELS)
         waiters = GaugeMetricFamily(
-            "dblock_waiters", "Acquire calls of this process waiting now", labels=LABELS
+            "dblock_waiters",
+            "Acquire calls of this process in progress now (waiting for the lock)",
+            labels=LABELS,
         )
         for labels, series in sorted(self._series.items()):
             names = list(labels)

@@ -45,7 +45,7 @@ class Tracing:
             attributes["dblock.token"] = event.token
         return attributes
 
-    def waiting(self, event: LockEvent, delta: int) -> None:
+    def acquiring(self, event: LockEvent) -> None:
         pass
 
     def acquired(
