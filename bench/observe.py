@@ -110,6 +110,7 @@ def scenario_obs(backends: list[str], t: Targets, b: Any) -> dict[str, Any]:
             res["ratios"] = [
                 x["on"]["pairs_per_s"] / x["off"]["pairs_per_s"] for x in res["repeats"]
             ]
+            res["metrics_ratio"] = res["metrics"]["pairs_per_s"] / res["off"]["pairs_per_s"]
         except Exception as exc:
             res["error"] = f"{type(exc).__name__}: {exc}".splitlines()[0]
             _log(f"[obs] {backend}: {res['error']}")
