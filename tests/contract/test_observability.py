@@ -4,6 +4,7 @@ both client modes: the hooks sit in the Lock code that the async client runs too
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -127,3 +128,18 @@ def test_logs_carry_key_owner_and_token_and_are_quiet_by_default(
     assert [r.getMessage().split()[0] for r in records] == ["granted", "released"]
     for record in records:
         assert (record.token, record.owner, record.kind) == (token, owner, "lock")  # type: ignore[attr-defined]
+
+
+def test_a_lease_that_runs_out_is_reported_once(
+    client: dblock.Client, key: str, registry: Any, spans: Any
+) -> None:
+    lost = threading.Event()
+    lock = client.lock(key, ttl=0.5, on_lost=lambda _lock: lost.set())
+    assert lock.acquire()
+    assert lost.wait(10), "on_lost was not called"
+    with pytest.raises(dblock.LockLost):
+        lock.release()
+    scraped = _scrape(registry)
+    assert _value(scraped, "dblock_leases_lost_total", prefix="(none)") == 1
+    assert _value(scraped, "dblock_holds", prefix="(none)") == 0
+    assert [s.name for s in spans.get_finished_spans()].count("dblock.lease_lost") == 1
