@@ -143,3 +143,18 @@ def test_a_lease_that_runs_out_is_reported_once(
     assert _value(scraped, "dblock_leases_lost_total", prefix="(none)") == 1
     assert _value(scraped, "dblock_holds", prefix="(none)") == 0
     assert [s.name for s in spans.get_finished_spans()].count("dblock.lease_lost") == 1
+
+
+def test_raw_keys_label_by_the_whole_key(client: dblock.Client, key: str) -> None:
+    reg = prometheus_client.CollectorRegistry()
+    metrics = observability.enable_metrics(reg, raw_keys=True)
+    try:
+        with client.lock("nightly:" + key, ttl=10):
+            pass
+        scraped = _scrape(reg)
+    finally:
+        observability.remove_observer(metrics)
+    labels = {"prefix": "nightly:" + key, "outcome": "granted"}
+    assert _value(scraped, "dblock_acquisitions_total", **labels) == 1
+    assert observability.key_prefix("nightly:" + key) == "nightly"
+    assert observability.key_prefix("nightly-report") == "(none)"

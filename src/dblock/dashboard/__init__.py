@@ -13,7 +13,7 @@ import json
 import secrets
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -54,21 +54,30 @@ class Settings:
 
 
 class _Onces:
-    """Once keys the dashboard has seen held, to show their state after the hold ends."""
+    """Once keys the dashboard has seen held, to show their state after the hold ends.
+
+    A held one is ``processing``; a ``succeeded`` one stays so (until purged), so only the
+    others are asked about at each poll."""
 
     def __init__(self) -> None:
-        self._keys: dict[str, None] = {}
+        self._states: dict[str, str | None] = {}
         self._mutex = threading.Lock()
 
-    def seen(self, holds: list[LockInfo]) -> list[str]:
+    def states(self, holds: list[LockInfo], state: Callable[[str], str | None]) -> list[Any]:
+        held = {info.key for info in holds if info.kind == "once"}
         with self._mutex:
-            for info in holds:
-                if info.kind == "once":
-                    self._keys.pop(info.key, None)
-                    self._keys[info.key] = None
-            while len(self._keys) > ONCE_KEEP:
-                self._keys.pop(next(iter(self._keys)))
-            return list(reversed(self._keys))
+            for key in held:
+                self._states.pop(key, None)
+                self._states[key] = "processing"
+            while len(self._states) > ONCE_KEEP:
+                self._states.pop(next(iter(self._states)))
+            ask = [k for k, v in self._states.items() if k not in held and v != "succeeded"]
+        found = {key: state(key) for key in ask}
+        with self._mutex:
+            for key, value in found.items():
+                if key in self._states:
+                    self._states[key] = value
+            return [{"key": k, "state": v} for k, v in reversed(self._states.items())]
 
 
 def _seconds(moment: datetime | None, now: datetime) -> float | None:
@@ -100,7 +109,7 @@ def snapshot(client: Any, seen: _Onces) -> dict[str, Any]:
                 ),
             }
         )
-    onces = [{"key": key, "state": client.state(key)} for key in seen.seen(holds)]
+    onces = seen.states(holds, client.state)
     return {"now": now.isoformat(), "holds": rows, "once": onces}
 
 
