@@ -9,6 +9,8 @@ from __future__ import annotations
 import shutil
 import sys
 import tempfile
+import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -49,7 +51,7 @@ def open_dashboard(
 
     Playwright's blocking API runs an event loop on this thread, so the block must use the
     blocking dblock API on another thread (:func:`off_loop`)."""
-    with dashboard.running(client, settings=settings) as base, browser_page() as page:
+    with running(client, settings) as base, browser_page() as page:
         try:
             page.goto(base + "/")
             page.wait_for_selector("#status:has-text('live')")
@@ -67,6 +69,34 @@ _WORKER = ThreadPoolExecutor(1, thread_name_prefix="dashboard-test-holder")
 def off_loop(fn: Callable[..., T], *args: Any) -> T:
     """``fn(*args)`` on the worker thread (a thread running an event loop may not block)."""
     return _WORKER.submit(fn, *args).result()
+
+
+@contextmanager
+def running(client: dblock.Client, settings: dashboard.Settings | None = None) -> Iterator[str]:
+    """The dashboard served by uvicorn on a thread, on a free loopback port: its base URL."""
+    import uvicorn
+
+    config = uvicorn.Config(
+        dashboard.make_app(client, settings),
+        host="127.0.0.1",
+        port=0,
+        log_level="warning",
+        lifespan="off",
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, name="dblock-dashboard", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("the dashboard did not start")
+        time.sleep(0.02)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
 
 
 def row(key: str) -> str:

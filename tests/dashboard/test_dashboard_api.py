@@ -10,12 +10,12 @@ import dblock
 
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("starlette")
-from dblock import dashboard  # noqa: E402 - after the extra's import check
+from tests.dashboard import kit  # noqa: E402 - after the extra's import check
 
 
 def test_once_records_seen_held_keep_their_state(tmp_path: Path) -> None:
     with dblock.connect(f"sqlite:///{tmp_path}/locks.sqlite3") as client:
-        with dashboard.running(client) as base:
+        with kit.running(client) as base:
             good, bad = client.once("pay:ok", ttl=30), client.once("pay:bad", ttl=30)
             with good:
                 bad.__enter__()

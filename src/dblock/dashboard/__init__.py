@@ -12,9 +12,7 @@ import ipaddress
 import json
 import secrets
 import threading
-import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from importlib import resources
@@ -209,30 +207,6 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
-
-
-@contextmanager
-def running(
-    client: Any, host: str = "127.0.0.1", port: int = 0, settings: Settings | None = None
-) -> Iterator[str]:
-    """Serve the dashboard on a background thread; yields its base URL (tests, screenshots)."""
-    config = uvicorn.Config(
-        make_app(client, settings), host=host, port=port, log_level="warning", lifespan="off"
-    )
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, name="dblock-dashboard", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError("the dashboard did not start")
-        time.sleep(0.02)
-    bound = server.servers[0].sockets[0].getsockname()
-    try:
-        yield f"http://{host}:{bound[1]}"
-    finally:
-        server.should_exit = True
-        thread.join(10)
 
 
 def serve(client: Any, host: str, port: int, settings: Settings) -> None:
