@@ -37,8 +37,9 @@ class LockEvent(NamedTuple):  # a tuple: made on every acquire, and cheapest to 
 
 
 class Observer(Protocol):
-    """What an observer implements. Hooks run on the thread (or greenlet) of the event and
-    must be quick and must not raise; every time is in seconds."""
+    """What an observer implements (a hook it leaves out is not called). Hooks run on the
+    thread (or greenlet) of the event and must be quick; an exception is logged, not raised.
+    Every time is in seconds."""
 
     def acquiring(self, event: LockEvent) -> None:
         """An acquire call began (it may wait); :meth:`acquired` reports its end."""
@@ -82,13 +83,26 @@ class Lock(Protocol):
     def _current(self) -> Any: ...
 
 
+HOOKS = ("acquiring", "acquired", "released", "lost", "renewal_failed")
+
+
 class _Hub:
-    """The registered observers, as a tuple swapped whole (readers take no lock)."""
+    """The registered observers, and each hook's bound methods, as tuples replaced whole
+    (readers take no lock)."""
 
     observers: tuple[Observer, ...] = ()
+    hooks: dict[str, tuple[Callable[..., None], ...]] = dict.fromkeys(HOOKS, ())
 
     def active(self) -> bool:
         return bool(self.observers) or log.isEnabledFor(logging.DEBUG)
+
+    def set(self, observers: tuple[Observer, ...]) -> None:
+        # an observer may leave out the hooks it has no use for
+        self.hooks = {
+            hook: tuple(m for o in observers if (m := getattr(o, hook, None)) is not None)
+            for hook in HOOKS
+        }
+        self.observers = observers
 
 
 HUB = _Hub()
@@ -96,11 +110,11 @@ HUB = _Hub()
 
 def add(observer: Observer) -> None:
     if observer not in HUB.observers:
-        HUB.observers = (*HUB.observers, observer)
+        HUB.set((*HUB.observers, observer))
 
 
 def remove(observer: Observer) -> None:
-    HUB.observers = tuple(o for o in HUB.observers if o is not observer)
+    HUB.set(tuple(o for o in HUB.observers if o is not observer))
 
 
 def _event(lock: Lock, hold: Hold | None = None, *, reentry: bool = False) -> LockEvent:
@@ -113,11 +127,11 @@ def _event(lock: Lock, hold: Hold | None = None, *, reentry: bool = False) -> Lo
 
 def _report(hook: str, *args: object) -> None:
     """Call ``hook`` on every observer; an observer's bug must not fail the lock."""
-    for observer in HUB.observers:
+    for method in HUB.hooks[hook]:
         try:
-            getattr(observer, hook)(*args)
+            method(*args)
         except Exception:
-            log.exception("dblock observer %r failed", observer)
+            log.exception("dblock observer hook %r failed", method)
 
 
 def acquire(

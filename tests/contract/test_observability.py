@@ -158,3 +158,20 @@ def test_raw_keys_label_by_the_whole_key(client: dblock.Client, key: str) -> Non
     assert _value(scraped, "dblock_acquisitions_total", **labels) == 1
     assert observability.key_prefix("nightly:" + key) == "nightly"
     assert observability.key_prefix("nightly-report") == "(none)"
+
+
+def test_an_observer_may_leave_hooks_out_and_its_errors_do_not_fail_the_lock(
+    client: dblock.Client, key: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    class Broken:
+        def acquired(self, *args: object) -> None:
+            raise RuntimeError("observer bug")
+
+    broken = Broken()
+    observability.add_observer(broken)  # type: ignore[arg-type]
+    try:
+        with client.lock(key, ttl=10) as lock:
+            assert lock.held
+    finally:
+        observability.remove_observer(broken)  # type: ignore[arg-type]
+    assert any("observer" in r.getMessage() and r.exc_info for r in caplog.records)
