@@ -56,14 +56,14 @@ def _value(scraped: dict[Any, float], name: str, **labels: str) -> float:
 def test_metrics_count_outcomes_holds_and_a_lost_lease(
     client: dblock.Client, key: str, registry: Any
 ) -> None:
-    key = "obs:" + key
+    prefix, key = key, key + ":obs"  # a prefix of its own: the test's series only
     lock = client.lock(key, ttl=10, reentrant=False)
     assert lock.acquire()
     other = client.lock(key, ttl=10, reentrant=False)
     assert not other.acquire(blocking=False)
     assert not other.acquire(timeout=0.2)
     scraped = _scrape(registry)
-    labels = {"prefix": "obs", "kind": "lock"}
+    labels = {"prefix": prefix, "kind": "lock"}
     assert _value(scraped, "dblock_acquisitions_total", outcome="granted", **labels) == 1
     assert _value(scraped, "dblock_acquisitions_total", outcome="busy", **labels) == 1
     assert _value(scraped, "dblock_acquisitions_total", outcome="timeout", **labels) == 1
@@ -99,7 +99,7 @@ def test_a_span_per_acquire_and_one_per_lost_lease(
     assert client.force_release(key)
     with pytest.raises(dblock.LockLost):
         lock.release()
-    finished = spans.get_finished_spans()
+    finished = [s for s in spans.get_finished_spans() if s.attributes["dblock.key"] == key]
     acquires = [s for s in finished if s.name == "dblock.acquire"]
     assert [s.attributes["dblock.outcome"] for s in acquires] == ["granted", "timeout"]
     granted, timed_out = acquires
@@ -133,6 +133,7 @@ def test_logs_carry_key_owner_and_token_and_are_quiet_by_default(
 def test_a_lease_that_runs_out_is_reported_once(
     client: dblock.Client, key: str, registry: Any, spans: Any
 ) -> None:
+    key += ":x"  # a prefix of its own: the test's series only
     lost = threading.Event()
     lock = client.lock(key, ttl=0.5, on_lost=lambda _lock: lost.set())
     assert lock.acquire()
@@ -140,9 +141,11 @@ def test_a_lease_that_runs_out_is_reported_once(
     with pytest.raises(dblock.LockLost):
         lock.release()
     scraped = _scrape(registry)
-    assert _value(scraped, "dblock_leases_lost_total", prefix="(none)") == 1
-    assert _value(scraped, "dblock_holds", prefix="(none)") == 0
-    assert [s.name for s in spans.get_finished_spans()].count("dblock.lease_lost") == 1
+    prefix = observability.key_prefix(key)
+    assert _value(scraped, "dblock_leases_lost_total", prefix=prefix) == 1
+    assert _value(scraped, "dblock_holds", prefix=prefix) == 0
+    mine = [s.name for s in spans.get_finished_spans() if s.attributes["dblock.key"] == key]
+    assert mine.count("dblock.lease_lost") == 1
 
 
 def test_raw_keys_label_by_the_whole_key(client: dblock.Client, key: str) -> None:
