@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable
 from types import TracebackType
 
-from . import _engine, _forksafe, _runtime
+from . import _engine, _forksafe, _observe, _runtime
 from ._core import Core
 from ._engine import Hold, Spec
 from ._errors import EventLoopError, LockLost, LockTimeout, NotHeld
@@ -153,6 +153,11 @@ class Lock:
         lost and this acquire is a fresh one. On a thread that runs an asyncio event loop it
         raises a DBLockError that is also a RuntimeError: use ``connect_async``.
         """
+        if _observe.HUB.active():
+            return _observe.acquire(self, self._acquire, blocking, timeout)
+        return self._acquire(blocking, timeout)
+
+    def _acquire(self, blocking: bool, timeout: float | None) -> bool:
         if self._core.rt.loop_running():
             raise EventLoopError(
                 f"lock {self._key!r}: the blocking dblock API was called on a thread that is "
@@ -266,6 +271,7 @@ class Lock:
         with hold.mutex:
             released = self._core.run(_engine.release(hold))
             if released.final:
+                _observe.released(self, hold, released.lost)
                 self._unwatch(hold)
                 self._core.drop_reentrant_hold(self._key, tid, hold)
             self._pop(tid)
@@ -304,6 +310,7 @@ class Lock:
         hold = self._current_of_thread()
         with hold.mutex:
             if not self._core.run(_engine.renew(hold, new_ttl)):
+                _observe.found_lost(self, hold)
                 self._unwatch(hold)
                 raise self._lost_error(hold)
             self._schedule_locked(hold)
@@ -343,8 +350,7 @@ class Lock:
         """Log the loss and call ``on_lost`` (once per hold: callers set ``hold.lost`` first,
         under its mutex, only if it was not set)."""
         self._unwatch(hold)
-        what = "session hold" if self._session else "lease"
-        log.warning("lost the %s of lock %r (token %d)", what, self._key, hold.token)
+        _observe.found_lost(self, hold)
         if self._on_lost is not None:
             try:
                 self._on_lost(self)

@@ -63,6 +63,9 @@ class Hold:
         self.handle: object | None = None
         #: the process that took it: in a child forked while it was held, it is the parent's
         self.pid = _forksafe.pid()
+        #: for observers (dblock._observe): when it was granted, and its loss was reported
+        self.granted_at = time.monotonic()
+        self.loss_reported = False
 
     def live(self) -> bool:
         return not self.lost and self.ours() and time.monotonic() < self.expires_by
