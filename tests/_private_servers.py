@@ -130,8 +130,10 @@ def _compile_shim(root: Path) -> None:
     shim.chmod(0o755)
 
 
-def _quiet(command: list[str]) -> None:
-    subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+def _quiet(command: list[str], env: dict[str, str] | None = None) -> None:
+    subprocess.run(
+        command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env
+    )
 
 
 @contextlib.contextmanager
@@ -144,6 +146,11 @@ def private_mariadb(root: Path) -> Iterator[PrivateServer]:
     _compile_shim(root)
     user = ["--user=root"] if os.geteuid() == 0 else []
     data = f"--datadir={root / 'data'}"
+    # A starting mariadbd deletes every '#sql*' file in its tmpdir: with the default, /tmp,
+    # it would delete the shared server's temporary tables under its running queries (errors,
+    # and a crash of the shared server, were seen). Its own tmpdir, then, bootstrap included.
+    tmp = root / "tmp"
+    tmp.mkdir(exist_ok=True)
     _quiet(
         [
             install,
@@ -152,7 +159,8 @@ def private_mariadb(root: Path) -> Iterator[PrivateServer]:
             *user,
             "--auth-root-authentication-method=normal",
             "--skip-test-db",
-        ]
+        ],
+        env={**os.environ, "TMPDIR": str(tmp)},
     )
     port = _free_port()
     command = [
@@ -163,6 +171,7 @@ def private_mariadb(root: Path) -> Iterator[PrivateServer]:
         f"--port={port}",
         "--bind-address=127.0.0.1",
         f"--socket={root / 'sock'}",
+        f"--tmpdir={tmp}",
         "--skip-log-bin",
         "--innodb-buffer-pool-size=32M",
     ]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import click
 
 import dblock
@@ -164,7 +166,13 @@ def schema_command(ctx: click.Context, dialect: str | None) -> int:
     settings = settings_of(ctx)
     if dialect is None:
         try:
-            dialect = parse_url(settings.effective_url()).dialect
+            url = parse_url(settings.effective_url())
+            dialect = url.dialect
+            if dialect == "mysql" and url.query:  # refused now as connect() would refuse them
+                with contextlib.suppress(ImportError):
+                    from dblock.backends.mysql import connection_kwargs
+
+                    connection_kwargs(url, 1)
         except dblock.ConfigurationError as exc:  # DBLOCK_URL's (--url's is checked on entry)
             raise misconfigured(exc) from exc
     try:
