@@ -14,6 +14,9 @@ POSTGRESQL_URL = os.environ.get(
 )
 MYSQL_URL = os.environ.get("DBLOCK_TEST_MYSQL_URL", "mysql://root@127.0.0.1:3306/test")
 REDIS_URL = os.environ.get("DBLOCK_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+ZOOKEEPER_URL = os.environ.get(
+    "DBLOCK_TEST_ZOOKEEPER_URL", "zookeeper://127.0.0.1:2181/dblock_test"
+)
 REQUIRE_SERVERS = os.environ.get("DBLOCK_REQUIRE_SERVERS") == "1"
 
 
@@ -34,6 +37,8 @@ def raw_connect(url: str) -> Any:
         return psycopg.connect(url, autocommit=True, connect_timeout=5)
     if parts.scheme in ("redis", "rediss"):
         return raw_redis(url)
+    if parts.scheme in ("zookeeper", "zk"):
+        return raw_zookeeper(url)
     import pymysql
 
     return pymysql.connect(
@@ -55,6 +60,37 @@ def raw_redis(url: str) -> Any:
     client = redis.Redis.from_url(url, socket_connect_timeout=5, decode_responses=True)
     client.ping()  # a failed connection leaves no socket open
     return client
+
+
+class _Kazoo:
+    """A started kazoo client whose ``close`` also stops it."""
+
+    def __init__(self, hosts: str) -> None:
+        from kazoo.client import KazooClient
+
+        self.zk = KazooClient(hosts=hosts, timeout=10)
+        try:
+            self.zk.start(timeout=5)
+        except BaseException:
+            self.zk.close()
+            raise
+
+    def close(self) -> None:
+        self.zk.stop()
+        self.zk.close()
+
+
+def raw_zookeeper(url: str) -> Any:
+    """A plain kazoo client of the URL's servers (no chroot: paths are absolute)."""
+    return _Kazoo(urlsplit(url).netloc)
+
+
+def zookeeper_base(url: str, table: str) -> str:
+    """The node under which dblock keeps ``table`` (as in dblock.backends.zookeeper)."""
+    from dblock.backends.zookeeper import _encode
+
+    chroot = urlsplit(url).path.strip("/")
+    return f"/{chroot}/{_encode(table)}" if chroot else f"/{_encode(table)}"
 
 
 def redis_prefix(table: str) -> str:
@@ -94,6 +130,12 @@ def drop_tables(url: str, table: str) -> None:
     from dblock.backends.sql.names import aux_name
 
     conn = raw_connect(url)
+    if urlsplit(url).scheme in ("zookeeper", "zk"):
+        try:
+            conn.zk.delete(zookeeper_base(url, table), recursive=True)
+        finally:
+            conn.close()
+        return
     if urlsplit(url).scheme in ("redis", "rediss"):
         try:
             match = redis_prefix(table).replace("[", "\\[").replace("]", "\\]") + "*"

@@ -68,6 +68,7 @@ from tests._servers import (
     MYSQL_URL,
     POSTGRESQL_URL,
     REDIS_URL,
+    ZOOKEEPER_URL,
     columns,
     drop_tables,
     execute,
@@ -565,6 +566,16 @@ PROVIDERS: tuple[Entry, ...] = (
         private=_private_redis,
         kill_tagged=_redis_kill_tagged,
         serves_async=False,  # connect_async refuses Redis URLs for now (see RedisBackend)
+    ),
+    Entry(
+        name="zookeeper",
+        # no SQL, no file; the store is the shared server on 127.0.0.1:2181
+        capabilities=frozenset({"FairQueue", "SharedHolds", "OnceRecords", "Wakeups"})
+        | {"LossPush", "url", "processes", "cli"},
+        dialect="zookeeper",
+        url=lambda _tmp: ZOOKEEPER_URL,
+        default_port=2181,
+        check=_check("zookeeper"),
     ),
     Entry(
         name="memory",
