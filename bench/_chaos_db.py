@@ -52,6 +52,8 @@ def connect(url: str, *, autocommit: bool) -> Any:
     """A plain driver connection with short timeouts (not dblock's); for Redis a redis-py
     client that has reached the server."""
     parsed = parse_url(url)
+    if parsed.dialect == "zookeeper":
+        return _Kazoo(parsed.host or "")
     if parsed.dialect == "redis":
         import redis
 
@@ -160,6 +162,24 @@ def drop_tables(url: str, names: list[str]) -> None:
                 cur.execute(f"DROP SEQUENCE IF EXISTS {q(d, aux_name(name, '_token_seq'))}")
     finally:
         conn.close()
+
+
+class _Kazoo:
+    """A started kazoo client (the ensemble has a quorum); ``close`` stops it."""
+
+    def __init__(self, hosts: str) -> None:
+        from kazoo.client import KazooClient
+
+        self.zk = KazooClient(hosts=hosts, timeout=10)
+        try:
+            self.zk.start(timeout=5)
+        except BaseException:
+            self.zk.close()
+            raise
+
+    def close(self) -> None:
+        self.zk.stop()
+        self.zk.close()
 
 
 def _zookeeper_drop(url: str, names: list[str]) -> None:

@@ -13,6 +13,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -91,6 +92,7 @@ class Ensemble:
                     ]
                 )
             )
+        (root / "client_ports").write_text(" ".join(map(str, self.client_ports)))
         hosts = ",".join(f"127.0.0.1:{p}" for p in self.client_ports)
         self.hosts = hosts
         self.url = f"zookeeper://{hosts}/test"
@@ -99,7 +101,19 @@ class Ensemble:
         query = "&".join(f"{k}={v}" for k, v in params.items())
         return f"{self.url}?{query}" if query else self.url
 
-    def start(self, i: int) -> None:
+    @classmethod
+    def load(cls, root: Path) -> Ensemble:
+        """The ensemble made in ``root`` before (same ports, same data)."""
+        self = cls.__new__(cls)
+        self.java = shutil.which("java") or "java"
+        self.root = root
+        self.client_ports = [int(p) for p in (root / "client_ports").read_text().split()]
+        self._procs = [None] * len(self.client_ports)
+        self.hosts = ",".join(f"127.0.0.1:{p}" for p in self.client_ports)
+        self.url = f"zookeeper://{self.hosts}/test"
+        return self
+
+    def start(self, i: int, *, own_group: bool = True) -> None:
         """Start server ``i`` (0-based); it serves once the ensemble has a quorum."""
         home = self.root / f"zk{i + 1}"
         command = [
@@ -114,7 +128,7 @@ class Ensemble:
         ]
         with (home / "server.log").open("ab") as log:
             self._procs[i] = subprocess.Popen(
-                command, stdout=log, stderr=log, start_new_session=True, env=dict(os.environ)
+                command, stdout=log, stderr=log, start_new_session=own_group, env=dict(os.environ)
             )
 
     def start_all(self) -> None:
@@ -128,6 +142,17 @@ class Ensemble:
         deadline = time.monotonic() + timeout
         while True:
             modes = [self.mode(i) for i, p in enumerate(self._procs) if p is not None]
+            if all(m in ("leader", "follower") for m in modes):
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the private ensemble did not form: {modes}")
+            time.sleep(0.2)
+
+    def wait_serving_all(self, timeout: float = 90.0) -> None:
+        """Until every server answers as leader or follower (started by someone else)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            modes = [self.mode(i) for i in range(len(self.client_ports))]
             if all(m in ("leader", "follower") for m in modes):
                 return
             if time.monotonic() > deadline:
@@ -178,3 +203,52 @@ def pause(pid: int) -> None:
 
 def resume(pid: int) -> None:
     os.kill(pid, signal.SIGCONT)
+
+
+class EnsembleProcess:
+    """The whole ensemble as one process group (``python -m tests._zk_ensemble ROOT``), for
+    chaos.py's ``--server-cmd``: its restart fault SIGKILLs all three servers at once and
+    starts them again on the same data (the ``restart`` capability of the provider)."""
+
+    def __init__(self, root: Path) -> None:
+        self.ensemble = Ensemble(root)
+        self.url = self.ensemble.url
+        self.command = [sys.executable, "-m", "tests._zk_ensemble", str(root)]
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        with (self.ensemble.root / "launcher.log").open("ab") as log:
+            self._proc = subprocess.Popen(
+                self.command, cwd=ROOT, stdout=log, stderr=log, start_new_session=True
+            )
+        self.ensemble.wait_serving_all()
+
+    def kill(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            kill_group(proc)
+
+
+@contextlib.contextmanager
+def private_ensemble_process(root: Path) -> Iterator[EnsembleProcess]:
+    server = EnsembleProcess(root)
+    try:
+        server.start()
+        yield server
+    finally:
+        server.kill()
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _run_in_foreground(root: Path) -> None:
+    """Start every server of the ensemble in ``root`` in this process group; wait."""
+    ensemble = Ensemble.load(root)
+    for i in range(len(ensemble.client_ports)):
+        ensemble.start(i, own_group=False)
+    signal.pause()
+
+
+if __name__ == "__main__":
+    _run_in_foreground(Path(sys.argv[1]))

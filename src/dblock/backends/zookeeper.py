@@ -198,6 +198,9 @@ class ZkSubscription(Subscription):
         self.event = store.rt.event()
         #: local monotonic time at which the blocker's lease ends (wake to take it over)
         self.until: float | None = None
+        #: woken by ``until``: the next try reads the server's time (a write) to judge it
+        self.due = False
+        self.closed = False
 
     def fire(self, _event: object = None) -> None:
         self.event.set()
@@ -207,9 +210,11 @@ class ZkSubscription(Subscription):
             timeout = max(0.0, min(timeout, self.until - time.monotonic()))
         woken = self.event.wait(timeout)
         self.event.clear()
-        return woken or (self.until is not None and time.monotonic() >= self.until)
+        self.due = self.until is not None and time.monotonic() >= self.until
+        return woken or self.due
 
     def close(self) -> None:
+        self.closed = True
         self._store._subs.pop((self.key, self.owner), None)
 
 
@@ -346,14 +351,25 @@ class ZookeeperBackend(Store, FairQueue, SharedHolds, OnceRecords, Wakeups, Loss
             zk.ensure_path(self.clock)
             return int(zk.set(self.clock, b"").mtime)
 
-    def _look(self, zk: KazooClient, key: str, now: int | None) -> Look:
-        """Read the key's contenders; delete the expired ones (versioned)."""
+    def _look(
+        self,
+        zk: KazooClient,
+        key: str,
+        now: int | None,
+        below: int | None = None,
+        *,
+        estimate: bool = False,
+    ) -> Look:
+        """Read the key's contenders (only those whose sequence number is under ``below``, if
+        given: all that can block that node); delete the expired ones (versioned)."""
         kpath = self._kpath(key)
         record = zk.get_async(kpath)
         try:
             names = zk.get_children(kpath)
         except NoNodeError:
             names = []
+        if below is not None:
+            names = [n for n in names if int(n[-10:]) < below]
         try:
             raw_record = record.get()[0]
         except NoNodeError:
@@ -369,6 +385,8 @@ class ZookeeperBackend(Store, FairQueue, SharedHolds, OnceRecords, Wakeups, Loss
         nodes.sort(key=lambda n: n.seq)
         if now is None:
             now = self._now(zk) if nodes else 0
+        elif estimate:  # ``now`` is a lower bound: so is every mtime read
+            now = max([now, *(int(n.stat.mtime) for n in nodes)])
         look = Look(now, record=_load(raw_record))
         for n in nodes:
             if n.expires <= now:
@@ -394,7 +412,9 @@ class ZookeeperBackend(Store, FairQueue, SharedHolds, OnceRecords, Wakeups, Loss
         return Node(path, data, stat, key)
 
     def _arm(self, zk: KazooClient, key: str, owner: str, look: Look, me: Node | None) -> None:
-        """Point the waiter's subscription at what blocks it now."""
+        """Point the waiter's subscription at what blocks it now: a watch on that node alone
+        (its deletion wakes the waiter; a change of its data, a renewal, only moves the
+        watch), and a wake-up at its lease's end."""
         sub = self._subs.get((key, owner))
         if sub is None:
             return
@@ -404,10 +424,24 @@ class ZookeeperBackend(Store, FairQueue, SharedHolds, OnceRecords, Wakeups, Loss
             blocker = next(iter(look.holders() or look.live), None)
         if blocker is None:
             sub.until = None
-            zk.get_children_async(self._kpath(key), watch=sub.fire)
+            if me is not None:
+                sub.fire()  # nothing blocks it now: try again at once
+            else:
+                zk.get_children_async(self._kpath(key), watch=sub.fire)
             return
         sub.until = time.monotonic() + max(0, blocker.expires - look.now) / 1000 + 0.01
-        zk.exists_async(blocker.path, watch=sub.fire)
+        path = blocker.path
+
+        def changed(event: Any) -> None:
+            if getattr(event, "type", None) != "CHANGED" or sub.closed:
+                sub.fire()
+                return
+            with contextlib.suppress(Exception):  # the client closed: nothing to watch
+                result = self._client().exists_async(path, watch=changed)
+                result.rawlink(lambda r: sub.fire() if r.exception or r.value is None else None)
+
+        if zk.exists(path, watch=changed) is None:
+            sub.fire()  # gone since we looked (its watch would wait for a re-creation)
 
     def _take(self, zk: KazooClient, me: Node, look: Look) -> int | None:
         """``me`` holds if nothing blocks it; else it leaves (a try that failed)."""
@@ -497,7 +531,7 @@ class ZookeeperBackend(Store, FairQueue, SharedHolds, OnceRecords, Wakeups, Loss
     def acquire(self, key: str, owner: str, ttl: float, kind: str) -> int | None:
         def go(zk: KazooClient) -> int | None:
             me = self._create(zk, key, _data(owner, kind, ttl, h=1))
-            look = self._look(zk, key, me.stat.ctime)
+            look = self._look(zk, key, me.stat.ctime, me.seq)
             for n in list(look.live):  # our own earlier grant (a reply lost before a retry)
                 if n.seq < me.seq and n.owner == owner and n.kind == kind and n.data.get("h"):
                     with contextlib.suppress(NoNodeError, BadVersionError):
@@ -615,18 +649,15 @@ class ZookeeperBackend(Store, FairQueue, SharedHolds, OnceRecords, Wakeups, Loss
         the hold if nothing blocks it."""
 
         def go(zk: KazooClient) -> int | None:
-            fresh = self._write(zk, entry, entry.data)
-            if fresh is None:
-                self._queued.pop((entry.key, entry.owner), None)
+            sub = self._subs.get((entry.key, entry.owner))
+            # the server's time: read by a write only when a blocker's lease may have ended;
+            # else the latest mtime seen, which is earlier (nobody looks expired too soon)
+            now = self._now(zk) if sub is not None and sub.due else int(entry.stat.mtime)
+            look = self._look(zk, entry.key, now, entry.seq, estimate=True)
+            if look.blocker(entry) is not None:
+                self._arm(zk, entry.key, entry.owner, look, entry)
                 return None
-            self._queued[(entry.key, entry.owner)] = fresh
-            look = self._look(zk, entry.key, fresh.stat.mtime)
-            if look.blocker(fresh) is not None:
-                self._arm(zk, entry.key, entry.owner, look, fresh)
-                return None
-            held = self._write(
-                zk, fresh, {**fresh.data, "h": 1, "t": _ms(ttl), "a": fresh.stat.mtime}
-            )
+            held = self._write(zk, entry, {**entry.data, "h": 1, "t": _ms(ttl), "a": look.now})
             self._queued.pop((entry.key, entry.owner), None)
             if held is None:
                 return None
@@ -652,7 +683,9 @@ class ZookeeperBackend(Store, FairQueue, SharedHolds, OnceRecords, Wakeups, Loss
             old = self._queued.get((key, owner))
             if old is not None and self._write(zk, old, old.data) is not None:
                 return
-            self._queued[(key, owner)] = self._create(zk, key, _data(owner, kind, ttl))
+            entry = self._queued[(key, owner)] = self._create(zk, key, _data(owner, kind, ttl))
+            look = self._look(zk, key, entry.stat.ctime, entry.seq)
+            self._arm(zk, key, owner, look, entry)
 
         self._run("enqueue", go)
 
@@ -689,7 +722,7 @@ class ZookeeperBackend(Store, FairQueue, SharedHolds, OnceRecords, Wakeups, Loss
         return self._run("acquire", lambda zk: self._take_new(zk, self._create(zk, key, data)))
 
     def _take_new(self, zk: KazooClient, me: Node) -> int | None:
-        return self._take(zk, me, self._look(zk, me.key, me.stat.ctime))
+        return self._take(zk, me, self._look(zk, me.key, me.stat.ctime, me.seq))
 
     def release_shared(self, key: str, owner: str, token: int) -> bool:
         return self.release(key, owner, token)
@@ -786,11 +819,12 @@ class ZookeeperBackend(Store, FairQueue, SharedHolds, OnceRecords, Wakeups, Loss
         self._subs[(key, owner)] = sub
 
         def go(zk: KazooClient) -> None:
-            # any change of the key's contenders (our own queue entry's creation among
-            # them) wakes it once; each later try points it at what blocks the waiter
+            # any change of the key's contenders wakes it once; each later try (or the
+            # waiter's queue entry, once made) points it at what blocks the waiter
             zk.get_children_async(self._kpath(key), watch=sub.fire)
 
-        self._run("subscribe", go)
+        if queue is None:
+            self._run("subscribe", go)
         return sub
 
     def watch(self, key: str, owner: str, heard: Callable[[], None]) -> Callable[[], None]:
