@@ -62,27 +62,11 @@ def raw_redis(url: str) -> Any:
     return client
 
 
-class _Kazoo:
-    """A started kazoo client whose ``close`` also stops it."""
-
-    def __init__(self, hosts: str) -> None:
-        from kazoo.client import KazooClient
-
-        self.zk = KazooClient(hosts=hosts, timeout=10)
-        try:
-            self.zk.start(timeout=5)
-        except BaseException:
-            self.zk.close()
-            raise
-
-    def close(self) -> None:
-        self.zk.stop()
-        self.zk.close()
-
-
 def raw_zookeeper(url: str) -> Any:
-    """A plain kazoo client of the URL's servers (no chroot: paths are absolute)."""
-    return _Kazoo(urlsplit(url).netloc)
+    """A started kazoo client (``.zk``) of the URL's servers; paths are absolute."""
+    from bench.contenders import Kazoo
+
+    return Kazoo(url)
 
 
 def zookeeper_base(url: str, table: str) -> str:

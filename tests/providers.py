@@ -578,7 +578,7 @@ PROVIDERS: tuple[Entry, ...] = (
         # no SQL, no file; the store is the shared server on 127.0.0.1:2181
         # restart: a private 3-server ensemble, SIGKILLed and started again as a whole
         capabilities=frozenset({"FairQueue", "SharedHolds", "OnceRecords", "Wakeups"})
-        | {"LossPush", "url", "processes", "cli", "restart"},
+        | {"QueueJoin", "LossPush", "url", "processes", "cli", "restart"},
         dialect="zookeeper",
         url=lambda _tmp: ZOOKEEPER_URL,
         default_port=2181,

@@ -63,6 +63,7 @@ from ._contract import (
     FairQueue,
     LossPush,
     OnceRecords,
+    QueueJoin,
     SharedHolds,
     Store,
     Subscription,
@@ -218,7 +219,7 @@ class ZkSubscription(Subscription):
         self._store._subs.pop((self.key, self.owner), None)
 
 
-class ZookeeperBackend(Store, FairQueue, SharedHolds, OnceRecords, Wakeups, LossPush):
+class ZookeeperBackend(Store, FairQueue, SharedHolds, OnceRecords, Wakeups, QueueJoin, LossPush):
     """Locks in a ZooKeeper ensemble, under ``/<chroot>/<table>``."""
 
     name = dialect = "zookeeper"
@@ -671,8 +672,9 @@ class ZookeeperBackend(Store, FairQueue, SharedHolds, OnceRecords, Wakeups, Loss
             look = self._look(zk, key, None)
             entry = self._queued.get((key, owner))
             seq = entry.seq if entry is not None else 1 << 62
-            ahead = sum(1 for n in look.live if n.seq < seq and not n.data.get("h"))
-            return not look.holders(), ahead
+            holders = look.holders()
+            ahead = sum(1 for n in look.live if n.seq < seq and n not in holders)
+            return not holders, ahead
 
         return self._run("probe", go)
 
@@ -692,10 +694,12 @@ class ZookeeperBackend(Store, FairQueue, SharedHolds, OnceRecords, Wakeups, Loss
     def requeue(self, key: str, owner: str, kind: str, ttl: float) -> bool:
         def go(zk: KazooClient) -> bool:
             old = self._queued.get((key, owner))
-            fresh = self._write(zk, old, old.data) if old is not None else None
+            data = None if old is None else {k: v for k, v in old.data.items() if k != "h"}
+            fresh = None if old is None or data is None else self._write(zk, old, data)
             if fresh is None:
                 self._queued.pop((key, owner), None)
                 return False
+            fresh.data["t"] = _ms(ttl)
             self._queued[(key, owner)] = fresh
             return True
 
@@ -711,6 +715,26 @@ class ZookeeperBackend(Store, FairQueue, SharedHolds, OnceRecords, Wakeups, Loss
                 zk.delete(entry.path, version=entry.stat.version)
 
         self._run("leaving the queue", go)
+
+    # -- QueueJoin ------------------------------------------------------------------------------
+    def joining(self) -> bool:
+        return True  # a waiter's watch is set by the same call that queues it
+
+    def acquire_or_enqueue(self, key: str, owner: str, ttl: float, queue_ttl: float) -> int | None:
+        """Curator's way: the node made to try is the queue entry when the try fails (it
+        holds by itself once unblocked, until its first refresh makes it a plain entry)."""
+
+        def go(zk: KazooClient) -> int | None:
+            me = self._create(zk, key, _data(owner, "lock", ttl, h=1))
+            look = self._look(zk, key, me.stat.ctime, me.seq)
+            if look.blocker(me) is None and not look.record:
+                self._remember(me)
+                return me.token
+            self._queued[(key, owner)] = me
+            self._arm(zk, key, owner, look, me)
+            return None
+
+        return self._run("acquire", go)
 
     # -- SharedHolds ----------------------------------------------------------------------------
     def acquire_shared(
