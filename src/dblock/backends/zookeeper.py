@@ -100,8 +100,16 @@ class Node:
     data: dict[str, Any]
     stat: ZnodeStat
     key: str = ""
-    #: the key node's data version when a once claim was made (its record's version)
-    record: int = -1
+    #: local monotonic time at which our last write of it was sent (None: not written by us)
+    sent: float | None = None
+
+    def surely_live(self) -> bool:
+        """Its lease cannot have ended yet: the server wrote it after ``sent``, so less time
+        has passed on its clock than here (a margin covers clock rates)."""
+        if self.sent is None or "u" in self.data:
+            return False
+        left = int(self.data.get("t", 0)) / 1000 - (time.monotonic() - self.sent)
+        return left > 0.05 + 0.01 * int(self.data.get("t", 0)) / 1000
 
     @property
     def seq(self) -> int:
@@ -402,6 +410,7 @@ class ZookeeperBackend(Store, FairQueue, SharedHolds, OnceRecords, Wakeups, Queu
     def _create(self, zk: KazooClient, key: str, data: dict[str, Any]) -> Node:
         """A new contender of ``key`` (data: owner ``o``, kind ``k``, lease ``t``, ...)."""
         kind = str(data["k"])
+        sent = time.monotonic()
         path, stat = zk.create(
             f"{self._kpath(key)}/{PREFIX[kind]}",
             _dump(data),
@@ -410,7 +419,7 @@ class ZookeeperBackend(Store, FairQueue, SharedHolds, OnceRecords, Wakeups, Queu
             makepath=True,
             include_data=True,
         )
-        return Node(path, data, stat, key)
+        return Node(path, data, stat, key, sent)
 
     def _arm(self, zk: KazooClient, key: str, owner: str, look: Look, me: Node | None) -> None:
         """Point the waiter's subscription at what blocks it now: a watch on that node alone
@@ -484,6 +493,7 @@ class ZookeeperBackend(Store, FairQueue, SharedHolds, OnceRecords, Wakeups, Queu
     def _write(self, zk: KazooClient, node: Node, data: dict[str, Any]) -> Node | None:
         """Write our node's data (versioned); the new node, or None if it had expired or
         was gone (then it is deleted: it was ours)."""
+        sent = time.monotonic()
         try:
             stat = zk.set(node.path, _dump(data), version=node.stat.version)
         except BadVersionError:
@@ -499,7 +509,7 @@ class ZookeeperBackend(Store, FairQueue, SharedHolds, OnceRecords, Wakeups, Queu
                 zk.delete(node.path, version=stat.version)
             self._forget(node)
             return None
-        return replace(node, data=data, stat=stat)
+        return replace(node, data=data, stat=stat, sent=sent)
 
     @staticmethod
     def _written(zk: KazooClient, node: Node, data: dict[str, Any]) -> ZnodeStat | None:
@@ -561,6 +571,12 @@ class ZookeeperBackend(Store, FairQueue, SharedHolds, OnceRecords, Wakeups, Queu
             if node is None:
                 return False
             self._forget(node)
+            if node.surely_live():  # no need to read the server's time: just delete it
+                try:
+                    zk.delete(node.path, version=node.stat.version)
+                except (NoNodeError, BadVersionError):
+                    return False
+                return True
             tx = zk.transaction()
             tx.set_data(node.path, _dump(node.data), version=node.stat.version)
             tx.delete(node.path, version=node.stat.version + 1)
