@@ -5,8 +5,8 @@ whose children are the key's contenders, ephemeral sequential nodes named after 
 (``lock-``, ``write-``, ``read-``, ``sem-``, ``once-``; ``sched-`` nodes are persistent, so
 that ``at_least`` outlives the process). Their data (JSON) holds the owner, the kind, the
 lease in ms (``t``), whether the node holds (``h``; a fair waiter's queue entry does not yet)
-and, for semaphores, the permits. The key node's own data is the ``once`` record (P/F/S),
-changed only by a versioned ``set``. ``clock`` is a node written to read the server's time.
+and, for semaphores, the permits. The key node's child ``record`` is its ``once`` record
+(P/F/S), changed only by a versioned ``set``. ``clock`` is a node written to read the server's time.
 
 Who holds (as in Curator's ``LockInternals``): contenders are ordered by their sequence
 number; an exclusive node (lock, write, once, scheduled) holds when no live node is below
@@ -46,6 +46,7 @@ from kazoo.exceptions import (
     ConnectionClosedError,
     ConnectionLoss,
     KazooException,
+    NodeExistsError,
     NoNodeError,
     NotEmptyError,
     OperationTimeoutError,
@@ -81,6 +82,9 @@ PREFIX = {
 }
 EXCLUSIVE = frozenset({"lock", "write", "once", "scheduled"})
 STATE = {"processing": "P", "failed": "F", "succeeded": "S"}
+#: the child of a key node that holds its once-record (seen in the children list, so a
+#: plain lock's try needs no extra read to know the key has none)
+RECORD = "record"
 STATE_NAME = {v: k for k, v in STATE.items()}
 _PARAMS = ("session_timeout", "connect_timeout")
 _TRANSIENT = (
@@ -372,17 +376,14 @@ class ZookeeperBackend(Store, FairQueue, SharedHolds, OnceRecords, Wakeups, Queu
         """Read the key's contenders (only those whose sequence number is under ``below``, if
         given: all that can block that node); delete the expired ones (versioned)."""
         kpath = self._kpath(key)
-        record = zk.get_async(kpath)
         try:
             names = zk.get_children(kpath)
         except NoNodeError:
             names = []
+        record = self._record(zk, key)[0] if RECORD in names else {}
+        names = [n for n in names if n != RECORD]
         if below is not None:
             names = [n for n in names if int(n[-10:]) < below]
-        try:
-            raw_record = record.get()[0]
-        except NoNodeError:
-            raw_record = b""
         pending = [(f"{kpath}/{n}", zk.get_async(f"{kpath}/{n}")) for n in names]
         nodes: list[Node] = []
         for path, result in pending:
@@ -396,7 +397,7 @@ class ZookeeperBackend(Store, FairQueue, SharedHolds, OnceRecords, Wakeups, Queu
             now = self._now(zk) if nodes else 0
         elif estimate:  # ``now`` is a lower bound: so is every mtime read
             now = max([now, *(int(n.stat.mtime) for n in nodes)])
-        look = Look(now, record=_load(raw_record))
+        look = Look(now, record=record)
         for n in nodes:
             if n.expires <= now:
                 with contextlib.suppress(NoNodeError, BadVersionError):
@@ -483,6 +484,8 @@ class ZookeeperBackend(Store, FairQueue, SharedHolds, OnceRecords, Wakeups, Queu
         except NoNodeError:
             return None
         for name in names:
+            if name == RECORD:
+                continue
             with contextlib.suppress(NoNodeError):
                 raw, stat = zk.get(f"{kpath}/{name}")
                 found = Node(f"{kpath}/{name}", _load(raw), stat, key)
@@ -510,6 +513,14 @@ class ZookeeperBackend(Store, FairQueue, SharedHolds, OnceRecords, Wakeups, Queu
             self._forget(node)
             return None
         return replace(node, data=data, stat=stat, sent=sent)
+
+    def _record(self, zk: KazooClient, key: str) -> tuple[dict[str, Any], int]:
+        """The key's once-record and its version (-1: it has none)."""
+        try:
+            raw, stat = zk.get(f"{self._kpath(key)}/{RECORD}")
+        except NoNodeError:
+            return {}, -1
+        return _load(raw), int(stat.version)
 
     @staticmethod
     def _written(zk: KazooClient, node: Node, data: dict[str, Any]) -> ZnodeStat | None:
@@ -641,11 +652,18 @@ class ZookeeperBackend(Store, FairQueue, SharedHolds, OnceRecords, Wakeups, Queu
                 if look.live:
                     continue
                 with contextlib.suppress(NoNodeError):
-                    raw, stat = zk.get(kpath)
-                    record = _load(raw)
-                    if record and (not include_once or record.get("s") == "P"):
-                        continue
-                    if max(stat.mtime, stat.ctime) > now - _ms(older_than):
+                    record, version = self._record(zk, unquote(name))
+                    if version >= 0:
+                        if not include_once or record.get("s") == "P":
+                            continue
+                        stat = zk.exists(f"{kpath}/{RECORD}")
+                        if stat is None or stat.mtime > now - _ms(older_than):
+                            continue
+                        zk.delete(f"{kpath}/{RECORD}", version=version)
+                    stat = zk.exists(kpath)
+                    if stat is None or max(stat.mtime, stat.ctime) > now - _ms(older_than):
+                        if version >= 0:
+                            gone += 1  # its record went; the key node is left for later
                         continue
                     with contextlib.suppress(NotEmptyError, BadVersionError):
                         zk.delete(kpath, version=stat.version)
@@ -779,19 +797,20 @@ class ZookeeperBackend(Store, FairQueue, SharedHolds, OnceRecords, Wakeups, Queu
     # -- OnceRecords ----------------------------------------------------------------------------
     def claim_once(self, key: str, owner: str, ttl: float, note: str | None) -> int | None:
         def go(zk: KazooClient) -> int | None:
-            kpath = self._kpath(key)
-            zk.ensure_path(kpath)
-            raw, stat = zk.get(kpath)
-            if _load(raw).get("s") == "S":
+            old, version = self._record(zk, key)
+            if old.get("s") == "S":
                 return None
             me = self._create(zk, key, _data(owner, "once", ttl, h=1))
             token = self._take_new(zk, me)
             if token is None:
                 return None
-            record = {"s": "P", "o": owner, "n": note}
+            record = _dump({"s": "P", "o": owner, "n": note})
             try:
-                zk.set(kpath, _dump(record), version=stat.version)
-            except BadVersionError:  # the record changed since we read it: look again
+                if version < 0:
+                    zk.create(f"{self._kpath(key)}/{RECORD}", record)
+                else:
+                    zk.set(f"{self._kpath(key)}/{RECORD}", record, version=version)
+            except (BadVersionError, NodeExistsError):  # it changed since we read it
                 self._forget(me)
                 with contextlib.suppress(NoNodeError):
                     zk.delete(me.path)
@@ -802,12 +821,8 @@ class ZookeeperBackend(Store, FairQueue, SharedHolds, OnceRecords, Wakeups, Queu
 
     def once_state(self, key: str) -> tuple[str, str | None, bool] | None:
         def go(zk: KazooClient) -> tuple[str, str | None, bool] | None:
-            try:
-                raw, _ = zk.get(self._kpath(key))
-            except NoNodeError:
-                return None
-            record = _load(raw)
-            holders = self._look(zk, key, None).holders()
+            look = self._look(zk, key, None)
+            record, holders = look.record, look.holders()
             if record.get("s") in STATE_NAME:
                 return "once", STATE_NAME[record["s"]], bool(holders)
             if holders:
@@ -825,12 +840,14 @@ class ZookeeperBackend(Store, FairQueue, SharedHolds, OnceRecords, Wakeups, Queu
             self._forget(node)
             if live is None:
                 return False
-            kpath = self._kpath(key)
-            raw, stat = zk.get(kpath)
-            record = {**_load(raw), "s": STATE[state]}
+            record, version = self._record(zk, key)
             tx = zk.transaction()
             tx.delete(live.path, version=live.stat.version)
-            tx.set_data(kpath, _dump(record), version=stat.version)
+            tx.set_data(
+                f"{self._kpath(key)}/{RECORD}",
+                _dump({**record, "s": STATE[state]}),
+                version=version,
+            )
             results = tx.commit()
             return not any(isinstance(r, Exception) for r in results)
 
