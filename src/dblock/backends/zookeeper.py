@@ -314,34 +314,34 @@ class ZookeeperBackend(Store, FairQueue, SharedHolds, OnceRecords, Wakeups, Queu
             sub.fire()
 
     def _run(self, what: str, fn: Callable[..., T], *args: Any) -> T:
-        def wrapped() -> T:
-            # A lost connection (a leader election, a server gone) is retried while the
-            # session may still live: kazoo reconnects to another server meanwhile. Each
-            # operation is safe to repeat (see _write; a sequential node left by a lost reply
-            # is found by its owner's next try, or ends with its lease).
-            deadline = time.monotonic() + 1.5 * self.session_timeout
-            pause = 0.05
-            while True:
-                try:
-                    return fn(self._client(), *args)
-                except _TRANSIENT:
-                    if time.monotonic() + pause > deadline:
-                        raise
-                time.sleep(pause)
-                pause = min(1.0, pause * 2)
+        """``fn(zk, *args)`` (on a worker thread for the async client), its errors wrapped.
 
-        def run() -> T:
+        A lost connection (a leader election, a server gone) is retried while the session
+        may still live: kazoo reconnects to another server meanwhile. Each operation is safe
+        to repeat (see _write; a sequential node left by a lost reply is found by its owner's
+        next try, or ends with its lease)."""
+
+        def attempt() -> T:
+            return fn(self._client(), *args)
+
+        deadline = time.monotonic() + 1.5 * self.session_timeout
+        pause = 0.05
+        while True:
             try:
-                return wrapped()
+                return attempt() if self.rt is THREADS else self.rt.offload(attempt)
+            except _TRANSIENT as exc:
+                if time.monotonic() + pause > deadline:
+                    raise self._failed(what, exc) from exc
             except (KazooException, KazooTimeoutError) as exc:
-                raise BackendError(
-                    f"ZooKeeper at {self.safe_url} failed during {what} (table {self.table}): "
-                    f"{type(exc).__name__} {exc}; check that the ensemble is reachable"
-                ) from exc
+                raise self._failed(what, exc) from exc
+            self.rt.sleep(pause)
+            pause = min(1.0, pause * 2)
 
-        if self.rt is THREADS:
-            return run()
-        return self.rt.offload(run)
+    def _failed(self, what: str, exc: BaseException) -> BackendError:
+        return BackendError(
+            f"ZooKeeper at {self.safe_url} failed during {what} (table {self.table}): "
+            f"{type(exc).__name__} {exc}; check that the ensemble is reachable"
+        )
 
     def close(self) -> None:
         with self._lock:
