@@ -162,8 +162,16 @@ class Look:
         permits = int(me.data.get("p", 1))
         return sems[-permits] if len(sems) >= permits else None
 
+    def kept_from(self, me: Node) -> bool:
+        """The key's once-record keeps ``me`` (not a once claim) from it, whatever holds."""
+        return bool(self.record) and me.kind != "once"
+
     def holders(self) -> list[Node]:
-        return [n for n in self.live if n.data.get("h") and self.blocker(n) is None]
+        return [
+            n
+            for n in self.live
+            if n.data.get("h") and self.blocker(n) is None and not self.kept_from(n)
+        ]
 
 
 def _ms(seconds: float) -> int:
@@ -435,7 +443,7 @@ class ZookeeperBackend(Store, FairQueue, SharedHolds, OnceRecords, Wakeups, Queu
             blocker = next(iter(look.holders() or look.live), None)
         if blocker is None:
             sub.until = None
-            if me is not None:
+            if me is not None and not look.kept_from(me):
                 sub.fire()  # nothing blocks it now: try again at once
             else:
                 zk.get_children_async(self._kpath(key), watch=sub.fire)
@@ -456,7 +464,7 @@ class ZookeeperBackend(Store, FairQueue, SharedHolds, OnceRecords, Wakeups, Queu
 
     def _take(self, zk: KazooClient, me: Node, look: Look) -> int | None:
         """``me`` holds if nothing blocks it; else it leaves (a try that failed)."""
-        if look.blocker(me) is None and (me.kind == "once" or not look.record):
+        if look.blocker(me) is None and not look.kept_from(me):
             self._remember(me)
             return me.token
         with contextlib.suppress(NoNodeError):
@@ -689,7 +697,7 @@ class ZookeeperBackend(Store, FairQueue, SharedHolds, OnceRecords, Wakeups, Queu
             # else the latest mtime seen, which is earlier (nobody looks expired too soon)
             now = self._now(zk) if sub is not None and sub.due else int(entry.stat.mtime)
             look = self._look(zk, entry.key, now, entry.seq, estimate=True)
-            if look.blocker(entry) is not None:
+            if look.blocker(entry) is not None or look.kept_from(entry):
                 self._arm(zk, entry.key, entry.owner, look, entry)
                 return None
             held = self._write(zk, entry, {**entry.data, "h": 1, "t": _ms(ttl), "a": look.now})
@@ -761,7 +769,7 @@ class ZookeeperBackend(Store, FairQueue, SharedHolds, OnceRecords, Wakeups, Queu
         def go(zk: KazooClient) -> int | None:
             me = self._create(zk, key, _data(owner, "lock", ttl, h=1))
             look = self._look(zk, key, me.stat.ctime, me.seq)
-            if look.blocker(me) is None and not look.record:
+            if look.blocker(me) is None and not look.kept_from(me):
                 self._remember(me)
                 return me.token
             self._queued[(key, owner)] = me
