@@ -25,7 +25,10 @@ def dialect_of(url: str) -> str:
 
 def check_loopback(url: str) -> None:
     parsed = parse_url(url)
-    if parsed.dialect != "sqlite" and (parsed.host or "localhost") not in LOOPBACK:
+    hosts = [parsed.host or "localhost"]
+    if parsed.dialect == "zookeeper":  # host:port[,host:port...]
+        hosts = [h.rpartition(":")[0] or h for h in hosts[0].split(",")]
+    if parsed.dialect != "sqlite" and not set(hosts) <= LOOPBACK:
         raise SystemExit(f"chaos: refusing {parsed.safe}: the soak only talks to loopback")
 
 
@@ -49,6 +52,8 @@ def connect(url: str, *, autocommit: bool) -> Any:
     """A plain driver connection with short timeouts (not dblock's); for Redis a redis-py
     client that has reached the server."""
     parsed = parse_url(url)
+    if parsed.dialect == "zookeeper":
+        return _Kazoo(parsed.host or "")
     if parsed.dialect == "redis":
         import redis
 
@@ -126,7 +131,7 @@ def create_tables(url: str, resource: str, audit: str, keys: int) -> None:
 def resource_url(url: str, directory: str) -> str:
     """Where the protected resource lives: the database of the locks, or for a store that is
     no SQL database (Redis) an SQLite file of the run's (fencing protects any resource)."""
-    if dialect_of(url) == "redis":
+    if dialect_of(url) in ("redis", "zookeeper"):
         return f"sqlite:///{directory}/resource.sqlite3"
     return url
 
@@ -136,6 +141,9 @@ def drop_tables(url: str, names: list[str]) -> None:
     from dblock.backends.sql.names import aux_name
 
     d = dialect_of(url)
+    if d == "zookeeper":
+        _zookeeper_drop(url, names)
+        return
     conn = connect(url, autocommit=True)
     if d == "redis":
         try:
@@ -154,6 +162,42 @@ def drop_tables(url: str, names: list[str]) -> None:
                 cur.execute(f"DROP SEQUENCE IF EXISTS {q(d, aux_name(name, '_token_seq'))}")
     finally:
         conn.close()
+
+
+class _Kazoo:
+    """A started kazoo client (the ensemble has a quorum); ``close`` stops it."""
+
+    def __init__(self, hosts: str) -> None:
+        from kazoo.client import KazooClient
+
+        self.zk = KazooClient(hosts=hosts, timeout=10)
+        try:
+            self.zk.start(timeout=5)
+        except BaseException:
+            self.zk.close()
+            raise
+
+    def close(self) -> None:
+        self.zk.stop()
+        self.zk.close()
+
+
+def _zookeeper_drop(url: str, names: list[str]) -> None:
+    """Delete a lock table's nodes (as laid out by dblock.backends.zookeeper)."""
+    from kazoo.client import KazooClient
+
+    from dblock.backends.zookeeper import _encode
+
+    parsed = parse_url(url)
+    zk = KazooClient(hosts=parsed.host, timeout=10)
+    zk.start(timeout=10)
+    try:
+        chroot = f"/{parsed.database}" if parsed.database else ""
+        for name in names:
+            zk.delete(f"{chroot}/{_encode(name)}", recursive=True)
+    finally:
+        zk.stop()
+        zk.close()
 
 
 class FencedWriter:

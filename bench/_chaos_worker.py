@@ -8,6 +8,7 @@ Times are ``time.monotonic()``, which on Linux is one clock for every process of
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -138,6 +139,13 @@ def one_hold(
     if not got:
         return
     token, owner = lock.token, lock.owner
+    if token is None:
+        # lost between the grant and this line: a store that pushes losses (ZooKeeper's
+        # session expired in a restart) may end a hold at once; there is nothing to protect
+        log("error", op="acquire", key=key, cls="LockLost", msg="lost at once", took=0.0)
+        with contextlib.suppress(dblock.DBLockError):
+            lock.release()
+        return
     log(
         "hold",
         key=key,

@@ -180,7 +180,8 @@ class Soak:
         if self.dialect == "sqlite":
             ok.add("filelock")
         else:
-            ok.add("connkill")
+            if self.dialect != "zookeeper":  # ZooKeeper cannot end a client's session
+                ok.add("connkill")
             if self.server is not None:
                 ok.add("restart")
         return sorted(wanted & ok)

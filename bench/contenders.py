@@ -34,6 +34,7 @@ class Targets:
     postgresql: str = "postgresql://postgres@127.0.0.1:5432/test"
     mysql: str = "mysql://root@127.0.0.1:3306/test"
     redis: str = "redis://127.0.0.1:6379/0"
+    zookeeper: str = "zookeeper://127.0.0.1:2181/dblock_bench"
     sqlite_dir: str = "."
     table: str = "dblock_bench_locks"
     floor_table: str = "dblock_bench_floor"
@@ -57,7 +58,7 @@ Factory = Callable[[Targets, str], LockAdapter]
 class Contender:
     """One line of the tables: a lock implementation on one backend."""
 
-    backend: str  # postgresql | mysql | sqlite | redis | local
+    backend: str  # postgresql | mysql | sqlite | redis | zookeeper | local
     name: str
     kind: str  # dblock | floor | peer | broken
     factory: Factory
@@ -196,8 +197,29 @@ def _redis_client(url: str) -> Any:
     return redis.Redis.from_url(url)
 
 
+class Kazoo:
+    """A started kazoo client of the URL's servers (its chroot as a path prefix)."""
+
+    def __init__(self, url: str) -> None:
+        from urllib.parse import urlsplit
+
+        from kazoo.client import KazooClient
+
+        parts = urlsplit(url)
+        self.chroot = parts.path.rstrip("/")
+        self.zk = KazooClient(hosts=parts.netloc, timeout=10)
+        self.zk.start(timeout=10)
+
+    def close(self) -> None:
+        self.zk.stop()
+        self.zk.close()
+
+
 def _select1(backend: str, trips: int) -> Factory:
     def make(t: Targets, key: str) -> LockAdapter:
+        if backend == "zookeeper":
+            k = Kazoo(t.zookeeper)
+            return RoundTrips(lambda: k.zk.exists("/"), k.close, trips)
         if backend == "postgresql":
             conn = _pg_connect(t.postgresql)
             return RoundTrips(lambda: conn.execute("SELECT 1").fetchone(), conn.close, trips)
@@ -401,6 +423,10 @@ class ToozAdapter:
 def _tooz(backend: str, wait: float | None = None) -> Factory:
     def make(t: Targets, key: str) -> LockAdapter:
         url = t.url(backend)
+        if backend == "zookeeper":  # tooz's kazoo driver: kazoo://host:port
+            from urllib.parse import urlsplit
+
+            url = "kazoo://" + urlsplit(url).netloc.split(",")[0]
         if backend == "redis":
             url = url.rsplit("/", 1)[0] if url.count("/") > 2 else url
         return ToozAdapter(url, key, wait)
@@ -485,6 +511,25 @@ class SherlockAdapter:
         self.r.close()
 
 
+class KazooLockAdapter:
+    """kazoo's own Lock recipe: an ephemeral sequential node, each waiter watching its
+    predecessor (what Curator's InterProcessMutex does)."""
+
+    def __init__(self, t: Targets, key: str) -> None:
+        self.k = Kazoo(t.zookeeper)
+        self.lock = self.k.zk.Lock(f"{self.k.chroot}/kazoo_bench/{key}", uuid.uuid4().hex)
+
+    def acquire(self) -> None:
+        if not self.lock.acquire(blocking=True):
+            raise RuntimeError("kazoo Lock.acquire returned False")
+
+    def release(self) -> None:
+        self.lock.release()
+
+    def close(self) -> None:
+        self.k.close()
+
+
 class NoLock:
     """Deliberately broken: a "lock" that does not lock (to prove the exclusion check works)."""
 
@@ -502,7 +547,9 @@ class NoLock:
 
 
 # -- the registry -----------------------------------------------------------------------------
-BACKENDS = ("postgresql", "mysql", "sqlite", "redis")
+BACKENDS = ("postgresql", "mysql", "sqlite", "redis", "zookeeper")
+#: the round trip each backend's floors are made of
+TRIP = {"redis": "PING", "zookeeper": "exists"}
 
 
 def all_contenders() -> list[Contender]:
@@ -520,7 +567,7 @@ def all_contenders() -> list[Contender]:
         )
     )
     for b in BACKENDS:
-        trip = "PING" if b == "redis" else "SELECT 1"
+        trip = TRIP.get(b, "SELECT 1")
         c.append(Contender(b, f"floor: {trip} x1", "floor", _select1(b, 1), is_lock=False))
         c.append(Contender(b, f"floor: {trip} x2", "floor", _select1(b, 2), is_lock=False))
     for b in ("postgresql", "mysql", "sqlite"):
@@ -569,6 +616,8 @@ def all_contenders() -> list[Contender]:
     c.append(Contender("redis", "sherlock", "peer", SherlockAdapter, note="polls every 0.1 s"))
     c.append(Contender("redis", "python-redis-lock", "peer", RedisLockAdapter, note="BLPOP"))
     c.append(Contender("redis", "redis-py Lock", "peer", RedisPyAdapter, note="polls every 0.1 s"))
+    c.append(Contender("zookeeper", "kazoo Lock", "peer", KazooLockAdapter, note="kazoo recipe"))
+    c.append(Contender("zookeeper", "tooz", "peer", _tooz("zookeeper"), note="kazoo Lock inside"))
     c.append(Contender("local", "broken (no lock)", "broken", NoLock))
     return c
 

@@ -6,7 +6,7 @@ import contextlib
 import sqlite3
 from typing import Any
 
-from bench.contenders import Targets, _my_connect, _pg_connect, _redis_client, floor_ddl
+from bench.contenders import Kazoo, Targets, _my_connect, _pg_connect, _redis_client, floor_ddl
 
 
 def raw(t: Targets, backend: str) -> Any:
@@ -16,6 +16,8 @@ def raw(t: Targets, backend: str) -> Any:
         return _my_connect(t.mysql)
     if backend == "sqlite":
         return sqlite3.connect(t.sqlite_path, isolation_level=None, timeout=30)
+    if backend == "zookeeper":
+        return Kazoo(t.zookeeper)
     return _redis_client(t.redis)
 
 
@@ -37,6 +39,8 @@ def version(t: Targets, backend: str) -> str:
         try:
             if backend == "redis":
                 return "Redis " + str(conn.info("server")["redis_version"])
+            if backend == "zookeeper":
+                return "ZooKeeper " + ".".join(map(str, conn.zk.server_version()))
             if backend == "sqlite":
                 return "SQLite " + sqlite3.sqlite_version
             cur = conn.cursor()
@@ -65,6 +69,17 @@ def create_floor_table(t: Targets, backend: str) -> None:
 def drop_dblock_tables(t: Targets, backend: str, table: str) -> None:
     """Drop ``table`` and everything dblock keeps beside it (``<table>_meta``, ``_holders``,
     the token sequence...): whatever is named ``<table>_*``. Run ids keep the names unique."""
+    if backend == "zookeeper":  # its nodes, and kazoo's recipe's
+        with contextlib.suppress(Exception):
+            from dblock.backends.zookeeper import _encode
+
+            k = Kazoo(t.zookeeper)
+            try:
+                for path in (f"{k.chroot}/{_encode(table)}", f"{k.chroot}/kazoo_bench"):
+                    k.zk.delete(path, recursive=True)
+            finally:
+                k.close()
+        return
     if backend == "redis":  # its keys: dblock:{<table>}:*
         with contextlib.suppress(Exception):
             client = raw(t, backend)

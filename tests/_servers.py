@@ -14,6 +14,9 @@ POSTGRESQL_URL = os.environ.get(
 )
 MYSQL_URL = os.environ.get("DBLOCK_TEST_MYSQL_URL", "mysql://root@127.0.0.1:3306/test")
 REDIS_URL = os.environ.get("DBLOCK_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+ZOOKEEPER_URL = os.environ.get(
+    "DBLOCK_TEST_ZOOKEEPER_URL", "zookeeper://127.0.0.1:2181/dblock_test"
+)
 REQUIRE_SERVERS = os.environ.get("DBLOCK_REQUIRE_SERVERS") == "1"
 
 
@@ -34,6 +37,8 @@ def raw_connect(url: str) -> Any:
         return psycopg.connect(url, autocommit=True, connect_timeout=5)
     if parts.scheme in ("redis", "rediss"):
         return raw_redis(url)
+    if parts.scheme in ("zookeeper", "zk"):
+        return raw_zookeeper(url)
     import pymysql
 
     return pymysql.connect(
@@ -55,6 +60,21 @@ def raw_redis(url: str) -> Any:
     client = redis.Redis.from_url(url, socket_connect_timeout=5, decode_responses=True)
     client.ping()  # a failed connection leaves no socket open
     return client
+
+
+def raw_zookeeper(url: str) -> Any:
+    """A started kazoo client (``.zk``) of the URL's servers; paths are absolute."""
+    from bench.contenders import Kazoo
+
+    return Kazoo(url)
+
+
+def zookeeper_base(url: str, table: str) -> str:
+    """The node under which dblock keeps ``table`` (as in dblock.backends.zookeeper)."""
+    from dblock.backends.zookeeper import _encode
+
+    chroot = urlsplit(url).path.strip("/")
+    return f"/{chroot}/{_encode(table)}" if chroot else f"/{_encode(table)}"
 
 
 def redis_prefix(table: str) -> str:
@@ -94,6 +114,12 @@ def drop_tables(url: str, table: str) -> None:
     from dblock.backends.sql.names import aux_name
 
     conn = raw_connect(url)
+    if urlsplit(url).scheme in ("zookeeper", "zk"):
+        try:
+            conn.zk.delete(zookeeper_base(url, table), recursive=True)
+        finally:
+            conn.close()
+        return
     if urlsplit(url).scheme in ("redis", "rediss"):
         try:
             match = redis_prefix(table).replace("[", "\\[").replace("]", "\\]") + "*"

@@ -68,6 +68,7 @@ from tests._servers import (
     MYSQL_URL,
     POSTGRESQL_URL,
     REDIS_URL,
+    ZOOKEEPER_URL,
     columns,
     drop_tables,
     execute,
@@ -467,6 +468,12 @@ def _private_redis(root: Path) -> contextlib.AbstractContextManager[Any]:
     return private_redis(root)
 
 
+def _private_zookeeper(root: Path) -> contextlib.AbstractContextManager[Any]:
+    from tests._zk_ensemble import private_ensemble_process
+
+    return private_ensemble_process(root)
+
+
 def _redis_kill_tagged(provider: Provider, client: dblock.Client, _tag: str) -> int:
     """Kills every connection of the client's store, its pub/sub listener's too (all carry
     the store's own client name)."""
@@ -573,6 +580,18 @@ PROVIDERS: tuple[Entry, ...] = (
         check=_check("redis"),
         private=_private_redis,
         kill_tagged=_redis_kill_tagged,
+    ),
+    Entry(
+        name="zookeeper",
+        # no SQL, no file; the store is the shared server on 127.0.0.1:2181
+        # restart: a private 3-server ensemble, SIGKILLed and started again as a whole
+        capabilities=frozenset({"FairQueue", "SharedHolds", "OnceRecords", "Wakeups"})
+        | {"QueueJoin", "LossPush", "url", "processes", "cli", "restart"},
+        dialect="zookeeper",
+        url=lambda _tmp: ZOOKEEPER_URL,
+        default_port=2181,
+        check=_check("zookeeper"),
+        private=_private_zookeeper,
     ),
     Entry(
         name="memory",

@@ -26,6 +26,8 @@ SCHEMES = {
     "mariadb": "mysql",
     "redis": "redis",
     "rediss": "redis",
+    "zookeeper": "zookeeper",
+    "zk": "zookeeper",
 }
 
 
@@ -168,6 +170,36 @@ def url_number(
     return value
 
 
+def _zookeeper_url(url: str, safe: str) -> DatabaseURL:
+    """``zookeeper://host:port[,host:port...]/chroot``: ``host`` keeps the whole server list
+    (urllib cannot parse a list of ports), ``database`` the chroot without its slashes."""
+    parts = urlsplit(url)
+    servers = parts.netloc.split(",") if parts.netloc else []
+    for server in servers:
+        host, _, port = server.rpartition(":") if ":" in server else (server, "", "2181")
+        if "@" in server or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ConfigurationError(
+                f"invalid ZooKeeper URL {safe!r}: name its servers as host:port[,host:port...]"
+                f", not {server!r}"
+            )
+    if not servers:
+        raise ConfigurationError(f"invalid ZooKeeper URL {safe!r}: it names no server")
+    chroot = unquote(parts.path).strip("/")
+    if any(not p or p in (".", "..") or p == "zookeeper" for p in chroot.split("/") if chroot):
+        raise ConfigurationError(
+            f"invalid ZooKeeper URL {safe!r}: the chroot {chroot!r} must be a path of non-empty "
+            "names, none of them '.', '..' or 'zookeeper'"
+        )
+    return DatabaseURL(
+        url,
+        "zookeeper",
+        safe,
+        host=parts.netloc,
+        database=chroot,
+        query=dict(parse_qsl(parts.query, keep_blank_values=True)),
+    )
+
+
 def parse_url(url: str | None) -> DatabaseURL:
     """Parse ``url`` (None: the default); raise ConfigurationError naming what is wrong."""
     if url is None:
@@ -183,8 +215,10 @@ def parse_url(url: str | None) -> DatabaseURL:
         raise ConfigurationError(
             f"unsupported database URL {safe!r}: use sqlite:///path.db, "
             "postgresql://user:password@host:port/db, mysql://user:password@host:port/db or "
-            "redis://user:password@host:port/0"
+            "redis://user:password@host:port/0, or zookeeper://host:port[,host:port...]/chroot"
         )
+    if dialect == "zookeeper":
+        return _zookeeper_url(url, safe)
     try:
         parts = urlsplit(url)
         port = parts.port

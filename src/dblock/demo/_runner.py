@@ -7,6 +7,8 @@ import multiprocessing
 import queue
 import random
 import secrets
+import shutil
+import tempfile
 import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -14,11 +16,14 @@ from typing import Any, Protocol
 import dblock
 from dblock.backends import ddl_for, open_backend
 
-from .._url import DatabaseURL, scrub
+from .._url import DatabaseURL, parse_url, scrub
 from ._db import PREFIX, DemoDB, create_inventory, drop_objects, lock_table_objects, reset_inventory
 from ._db import stock_left as read_stock
 from ._strategies import Strategy
 from ._worker import Config, Shared, Stats, worker_main
+
+#: stores that are SQL databases: the demo's inventory table lives beside their locks
+SQL_DIALECTS = ("sqlite", "postgresql", "mysql")
 
 MAX_QTY = 5
 STRATEGY_DEADLINE = 300.0  # seconds; a strategy that takes longer is reported as failed
@@ -110,6 +115,13 @@ class Demo:
         self, url: DatabaseURL, workers: int, stock: int, seed: int, progress: ProgressSink
     ) -> None:
         self.url = url
+        #: the inventory's database: the lock store's, or an SQLite file of the run's for a
+        #: store that is no SQL database (its own directory, removed at the end)
+        self.inventory = url
+        self._scratch: str | None = None
+        if url.dialect not in SQL_DIALECTS:
+            self._scratch = tempfile.mkdtemp(prefix="dblock-demo-")
+            self.inventory = parse_url(f"sqlite:///{self._scratch}/inventory.sqlite3")
         self.workers = workers
         self.stock = stock
         self.seed = seed
@@ -128,14 +140,17 @@ class Demo:
         """Connect, create the demo's tables, start the workers. Raises Unreachable."""
         open_backend(self.url, None, self.lock_table).close()  # URL parameters, driver present
         try:
-            self.db = DemoDB(self.url)
+            self.db = DemoDB(self.inventory)
         except Exception as exc:  # noqa: BLE001 - any driver error means "cannot reach"
             raise Unreachable(self._detail(exc)) from None
         try:
             self.objects.append(("TABLE", self.table))
             create_inventory(self.db, self.table, self.stock)
             if any(s.number == 6 for s in strategies):
-                self.objects.extend(lock_table_objects(ddl_for(self.url.dialect, self.lock_table)))
+                if self.url.dialect in SQL_DIALECTS:
+                    self.objects.extend(
+                        lock_table_objects(ddl_for(self.url.dialect, self.lock_table))
+                    )
                 with dblock.connect(self.url.raw, table=self.lock_table):
                     pass  # creates the demo's own lock table
         except dblock.DBLockError:
@@ -152,7 +167,7 @@ class Demo:
             tasks=ctx.Queue(),
             results=ctx.Queue(),
         )
-        config = Config(self.url.raw, self.table, self.lock_table, self.orders)
+        config = Config(self.url.raw, self.table, self.lock_table, self.orders, self.inventory.raw)
         for wid in range(self.workers):
             proc = ctx.Process(
                 target=worker_main,
@@ -188,6 +203,8 @@ class Demo:
             except Exception as exc:  # noqa: BLE001 - report, do not mask the results
                 warnings.append(f"could not drop the demo tables: {self._detail(exc)}")
             self.db.close()
+        if self._scratch is not None:
+            shutil.rmtree(self._scratch, ignore_errors=True)
         return warnings
 
     def object_names(self) -> list[str]:
@@ -204,10 +221,10 @@ class Demo:
         result = Result(
             strategy.number,
             strategy.slug,
-            strategy.label(self.url.dialect),
+            strategy.label(self.inventory.dialect),
             strategy.correct,
         )
-        reason = strategy.skip_reason(self.url.dialect)
+        reason = strategy.skip_reason(self.inventory.dialect)
         if reason is not None:
             result.status, result.note = "skipped", reason
             result.stock_left = self.stock

@@ -32,6 +32,9 @@ class Config:
     table: str
     lock_table: str
     orders: list[tuple[int, float]]  # (quantity, processing seconds)
+    #: where the inventory table is: the lock store's database, or for a store that is no
+    #: SQL database (Redis, ZooKeeper) an SQLite file of the run's
+    inventory_url: str = ""
 
 
 @dataclass
@@ -62,9 +65,9 @@ class Stats:
 class Worker:
     """The per-process state: connections and the strategies as methods."""
 
-    def __init__(self, url: str, table: str, lock_table: str) -> None:
+    def __init__(self, url: str, table: str, lock_table: str, inventory_url: str = "") -> None:
         self.url = url
-        self.parsed = parse_url(url)
+        self.parsed = parse_url(inventory_url or url)
         self.table = table
         self.lock_table = lock_table
         self.db: DemoDB | None = None
@@ -259,7 +262,7 @@ def run_strategy(
 def worker_main(wid: int, config: Config, shared: Shared) -> None:
     """Process entry point: run each strategy the parent sends, until it sends None."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and stops us
-    worker = Worker(config.url, config.table, config.lock_table)
+    worker = Worker(config.url, config.table, config.lock_table, config.inventory_url)
     orders = config.orders
     try:
         while True:

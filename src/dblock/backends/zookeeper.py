@@ -1,0 +1,918 @@
+"""ZooKeeper backend (kazoo): Apache Curator's lock recipes under the store contract.
+
+Layout under ``/<chroot>/<table>``: one persistent node per key, ``k/<key, %-encoded>``,
+whose children are the key's contenders, ephemeral sequential nodes named after their kind
+(``lock-``, ``write-``, ``read-``, ``sem-``, ``once-``; ``sched-`` nodes are persistent, so
+that ``at_least`` outlives the process). Their data (JSON) holds the owner, the kind, the
+lease in ms (``t``), whether the node holds (``h``; a fair waiter's queue entry does not yet)
+and, for semaphores, the permits. The key node's child ``record`` is its ``once`` record
+(P/F/S), changed only by a versioned ``set``. ``clock`` is a node written to read the server's time.
+
+Who holds (as in Curator's ``LockInternals``): contenders are ordered by their sequence
+number; an exclusive node (lock, write, once, scheduled) holds when no live node is below
+it; a read node when no live exclusive node is below it; a semaphore node when no live
+non-semaphore node and fewer than ``permits`` semaphore nodes are below it. A waiter watches
+only the node that blocks it (its predecessor), never polls.
+
+Leases are on the server's clock: a node expires at its ``mtime`` (set by the server at each
+write) plus its lease, or at ``u`` (scheduled's ``at_least``). A live node with an ephemeral
+owner also ends with its holder's session. An expired node is deleted by the next contender
+that sees it, with a versioned delete (a renewal in between keeps it). "Now" on the server
+is the ``mtime`` of a write the operation makes anyway (its own node), or of ``clock``.
+
+Fencing token = the hold node's ``czxid``: the zxid of the transaction that created it, which
+the ensemble's leader assigns in strictly increasing order (the epoch in the high 32 bits
+grows with every leader election; it is persisted in the transaction log, so it survives
+restarts). Nodes are granted in sequence order, so a later grant has a larger czxid.
+
+Every operation runs on kazoo's connection; for the async client, on a worker thread
+(``rt.offload``), with waits on the loop (see docs/zookeeper.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timezone
+from typing import Any, TypeVar
+from urllib.parse import quote, unquote
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import (
+    BadVersionError,
+    ConnectionClosedError,
+    ConnectionLoss,
+    KazooException,
+    NodeExistsError,
+    NoNodeError,
+    NotEmptyError,
+    OperationTimeoutError,
+    SessionExpiredError,
+)
+from kazoo.handlers.threading import KazooTimeoutError
+from kazoo.protocol.states import KazooState, ZnodeStat
+
+from .. import _forksafe
+from .._errors import BackendError, ConfigurationError
+from .._runtime import THREADS
+from .._types import LockInfo
+from .._url import MAX_URL_TIMEOUT, DatabaseURL, url_number
+from ._contract import (
+    FairQueue,
+    LossPush,
+    OnceRecords,
+    QueueJoin,
+    SharedHolds,
+    Store,
+    Subscription,
+    Wakeups,
+)
+
+T = TypeVar("T")
+PREFIX = {
+    "lock": "lock-",
+    "write": "write-",
+    "read": "read-",
+    "semaphore": "sem-",
+    "once": "once-",
+    "scheduled": "sched-",
+}
+EXCLUSIVE = frozenset({"lock", "write", "once", "scheduled"})
+STATE = {"processing": "P", "failed": "F", "succeeded": "S"}
+#: the child of a key node that holds its once-record (seen in the children list, so a
+#: plain lock's try needs no extra read to know the key has none)
+RECORD = "record"
+STATE_NAME = {v: k for k, v in STATE.items()}
+_PARAMS = ("session_timeout", "connect_timeout")
+_TRANSIENT = (
+    ConnectionLoss,
+    ConnectionClosedError,
+    OperationTimeoutError,
+    SessionExpiredError,
+    KazooTimeoutError,
+)
+
+
+@dataclass
+class Node:
+    """One contender of a key, as last read or written."""
+
+    path: str
+    data: dict[str, Any]
+    stat: ZnodeStat
+    key: str = ""
+    #: local monotonic time at which our last write of it was sent (None: not written by us)
+    sent: float | None = None
+
+    def surely_live(self) -> bool:
+        """Its lease cannot have ended yet: the server wrote it after ``sent``, so less time
+        has passed on its clock than here (a margin covers clock rates)."""
+        if self.sent is None or "u" in self.data:
+            return False
+        left = int(self.data.get("t", 0)) / 1000 - (time.monotonic() - self.sent)
+        return left > 0.05 + 0.01 * int(self.data.get("t", 0)) / 1000
+
+    @property
+    def seq(self) -> int:
+        return int(self.path[-10:])
+
+    @property
+    def kind(self) -> str:
+        return str(self.data.get("k", "lock"))
+
+    @property
+    def owner(self) -> str:
+        return str(self.data.get("o", ""))
+
+    @property
+    def token(self) -> int:
+        return int(self.stat.czxid)
+
+    @property
+    def expires(self) -> int:
+        """The lease's end, server ms."""
+        if "u" in self.data:
+            return int(self.data["u"])
+        return int(self.stat.mtime) + int(self.data.get("t", 0))
+
+
+@dataclass
+class Look:
+    """A key's contenders, and the server's time they were judged at."""
+
+    now: int
+    live: list[Node] = field(default_factory=list)
+    #: the key's once-record: a key that has one is taken only by once()
+    record: dict[str, Any] = field(default_factory=dict)
+
+    def blocker(self, me: Node) -> Node | None:
+        """The live node that keeps ``me`` from holding (its predecessor), or None."""
+        below = [n for n in self.live if n.seq < me.seq]
+        if me.kind in EXCLUSIVE:
+            return below[-1] if below else None
+        if me.kind == "read":
+            return next((n for n in reversed(below) if n.kind != "read"), None)
+        others = [n for n in below if n.kind != "semaphore"]
+        if others:
+            return others[-1]
+        sems = [n for n in below if n.kind == "semaphore"]
+        permits = int(me.data.get("p", 1))
+        return sems[-permits] if len(sems) >= permits else None
+
+    def kept_from(self, me: Node) -> bool:
+        """The key's once-record keeps ``me`` (not a once claim) from it, whatever holds."""
+        return bool(self.record) and me.kind != "once"
+
+    def holders(self) -> list[Node]:
+        return [
+            n
+            for n in self.live
+            if n.data.get("h") and self.blocker(n) is None and not self.kept_from(n)
+        ]
+
+
+def _ms(seconds: float) -> int:
+    return max(1, round(seconds * 1000))
+
+
+def _when(ms: int) -> datetime:
+    return datetime.fromtimestamp(ms / 1000, tz=timezone.utc)
+
+
+def _encode(key: str) -> str:
+    # a node name may not contain '/', be '.' or '..': %-encode all but a safe set
+    return quote(key, safe="-_~:@!$&'()*+,;=").replace(".", "%2E")
+
+
+def _data(owner: str, kind: str, ttl: float, **extra: int) -> dict[str, Any]:
+    return {"o": owner, "k": kind, "t": _ms(ttl), **extra}
+
+
+def _dump(data: dict[str, Any]) -> bytes:
+    return json.dumps(data, separators=(",", ":")).encode()
+
+
+def _load(raw: bytes) -> dict[str, Any]:
+    if not raw:
+        return {}
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+class ZkSubscription(Subscription):
+    """Wakes when the node that blocked the waiter changes or goes, or at its lease's end."""
+
+    live = True
+    targeted = True
+    latched = True
+
+    def __init__(self, store: ZookeeperBackend, key: str, owner: str) -> None:
+        self._store = store
+        self.key = key
+        self.owner = owner
+        self.event = store.rt.event()
+        #: local monotonic time at which the blocker's lease ends (wake to take it over)
+        self.until: float | None = None
+        #: woken by ``until``: the next try reads the server's time (a write) to judge it
+        self.due = False
+        self.closed = False
+
+    def fire(self, _event: object = None) -> None:
+        self.event.set()
+
+    def wait(self, timeout: float) -> bool:
+        if self.until is not None:
+            timeout = max(0.0, min(timeout, self.until - time.monotonic()))
+        woken = self.event.wait(timeout)
+        self.event.clear()
+        self.due = self.until is not None and time.monotonic() >= self.until
+        return woken or self.due
+
+    def close(self) -> None:
+        self.closed = True
+        self._store._subs.pop((self.key, self.owner), None)
+
+
+class ZookeeperBackend(Store, FairQueue, SharedHolds, OnceRecords, Wakeups, QueueJoin, LossPush):
+    """Locks in a ZooKeeper ensemble, under ``/<chroot>/<table>``."""
+
+    name = dialect = "zookeeper"
+
+    def __init__(self, url: DatabaseURL, schema: str | None, table: str) -> None:
+        self.table = f"{schema}.{table}" if schema else table
+        self.safe_url = url.safe
+        unknown = sorted(set(url.query) - set(_PARAMS))
+        if unknown:
+            raise ConfigurationError(
+                f"unknown ZooKeeper URL parameter(s) {unknown} in {url.safe!r}; supported: "
+                "session_timeout (s, the session the holds live in), connect_timeout (s)"
+            )
+
+        def number(name: str, default: float, lo: float) -> float:
+            return url_number(
+                url.query.get(name),
+                name,
+                default,
+                safe=url.safe,
+                minimum=lo,
+                maximum=MAX_URL_TIMEOUT,
+            )
+
+        self.session_timeout = number("session_timeout", 10.0, 1.0)
+        self.connect_timeout = number("connect_timeout", 10.0, 0.001)
+        self.hosts = url.host or ""
+        chroot = f"/{url.database}" if url.database else ""
+        self.base = f"{chroot}/{_encode(self.table)}"
+        self.keys = f"{self.base}/k"
+        self.clock = f"{self.base}/clock"
+        self._zk: KazooClient | None = None
+        self._pid = _forksafe.pid()
+        self._lock = _forksafe.lock()
+        self._closed = False
+        #: this client's own nodes: (key, owner, token) -> node; (key, owner) -> latest
+        self._mine: dict[tuple[str, str, int], Node] = {}
+        self._latest: dict[tuple[str, str], Node] = {}
+        #: queue entries of fair waiters: (key, owner) -> node
+        self._queued: dict[tuple[str, str], Node] = {}
+        self._subs: dict[tuple[str, str], ZkSubscription] = {}
+        self._losses: dict[str, Callable[[], None]] = {}
+
+    # -- connection, errors ---------------------------------------------------------------
+    def _client(self) -> KazooClient:
+        with self._lock:
+            if self._closed:
+                raise BackendError(f"the ZooKeeper client of {self.safe_url} is closed")
+            if self._pid != _forksafe.pid():
+                # Forked: the parent's session and threads are not ours. Forget them without
+                # closing, as closing would end the parent's session (and its holds).
+                self._zk, self._pid = None, _forksafe.pid()
+                self._queued.clear()
+                self._subs.clear()
+                self._losses.clear()
+            if self._zk is None:
+                zk = KazooClient(hosts=self.hosts, timeout=self.session_timeout)
+                try:
+                    zk.start(timeout=self.connect_timeout)
+                except BaseException as exc:
+                    zk.stop()
+                    zk.close()
+                    if isinstance(exc, (KazooException, KazooTimeoutError)):
+                        raise BackendError(
+                            f"could not connect to ZooKeeper at {self.safe_url} within "
+                            f"{self.connect_timeout:g} s: {exc}; check that the ensemble runs"
+                        ) from exc
+                    raise
+                zk.add_listener(self._state_changed)
+                self._zk = zk
+            return self._zk
+
+    def _state_changed(self, state: str) -> None:
+        """SUSPENDED: nothing yet (the session may live on); LOST: every hold of the session
+        is gone, tell the holders; a reconnect: waiters look again (a watch may be lost)."""
+        if state == KazooState.LOST:
+            for heard in list(self._losses.values()):
+                heard()
+        for sub in list(self._subs.values()):
+            sub.fire()
+
+    def _run(self, what: str, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(zk, *args)`` (on a worker thread for the async client), its errors wrapped.
+
+        A lost connection (a leader election, a server gone) is retried while the session
+        may still live: kazoo reconnects to another server meanwhile. Each operation is safe
+        to repeat (see _write; a sequential node left by a lost reply is found by its owner's
+        next try, or ends with its lease)."""
+
+        def attempt() -> T:
+            return fn(self._client(), *args)
+
+        deadline = time.monotonic() + 1.5 * self.session_timeout
+        pause = 0.05
+        while True:
+            try:
+                return attempt() if self.rt is THREADS else self.rt.offload(attempt)
+            except _TRANSIENT as exc:
+                if time.monotonic() + pause > deadline:
+                    raise self._failed(what, exc) from exc
+            except (KazooException, KazooTimeoutError) as exc:
+                raise self._failed(what, exc) from exc
+            self.rt.sleep(pause)
+            pause = min(1.0, pause * 2)
+
+    def _failed(self, what: str, exc: BaseException) -> BackendError:
+        return BackendError(
+            f"ZooKeeper at {self.safe_url} failed during {what} (table {self.table}): "
+            f"{type(exc).__name__} {exc}; check that the ensemble is reachable"
+        )
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            zk, self._zk = self._zk, None
+        if zk is not None and self._pid == _forksafe.pid():
+            with contextlib.suppress(Exception):
+                zk.stop()
+                zk.close()
+
+    # -- helpers (run inside _run) ----------------------------------------------------------
+    def _kpath(self, key: str) -> str:
+        return f"{self.keys}/{_encode(key)}"
+
+    def _now(self, zk: KazooClient) -> int:
+        """The server's time (ms): the mtime of a write to the clock node."""
+        try:
+            return int(zk.set(self.clock, b"").mtime)
+        except NoNodeError:
+            zk.ensure_path(self.clock)
+            return int(zk.set(self.clock, b"").mtime)
+
+    def _look(
+        self,
+        zk: KazooClient,
+        key: str,
+        now: int | None,
+        below: int | None = None,
+        *,
+        estimate: bool = False,
+    ) -> Look:
+        """Read the key's contenders (only those whose sequence number is under ``below``, if
+        given: all that can block that node); delete the expired ones (versioned)."""
+        kpath = self._kpath(key)
+        try:
+            names = zk.get_children(kpath)
+        except NoNodeError:
+            names = []
+        record = self._record(zk, key)[0] if RECORD in names else {}
+        names = [n for n in names if n != RECORD]
+        if below is not None:
+            names = [n for n in names if int(n[-10:]) < below]
+        pending = [(f"{kpath}/{n}", zk.get_async(f"{kpath}/{n}")) for n in names]
+        nodes: list[Node] = []
+        for path, result in pending:
+            try:
+                raw, stat = result.get()
+            except NoNodeError:
+                continue
+            nodes.append(Node(path, _load(raw), stat, key))
+        nodes.sort(key=lambda n: n.seq)
+        if now is None:
+            now = self._now(zk) if nodes else 0
+        elif estimate:  # ``now`` is a lower bound: so is every mtime read
+            now = max([now, *(int(n.stat.mtime) for n in nodes)])
+        look = Look(now, record=record)
+        for n in nodes:
+            if n.expires <= now:
+                with contextlib.suppress(NoNodeError, BadVersionError):
+                    zk.delete(n.path, version=n.stat.version)
+                    continue  # deleted: it no longer blocks anyone
+                if not zk.exists(n.path):
+                    continue
+            look.live.append(n)
+        return look
+
+    def _create(self, zk: KazooClient, key: str, data: dict[str, Any]) -> Node:
+        """A new contender of ``key`` (data: owner ``o``, kind ``k``, lease ``t``, ...)."""
+        kind = str(data["k"])
+        sent = time.monotonic()
+        path, stat = zk.create(
+            f"{self._kpath(key)}/{PREFIX[kind]}",
+            _dump(data),
+            ephemeral=kind != "scheduled",
+            sequence=True,
+            makepath=True,
+            include_data=True,
+        )
+        return Node(path, data, stat, key, sent)
+
+    def _arm(self, zk: KazooClient, key: str, owner: str, look: Look, me: Node | None) -> None:
+        """Point the waiter's subscription at what blocks it now: a watch on that node alone
+        (its deletion wakes the waiter; a change of its data, a renewal, only moves the
+        watch), and a wake-up at its lease's end."""
+        sub = self._subs.get((key, owner))
+        if sub is None:
+            return
+        if me is not None:
+            blocker = look.blocker(me)
+        else:
+            blocker = next(iter(look.holders() or look.live), None)
+        if blocker is None:
+            sub.until = None
+            if me is not None and not look.kept_from(me):
+                sub.fire()  # nothing blocks it now: try again at once
+            else:
+                zk.get_children_async(self._kpath(key), watch=sub.fire)
+            return
+        sub.until = time.monotonic() + max(0, blocker.expires - look.now) / 1000 + 0.01
+        path = blocker.path
+
+        def changed(event: Any) -> None:
+            if getattr(event, "type", None) != "CHANGED" or sub.closed:
+                sub.fire()
+                return
+            with contextlib.suppress(Exception):  # the client closed: nothing to watch
+                result = self._client().exists_async(path, watch=changed)
+                result.rawlink(lambda r: sub.fire() if r.exception or r.value is None else None)
+
+        if zk.exists(path, watch=changed) is None:
+            sub.fire()  # gone since we looked (its watch would wait for a re-creation)
+
+    def _take(self, zk: KazooClient, me: Node, look: Look) -> int | None:
+        """``me`` holds if nothing blocks it; else it leaves (a try that failed)."""
+        if look.blocker(me) is None and not look.kept_from(me):
+            self._remember(me)
+            return me.token
+        with contextlib.suppress(NoNodeError):
+            zk.delete(me.path)
+        self._arm(zk, me.key, me.owner, look, None)
+        return None
+
+    def _remember(self, node: Node) -> None:
+        self._mine[(node.key, node.owner, node.token)] = node
+        self._latest[(node.key, node.owner)] = node
+
+    def _forget(self, node: Node) -> None:
+        self._mine.pop((node.key, node.owner, node.token), None)
+        if self._latest.get((node.key, node.owner)) is node:
+            del self._latest[(node.key, node.owner)]
+        self._losses.pop(node.path, None)
+
+    def _own(self, zk: KazooClient, key: str, owner: str, token: int) -> Node | None:
+        node = self._mine.get((key, owner, token))
+        if node is not None:
+            return node
+        kpath = self._kpath(key)
+        try:
+            names = zk.get_children(kpath)
+        except NoNodeError:
+            return None
+        for name in names:
+            if name == RECORD:
+                continue
+            with contextlib.suppress(NoNodeError):
+                raw, stat = zk.get(f"{kpath}/{name}")
+                found = Node(f"{kpath}/{name}", _load(raw), stat, key)
+                if found.owner == owner and found.token == token and found.data.get("h"):
+                    return found
+        return None
+
+    def _write(self, zk: KazooClient, node: Node, data: dict[str, Any]) -> Node | None:
+        """Write our node's data (versioned); the new node, or None if it had expired or
+        was gone (then it is deleted: it was ours)."""
+        sent = time.monotonic()
+        try:
+            stat = zk.set(node.path, _dump(data), version=node.stat.version)
+        except BadVersionError:
+            stat = self._written(zk, node, data)  # a retry, after a reply was lost?
+            if stat is None:
+                self._forget(node)
+                return None
+        except NoNodeError:
+            self._forget(node)
+            return None
+        if node.expires <= stat.mtime:
+            with contextlib.suppress(NoNodeError, BadVersionError):
+                zk.delete(node.path, version=stat.version)
+            self._forget(node)
+            return None
+        return replace(node, data=data, stat=stat, sent=sent)
+
+    def _record(self, zk: KazooClient, key: str) -> tuple[dict[str, Any], int]:
+        """The key's once-record and its version (-1: it has none)."""
+        try:
+            raw, stat = zk.get(f"{self._kpath(key)}/{RECORD}")
+        except NoNodeError:
+            return {}, -1
+        return _load(raw), int(stat.version)
+
+    @staticmethod
+    def _written(zk: KazooClient, node: Node, data: dict[str, Any]) -> ZnodeStat | None:
+        """The node's stat if it holds ``data`` one version on (our write whose reply was
+        lost); None if someone else's write came between."""
+        try:
+            raw, stat = zk.get(node.path)
+        except NoNodeError:
+            return None
+        if stat.version == node.stat.version + 1 and _load(raw) == data:
+            return stat
+        return None
+
+    # -- Store --------------------------------------------------------------------------------
+    def ensure_schema(self, create: bool) -> None:
+        def ensure(zk: KazooClient) -> None:
+            if create:
+                zk.ensure_path(self.keys)
+                zk.ensure_path(self.clock)
+            elif zk.exists(self.keys) is None:
+                raise ConfigurationError(
+                    f"the lock table {self.table} ({self.base}) does not exist in "
+                    f"{self.safe_url}; it is created by connect(create_schema=True) and by the "
+                    "dblock commands that take locks (run, once); ZooKeeper has no "
+                    "`dblock schema` to apply"
+                )
+
+        self._run("creating the lock table", ensure)
+
+    def acquire(self, key: str, owner: str, ttl: float, kind: str) -> int | None:
+        def go(zk: KazooClient) -> int | None:
+            me = self._create(zk, key, _data(owner, kind, ttl, h=1))
+            look = self._look(zk, key, me.stat.ctime, me.seq)
+            for n in list(look.live):  # our own earlier grant (a reply lost before a retry)
+                if n.seq < me.seq and n.owner == owner and n.kind == kind and n.data.get("h"):
+                    with contextlib.suppress(NoNodeError, BadVersionError):
+                        zk.delete(n.path, version=n.stat.version)
+                        look.live.remove(n)
+            return self._take(zk, me, look)
+
+        return self._run("acquire", go)
+
+    def renew(self, key: str, owner: str, token: int, ttl: float) -> bool:
+        def go(zk: KazooClient) -> bool:
+            node = self._own(zk, key, owner, token)
+            if node is None:
+                return False
+            data = {k: v for k, v in node.data.items() if k != "u"}
+            renewed = self._write(zk, node, {**data, "t": _ms(ttl)})
+            if renewed is not None:
+                self._remember(renewed)
+            return renewed is not None
+
+        return self._run("renew", go)
+
+    def release(self, key: str, owner: str, token: int) -> bool:
+        def go(zk: KazooClient) -> bool:
+            node = self._own(zk, key, owner, token)
+            if node is None:
+                return False
+            self._forget(node)
+            if node.surely_live():  # no need to read the server's time: just delete it
+                try:
+                    zk.delete(node.path, version=node.stat.version)
+                except (NoNodeError, BadVersionError):
+                    return False
+                return True
+            tx = zk.transaction()
+            tx.set_data(node.path, _dump(node.data), version=node.stat.version)
+            tx.delete(node.path, version=node.stat.version + 1)
+            stat, _ = tx.commit()
+            if isinstance(stat, Exception):
+                return False
+            return bool(node.expires > stat.mtime)
+
+        return self._run("release", go)
+
+    def info(self, key: str) -> LockInfo | None:
+        found = self._run("info", lambda zk: self._infos(zk, key))
+        return found[0] if found else None
+
+    def _infos(self, zk: KazooClient, key: str) -> list[LockInfo]:
+        holders = self._look(zk, key, None).holders()
+        return [
+            LockInfo(
+                key,
+                n.owner,
+                n.token,
+                _when(int(n.data.get("a", n.stat.ctime))),
+                _when(n.expires),
+                n.kind,  # type: ignore[arg-type]
+            )
+            for n in holders
+        ]
+
+    def list(self, prefix: str) -> list[LockInfo]:
+        def go(zk: KazooClient) -> list[LockInfo]:
+            try:
+                names = zk.get_children(self.keys)
+            except NoNodeError:
+                return []
+            keys = sorted(k for k in map(unquote, names) if k.startswith(prefix))
+            return [info for k in keys for info in self._infos(zk, k)]
+
+        return self._run("list", go)
+
+    def force_release(self, key: str) -> bool:
+        def go(zk: KazooClient) -> bool:
+            freed = False
+            for n in self._look(zk, key, None).holders():
+                with contextlib.suppress(NoNodeError):
+                    zk.delete(n.path)
+                    freed = True
+            return freed
+
+        return self._run("force_release", go)
+
+    def purge(self, older_than: float, include_once: bool) -> int:
+        def go(zk: KazooClient) -> int:
+            try:
+                names = zk.get_children(self.keys)
+            except NoNodeError:
+                return 0
+            now = self._now(zk)
+            gone = 0
+            for name in names:
+                kpath = f"{self.keys}/{name}"
+                look = self._look(zk, unquote(name), now - _ms(older_than))
+                if look.live:
+                    continue
+                with contextlib.suppress(NoNodeError):
+                    record, version = self._record(zk, unquote(name))
+                    if version >= 0:
+                        if not include_once or record.get("s") == "P":
+                            continue
+                        stat = zk.exists(f"{kpath}/{RECORD}")
+                        if stat is None or stat.mtime > now - _ms(older_than):
+                            continue
+                        zk.delete(f"{kpath}/{RECORD}", version=version)
+                    stat = zk.exists(kpath)
+                    if stat is None or max(stat.mtime, stat.ctime) > now - _ms(older_than):
+                        if version >= 0:
+                            gone += 1  # its record went; the key node is left for later
+                        continue
+                    with contextlib.suppress(NotEmptyError, BadVersionError):
+                        zk.delete(kpath, version=stat.version)
+                        gone += 1
+            return gone
+
+        return self._run("purge", go)
+
+    # -- FairQueue ------------------------------------------------------------------------------
+    def acquire_fair(self, key: str, owner: str, ttl: float, queued: bool) -> int | None:
+        entry = self._queued.get((key, owner)) if queued else None
+        if entry is None:
+            return self.acquire(key, owner, ttl, "lock")
+        return self._promote(entry, ttl)
+
+    def _promote(self, entry: Node, ttl: float) -> int | None:
+        """A queued waiter's try: refresh its entry (reading the server's time), and take
+        the hold if nothing blocks it."""
+
+        def go(zk: KazooClient) -> int | None:
+            sub = self._subs.get((entry.key, entry.owner))
+            # the server's time: read by a write only when a blocker's lease may have ended;
+            # else the latest mtime seen, which is earlier (nobody looks expired too soon)
+            now = self._now(zk) if sub is not None and sub.due else int(entry.stat.mtime)
+            look = self._look(zk, entry.key, now, entry.seq, estimate=True)
+            if look.blocker(entry) is not None or look.kept_from(entry):
+                self._arm(zk, entry.key, entry.owner, look, entry)
+                return None
+            held = self._write(zk, entry, {**entry.data, "h": 1, "t": _ms(ttl), "a": look.now})
+            self._queued.pop((entry.key, entry.owner), None)
+            if held is None:
+                return None
+            self._remember(held)
+            return held.token
+
+        return self._run("acquire", go)
+
+    def probe(self, key: str, owner: str) -> tuple[bool, int]:
+        def go(zk: KazooClient) -> tuple[bool, int]:
+            look = self._look(zk, key, None)
+            entry = self._queued.get((key, owner))
+            seq = entry.seq if entry is not None else 1 << 62
+            holders = look.holders()
+            ahead = sum(1 for n in look.live if n.seq < seq and n not in holders)
+            return not holders, ahead
+
+        return self._run("probe", go)
+
+    def enqueue(
+        self, key: str, owner: str, kind: str, ttl: float, lease: float | None = None
+    ) -> None:
+        def go(zk: KazooClient) -> None:
+            old = self._queued.get((key, owner))
+            if old is not None and self._write(zk, old, old.data) is not None:
+                return
+            entry = self._queued[(key, owner)] = self._create(zk, key, _data(owner, kind, ttl))
+            look = self._look(zk, key, entry.stat.ctime, entry.seq)
+            self._arm(zk, key, owner, look, entry)
+
+        self._run("enqueue", go)
+
+    def requeue(self, key: str, owner: str, kind: str, ttl: float) -> bool:
+        def go(zk: KazooClient) -> bool:
+            old = self._queued.get((key, owner))
+            data = None if old is None else {k: v for k, v in old.data.items() if k != "h"}
+            fresh = None if old is None or data is None else self._write(zk, old, data)
+            if fresh is None:
+                self._queued.pop((key, owner), None)
+                return False
+            fresh.data["t"] = _ms(ttl)
+            self._queued[(key, owner)] = fresh
+            return True
+
+        return self._run("requeue", go)
+
+    def dequeue(self, key: str, owner: str) -> None:
+        entry = self._queued.pop((key, owner), None)
+        if entry is None:
+            return
+
+        def go(zk: KazooClient) -> None:
+            with contextlib.suppress(NoNodeError, BadVersionError):
+                zk.delete(entry.path, version=entry.stat.version)
+
+        self._run("leaving the queue", go)
+
+    # -- QueueJoin ------------------------------------------------------------------------------
+    def joining(self) -> bool:
+        return True  # a waiter's watch is set by the same call that queues it
+
+    def acquire_or_enqueue(self, key: str, owner: str, ttl: float, queue_ttl: float) -> int | None:
+        """Curator's way: the node made to try is the queue entry when the try fails (it
+        holds by itself once unblocked, until its first refresh makes it a plain entry)."""
+
+        def go(zk: KazooClient) -> int | None:
+            me = self._create(zk, key, _data(owner, "lock", ttl, h=1))
+            look = self._look(zk, key, me.stat.ctime, me.seq)
+            if look.blocker(me) is None and not look.kept_from(me):
+                self._remember(me)
+                return me.token
+            self._queued[(key, owner)] = me
+            self._arm(zk, key, owner, look, me)
+            return None
+
+        return self._run("acquire", go)
+
+    # -- SharedHolds ----------------------------------------------------------------------------
+    def acquire_shared(
+        self, key: str, owner: str, ttl: float, kind: str, permits: int | None
+    ) -> int | None:
+        data = _data(owner, kind, ttl, h=1)
+        if permits is not None:
+            data["p"] = permits
+        return self._run("acquire", lambda zk: self._take_new(zk, self._create(zk, key, data)))
+
+    def _take_new(self, zk: KazooClient, me: Node) -> int | None:
+        return self._take(zk, me, self._look(zk, me.key, me.stat.ctime, me.seq))
+
+    def release_shared(self, key: str, owner: str, token: int) -> bool:
+        return self.release(key, owner, token)
+
+    def renew_shared(self, key: str, owner: str, token: int, ttl: float) -> bool:
+        return self.renew(key, owner, token, ttl)
+
+    def acquire_write(self, key: str, owner: str, ttl: float) -> int | None:
+        entry = self._queued.get((key, owner))
+        if entry is not None:
+            return self._promote(entry, ttl)
+        return self.acquire(key, owner, ttl, "write")
+
+    # -- OnceRecords ----------------------------------------------------------------------------
+    def claim_once(self, key: str, owner: str, ttl: float, note: str | None) -> int | None:
+        def go(zk: KazooClient) -> int | None:
+            old, version = self._record(zk, key)
+            if old.get("s") == "S":
+                return None
+            me = self._create(zk, key, _data(owner, "once", ttl, h=1))
+            token = self._take_new(zk, me)
+            if token is None:
+                return None
+            record = _dump({"s": "P", "o": owner, "n": note})
+            try:
+                if version < 0:
+                    zk.create(f"{self._kpath(key)}/{RECORD}", record)
+                else:
+                    zk.set(f"{self._kpath(key)}/{RECORD}", record, version=version)
+            except (BadVersionError, NodeExistsError):  # it changed since we read it
+                self._forget(me)
+                with contextlib.suppress(NoNodeError):
+                    zk.delete(me.path)
+                return None
+            return token
+
+        return self._run("claim_once", go)
+
+    def once_state(self, key: str) -> tuple[str, str | None, bool] | None:
+        def go(zk: KazooClient) -> tuple[str, str | None, bool] | None:
+            look = self._look(zk, key, None)
+            record, holders = look.record, look.holders()
+            if record.get("s") in STATE_NAME:
+                return "once", STATE_NAME[record["s"]], bool(holders)
+            if holders:
+                return holders[0].kind, None, True
+            return None
+
+        return self._run("state", go)
+
+    def finish_once(self, key: str, owner: str, token: int, state: str) -> bool:
+        def go(zk: KazooClient) -> bool:
+            node = self._own(zk, key, owner, token)
+            if node is None:
+                return False
+            live = self._write(zk, node, node.data)
+            self._forget(node)
+            if live is None:
+                return False
+            record, version = self._record(zk, key)
+            tx = zk.transaction()
+            tx.delete(live.path, version=live.stat.version)
+            tx.set_data(
+                f"{self._kpath(key)}/{RECORD}",
+                _dump({**record, "s": STATE[state]}),
+                version=version,
+            )
+            results = tx.commit()
+            return not any(isinstance(r, Exception) for r in results)
+
+        return self._run("recording the once outcome", go)
+
+    def finish_scheduled(self, key: str, owner: str, token: int, at_least: float) -> bool:
+        def go(zk: KazooClient) -> bool:
+            node = self._own(zk, key, owner, token)
+            if node is None:
+                return False
+            until = int(node.stat.ctime) + _ms(at_least)
+            kept = self._write(zk, node, {**node.data, "u": until})
+            self._forget(node)
+            if kept is None:
+                return False
+            if kept.stat.mtime >= until:
+                with contextlib.suppress(NoNodeError, BadVersionError):
+                    zk.delete(kept.path, version=kept.stat.version)
+            return True
+
+        return self._run("release", go)
+
+    # -- Wakeups, LossPush ----------------------------------------------------------------------
+    def subscribe(self, key: str, owner: str, queue: str | None = None) -> Subscription:
+        sub = ZkSubscription(self, key, owner)
+        self._subs[(key, owner)] = sub
+
+        def go(zk: KazooClient) -> None:
+            # any change of the key's contenders wakes it once; each later try (or the
+            # waiter's queue entry, once made) points it at what blocks the waiter
+            zk.get_children_async(self._kpath(key), watch=sub.fire)
+
+        if queue is None:
+            self._run("subscribe", go)
+        return sub
+
+    def watch(self, key: str, owner: str, heard: Callable[[], None]) -> Callable[[], None]:
+        node = self._latest.get((key, owner))
+        if node is None:
+            return lambda: None
+        path = node.path
+        self._losses[path] = heard
+
+        def fired(event: Any) -> None:
+            if getattr(event, "type", None) == "DELETED" and path in self._losses:
+                self._losses.pop(path)()
+            elif path in self._losses:  # a renewal: watch on
+                with contextlib.suppress(Exception):
+                    self._client().exists_async(path, watch=fired)
+
+        def go(zk: KazooClient) -> None:
+            if zk.exists(path, watch=fired) is None and path in self._losses:
+                self._losses.pop(path)()
+
+        self._run("watch", go)
+
+        def stop() -> None:
+            self._losses.pop(path, None)
+
+        return stop
