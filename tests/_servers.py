@@ -14,6 +14,7 @@ POSTGRESQL_URL = os.environ.get(
 )
 MYSQL_URL = os.environ.get("DBLOCK_TEST_MYSQL_URL", "mysql://root@127.0.0.1:3306/test")
 REDIS_URL = os.environ.get("DBLOCK_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+ETCD_URL = os.environ.get("DBLOCK_TEST_ETCD_URL", "etcd://127.0.0.1:2379")
 REQUIRE_SERVERS = os.environ.get("DBLOCK_REQUIRE_SERVERS") == "1"
 
 
@@ -34,6 +35,8 @@ def raw_connect(url: str) -> Any:
         return psycopg.connect(url, autocommit=True, connect_timeout=5)
     if parts.scheme in ("redis", "rediss"):
         return raw_redis(url)
+    if parts.scheme.startswith("etcd"):
+        return raw_etcd(url)
     import pymysql
 
     return pymysql.connect(
@@ -54,6 +57,20 @@ def raw_redis(url: str) -> Any:
 
     client = redis.Redis.from_url(url, socket_connect_timeout=5, decode_responses=True)
     client.ping()  # a failed connection leaves no socket open
+    return client
+
+
+def raw_etcd(url: str) -> Any:
+    """A plain etcd client (pyetcd) of the URL's first endpoint, its server reached now."""
+    import pyetcd
+
+    host, _, port = urlsplit(url).netloc.rpartition("@")[2].split(",")[0].rpartition(":")
+    client = pyetcd.client(host or "127.0.0.1", int(port or 2379), timeout=5)
+    try:
+        client.status()
+    except BaseException:
+        client.close()
+        raise
     return client
 
 
@@ -94,6 +111,13 @@ def drop_tables(url: str, table: str) -> None:
     from dblock.backends.sql.names import aux_name
 
     conn = raw_connect(url)
+    if urlsplit(url).scheme.startswith("etcd"):
+        try:
+            conn.delete_prefix(f"dblock/{table}/".encode())
+            conn.delete(f"dblock/{table}\0".encode())
+        finally:
+            conn.close()
+        return
     if urlsplit(url).scheme in ("redis", "rediss"):
         try:
             match = redis_prefix(table).replace("[", "\\[").replace("]", "\\]") + "*"

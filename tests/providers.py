@@ -65,6 +65,7 @@ import pytest
 
 import dblock
 from tests._servers import (
+    ETCD_URL,
     MYSQL_URL,
     POSTGRESQL_URL,
     REDIS_URL,
@@ -565,6 +566,17 @@ PROVIDERS: tuple[Entry, ...] = (
         private=_private_redis,
         kill_tagged=_redis_kill_tagged,
         serves_async=False,  # connect_async refuses Redis URLs for now (see RedisBackend)
+    ),
+    Entry(
+        name="etcd",
+        # no SQL, no file; leases are the cluster's (whole seconds); what a test may kill is
+        # the private cluster of tests/backends/etcd, never this shared node
+        capabilities=frozenset({"FairQueue", "SharedHolds", "OnceRecords", "Wakeups"})
+        | {"url", "processes", "cli", "durable"},
+        dialect="etcd",
+        url=lambda _tmp: ETCD_URL,
+        default_port=2379,
+        check=_check("etcd"),
     ),
     Entry(
         name="memory",

@@ -18,6 +18,7 @@ BACKENDS: dict[str, tuple[str, str, str | None]] = {
     "postgresql": ("dblock.backends.postgresql", "PostgresBackend", "postgresql"),
     "mysql": ("dblock.backends.mysql", "MysqlBackend", "mysql"),
     "redis": ("dblock.backends.redis", "RedisBackend", "redis"),
+    "etcd": ("dblock.backends.etcd", "EtcdBackend", "etcd"),
 }
 
 
