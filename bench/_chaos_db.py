@@ -25,7 +25,12 @@ def dialect_of(url: str) -> str:
 
 def check_loopback(url: str) -> None:
     parsed = parse_url(url)
-    if parsed.dialect != "sqlite" and (parsed.host or "localhost") not in LOOPBACK:
+    hosts = [parsed.host or "localhost"]
+    if parsed.dialect == "etcd":  # every endpoint of the cluster
+        from dblock.backends._etcd_rpc import endpoints
+
+        hosts = [host for host, _ in endpoints(parsed)]
+    if parsed.dialect != "sqlite" and any(h not in LOOPBACK for h in hosts):
         raise SystemExit(f"chaos: refusing {parsed.safe}: the soak only talks to loopback")
 
 
@@ -126,7 +131,7 @@ def create_tables(url: str, resource: str, audit: str, keys: int) -> None:
 def resource_url(url: str, directory: str) -> str:
     """Where the protected resource lives: the database of the locks, or for a store that is
     no SQL database (Redis) an SQLite file of the run's (fencing protects any resource)."""
-    if dialect_of(url) == "redis":
+    if dialect_of(url) in ("redis", "etcd"):
         return f"sqlite:///{directory}/resource.sqlite3"
     return url
 
@@ -136,6 +141,20 @@ def drop_tables(url: str, names: list[str]) -> None:
     from dblock.backends.sql.names import aux_name
 
     d = dialect_of(url)
+    if d == "etcd":  # a table's keys (as in dblock.backends.etcd)
+        import pyetcd
+
+        from dblock.backends._etcd_rpc import endpoints
+
+        host, port = endpoints(parse_url(url))[0]
+        client = pyetcd.client(host, port, timeout=5)
+        try:
+            for name in names:
+                client.delete_prefix(f"dblock/{name}/".encode())
+                client.delete(f"dblock/{name}\0".encode())
+        finally:
+            client.close()
+        return
     conn = connect(url, autocommit=True)
     if d == "redis":
         try:

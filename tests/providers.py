@@ -32,6 +32,8 @@ provider and what a test may do to it:
 ``blocking``   the test's clients are blocking ``dblock.Client`` objects (the ``[sync]`` runs)
 ``asyncio``    the store serves the async client (``dblock.connect_async``): the ``[async]``
                runs, and the async-only tests, need it
+``exact_ttl``  a lease lasts its ttl to the millisecond, fractions of a second too (etcd's
+               leases are whole seconds, at least one: a 0.3 s ttl holds for 1 s)
 
 Every provider runs in two client modes (``mode``): ``[sync]``, where ``connect`` returns a
 blocking ``dblock.Client``, and ``[async]``, where it returns a blocking facade over an
@@ -97,6 +99,7 @@ HARNESS_CAPABILITIES = frozenset(
         "advisory",
         "blocking",
         "asyncio",
+        "exact_ttl",
     }
 )
 #: the client modes of every contract test: ``provider.connect`` gives a blocking client, or
@@ -123,6 +126,8 @@ class Entry:
     default_port: int | None = None
     #: the store serves the async client (harness capability "asyncio")
     serves_async: bool = True
+    #: leases last their ttl exactly, fractions of a second too (harness capability)
+    exact_ttl: bool = True
     #: the store's SQL identifier quote and parameter marker (capability "sql")
     q: str = '"'
     mark: str = "%s"
@@ -163,7 +168,8 @@ class Provider:
     @property
     def capabilities(self) -> frozenset[str]:
         mode = {"blocking"} if self.mode == "sync" else set()
-        return self.entry.capabilities | mode | ({"asyncio"} if self.entry.serves_async else set())
+        mode |= {"asyncio"} if self.entry.serves_async else set()
+        return self.entry.capabilities | mode | ({"exact_ttl"} if self.entry.exact_ttl else set())
 
     @property
     def dialect(self) -> str | None:
@@ -577,6 +583,7 @@ PROVIDERS: tuple[Entry, ...] = (
         url=lambda _tmp: ETCD_URL,
         default_port=2379,
         check=_check("etcd"),
+        exact_ttl=False,
     ),
     Entry(
         name="memory",

@@ -111,10 +111,13 @@ class Rpc:
         self.table = table
         self._secrets = secrets
         self._client: Any = None
+        self._closed = False
         self.rt: Runtime = THREADS
 
     # -- the client -----------------------------------------------------------------------
     def client(self) -> Any:
+        if self._closed:
+            raise BackendError(f"the client of {self.safe_url} (table {self.table}) is closed")
         if self._client is None:
             self._client = self._connect()
         return self._client
@@ -139,6 +142,7 @@ class Rpc:
         )
 
     def close(self) -> None:
+        self._closed = True
         client, self._client = self._client, None
         if client is not None:
             with contextlib.suppress(Exception):
@@ -152,7 +156,6 @@ class Rpc:
         for attempt in range(tries):
             try:
                 result: T = self.rt.offload(self._once, fn)
-                return result
             except grpc.RpcError as exc:
                 code = exc.code() if hasattr(exc, "code") else None
                 if code in _UNREACHABLE and attempt + 1 < tries:
@@ -171,6 +174,8 @@ class Rpc:
                 if type(exc).__module__.startswith(("pyetcd", "grpc")):
                     raise self._wrap(exc, f"{what} failed on {self.safe_url}", key) from exc
                 raise
+            else:
+                return result
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _once(self, fn: Callable[[Any, tuple[Any, ...]], T]) -> T:

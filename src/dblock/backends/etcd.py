@@ -108,6 +108,9 @@ class EtcdBackend(Store, FairQueue, SharedHolds, OnceRecords, Wakeups):
         self._entries: dict[tuple[str, str], tuple[str, int, int]] = {}
         self._mutex = threading.Lock()
         self._subs: set[EtcdSubscription] = set()
+        #: key -> the revision at which this client last found it busy: a watch from there
+        #: on hears every release since that try
+        self._busy_at: dict[str, int] = {}
 
     def __setattr__(self, name: str, value: Any) -> None:
         super().__setattr__(name, value)
@@ -173,6 +176,7 @@ class EtcdBackend(Store, FairQueue, SharedHolds, OnceRecords, Wakeups):
                 with self._mutex:
                     self._holds[token] = (lease, granted, sent)
                 return token
+            self._saw(key, int(reply.header.revision))
             mine = [kv for kv in _kvs(reply, 0) if _decode(kv).get("o") == owner]
             if attempt or not mine:
                 break
@@ -184,6 +188,10 @@ class EtcdBackend(Store, FairQueue, SharedHolds, OnceRecords, Wakeups):
         with contextlib.suppress(BackendError):
             self.rpc.revoke("acquire", lease, key)
         return None
+
+    def _saw(self, key: str, revision: int) -> None:
+        with self._mutex:
+            self._busy_at[key] = revision
 
     def _exclusive(self, key: str) -> list[Any]:
         """No once-record and no shared hold."""
@@ -449,6 +457,7 @@ class EtcdBackend(Store, FairQueue, SharedHolds, OnceRecords, Wakeups):
         try:
             for _ in range(_OPTIMISTIC_TRIES):
                 rev, kvs = self._read("acquire", key)
+                self._saw(key, rev)
                 peers = 0
                 for kv in kvs:
                     k = bytes(kv.key)
@@ -576,7 +585,9 @@ class EtcdBackend(Store, FairQueue, SharedHolds, OnceRecords, Wakeups):
 
     # -- Wakeups ----------------------------------------------------------------------------
     def subscribe(self, key: str, owner: str, queue: str | None = None) -> Subscription:
-        sub = EtcdSubscription(self, key)
+        with self._mutex:
+            since = self._busy_at.pop(key, None)
+        sub = EtcdSubscription(self, key, since)
         with self._mutex:
             self._subs.add(sub)
         return sub
@@ -589,23 +600,27 @@ class EtcdBackend(Store, FairQueue, SharedHolds, OnceRecords, Wakeups):
 class EtcdSubscription(Subscription):
     """A watch on the deletions of one lock key's range (releases, expiries, queue leaves)."""
 
-    latched = True  # a deletion since the watch began wakes the next wait
-
-    def __init__(self, store: EtcdBackend, key: str) -> None:
+    def __init__(self, store: EtcdBackend, key: str, since: int | None) -> None:
         self._store = store
         self._key = key
         self._event = store.rt.event()
         self._watch: int | None = None
+        #: watching from just after the waiter's failed try, a release in between still
+        #: wakes its first wait
+        self._since = since
+        self.latched = since is not None
         self.live = self._start()
 
     def _start(self) -> bool:
         base = self._store._base(self._key)
         callback: Callable[[Any], None] = self._heard
+        since, self._since = self._since, None
+        extra = {} if since is None else {"start_revision": since + 1}
 
         def add(client: Any, _a: tuple[Any, ...]) -> int:
             return int(
                 client.add_watch_prefix_callback(
-                    base, callback, filters=[etcdrpc.WatchCreateRequest.NOPUT]
+                    base, callback, filters=[etcdrpc.WatchCreateRequest.NOPUT], **extra
                 )
             )
 
