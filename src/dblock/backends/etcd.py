@@ -35,7 +35,6 @@ import contextlib
 import json
 import threading
 import time
-from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -58,6 +57,7 @@ from ._etcd_rpc import (
     put,
     unchanged_since,
 )
+from ._etcd_watch import EtcdSubscription
 from .sql.schema import MissingTable
 
 Kvs = list[Any]  # a name for the class whose method `list` shadows the builtin
@@ -511,7 +511,7 @@ class EtcdBackend(Store, FairQueue, SharedHolds, OnceRecords, Wakeups):
 
     # -- OnceRecords ------------------------------------------------------------------------
     def claim_once(self, key: str, owner: str, ttl: float, note: str | None) -> int | None:
-        hold, once, _, _ = self._parts(key)
+        hold, once, shared, _ = self._parts(key)
         notes = self._base(key) + b"n"
         done = etcdrpc.Compare(
             key=once, target=etcdrpc.Compare.VALUE, result=etcdrpc.Compare.EQUAL, value=b"succeeded"
@@ -527,7 +527,11 @@ class EtcdBackend(Store, FairQueue, SharedHolds, OnceRecords, Wakeups):
         inner = etcdrpc.TxnRequest(compare=[done], success=[], failure=claim)
         for attempt in range(2):
             reply = self.rpc.txn(
-                "once", [created(hold, 0)], [Req(request_txn=inner)], [get(hold)], key=key
+                "once",
+                [created(hold, 0), empty(shared)],
+                [Req(request_txn=inner)],
+                [get(hold)],
+                key=key,
             )
             if reply.succeeded and not reply.responses[0].response_txn.succeeded:
                 token = int(reply.header.revision)
@@ -587,7 +591,7 @@ class EtcdBackend(Store, FairQueue, SharedHolds, OnceRecords, Wakeups):
     def subscribe(self, key: str, owner: str, queue: str | None = None) -> Subscription:
         with self._mutex:
             since = self._busy_at.pop(key, None)
-        sub = EtcdSubscription(self, key, since)
+        sub = EtcdSubscription(self, key, owner if queue == "lock" else None, since)
         with self._mutex:
             self._subs.add(sub)
         return sub
@@ -595,58 +599,3 @@ class EtcdBackend(Store, FairQueue, SharedHolds, OnceRecords, Wakeups):
     def _unsubscribed(self, sub: EtcdSubscription) -> None:
         with self._mutex:
             self._subs.discard(sub)
-
-
-class EtcdSubscription(Subscription):
-    """A watch on the deletions of one lock key's range (releases, expiries, queue leaves)."""
-
-    def __init__(self, store: EtcdBackend, key: str, since: int | None) -> None:
-        self._store = store
-        self._key = key
-        self._event = store.rt.event()
-        self._watch: int | None = None
-        #: watching from just after the waiter's failed try, a release in between still
-        #: wakes its first wait
-        self._since = since
-        self.latched = since is not None
-        self.live = self._start()
-
-    def _start(self) -> bool:
-        base = self._store._base(self._key)
-        callback: Callable[[Any], None] = self._heard
-        since, self._since = self._since, None
-        extra = {} if since is None else {"start_revision": since + 1}
-
-        def add(client: Any, _a: tuple[Any, ...]) -> int:
-            return int(
-                client.add_watch_prefix_callback(
-                    base, callback, filters=[etcdrpc.WatchCreateRequest.NOPUT], **extra
-                )
-            )
-
-        try:
-            self._watch = self._store.rpc.call("subscribing", add, self._key)
-        except BackendError:
-            self._watch = None
-            return False
-        return True
-
-    def _heard(self, response: Any) -> None:
-        if response is None or isinstance(response, BaseException):
-            self._watch = None  # the stream ended (a node lost): look again, watch again
-        self._event.set()
-
-    def wait(self, timeout: float) -> bool:
-        if self._watch is None and not self._start():
-            self._store.rt.sleep(min(timeout, self._store.poll_cap))
-            return True
-        woken = self._event.wait(timeout)
-        self._event.clear()
-        return woken
-
-    def close(self) -> None:
-        watch, self._watch = self._watch, None
-        self._store._unsubscribed(self)
-        if watch is not None:
-            with contextlib.suppress(Exception):
-                self._store.rpc.call("unsubscribing", lambda c, _a: c.cancel_watch(watch))
