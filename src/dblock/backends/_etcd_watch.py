@@ -11,6 +11,7 @@ another endpoint, and the waiter looks again meanwhile.
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -42,6 +43,7 @@ class EtcdSubscription(Subscription):
         self._target: bytes | None = None
         self._heads_only = False
         self.latched = since is not None
+        self.targeted = queued_owner is not None
         self.live = self._start(since)
 
     # -- watches ---------------------------------------------------------------------------
@@ -108,17 +110,24 @@ class EtcdSubscription(Subscription):
 
     # -- Subscription ----------------------------------------------------------------------
     def wait(self, timeout: float) -> bool:
-        if self._event.is_set():
+        """Sleep up to ``timeout`` s; True early on a release. A queued waiter returns only
+        when it is at the head and the holds are gone (its predecessor leaving just moves
+        its watch), so it need not probe before it tries."""
+        end = time.monotonic() + timeout
+        while True:
+            if self._event.is_set():
+                self._event.clear()
+                return True
+            if self._owner is not None and self._retarget():
+                return True
+            if self._watch is None and not self._start(None, self._target):
+                self._store.rt.sleep(min(timeout, self._store.poll_cap))
+                return True
+            woken = self._event.wait(max(0.0, end - time.monotonic()))
             self._event.clear()
-            return True
-        if self._owner is not None and self._retarget():
-            return True
-        if self._watch is None and not self._start(None, self._target):
-            self._store.rt.sleep(min(timeout, self._store.poll_cap))
-            return True
-        woken = self._event.wait(timeout)
-        self._event.clear()
-        return woken
+            if not woken or self._owner is None or self._heads_only or self._watch is None:
+                return woken
+            # the entry ahead of ours left: watch the next one, or the holds
 
     def close(self) -> None:
         self._stop()
