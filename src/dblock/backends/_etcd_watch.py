@@ -13,15 +13,12 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pyetcd import etcdrpc
 
 from .._errors import BackendError
 from ._contract import Subscription
-
-if TYPE_CHECKING:
-    from .etcd import EtcdBackend
 
 _NOPUT = [etcdrpc.WatchCreateRequest.NOPUT]
 
@@ -29,9 +26,8 @@ _NOPUT = [etcdrpc.WatchCreateRequest.NOPUT]
 class EtcdSubscription(Subscription):
     """A watch on deletions that may end a waiter's wait (see the module)."""
 
-    def __init__(
-        self, store: EtcdBackend, key: str, queued_owner: str | None, since: int | None
-    ) -> None:
+    def __init__(self, store: Any, key: str, queued_owner: str | None, since: int | None) -> None:
+        """``store``: the EtcdBackend whose key layout, reads and queue entries it uses."""
         self._store = store
         self._key = key
         #: the owner whose place in the lock queue narrows the watch (None: a plain waiter)
@@ -123,7 +119,7 @@ class EtcdSubscription(Subscription):
             if self._watch is None and not self._start(None, self._target):
                 self._store.rt.sleep(min(timeout, self._store.poll_cap))
                 return True
-            woken = self._event.wait(max(0.0, end - time.monotonic()))
+            woken = bool(self._event.wait(max(0.0, end - time.monotonic())))
             self._event.clear()
             if not woken or self._owner is None or self._heads_only or self._watch is None:
                 return woken

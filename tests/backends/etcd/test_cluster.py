@@ -161,7 +161,9 @@ def test_node_stopped_and_back_no_overlap(cluster: Cluster) -> None:
     for t in threads:
         t.join(60)
     assert worst == 1
-    assert not [e for e in errors if not isinstance(e, dblock.BackendError)]
+    # a call stuck on the stopped node past the lease ends in LockLost (the hold was lost, and
+    # its holder is told) or BackendError: never in a second holder
+    assert not [e for e in errors if not isinstance(e, (dblock.BackendError, dblock.LockLost))]
 
 
 pytestmark = pytest.mark.timeout(180)
