@@ -282,41 +282,40 @@ def lease_seconds(ttl: float) -> int:
 
 def prefix_end(prefix: bytes) -> bytes:
     """The end of the key range of every key that starts with ``prefix``."""
-    return prefix[:-1] + bytes([prefix[-1] + 1]) if prefix[-1] < 0xFF else prefix + b"\x00"
+    trimmed = prefix.rstrip(b"\xff")
+    return trimmed[:-1] + bytes([trimmed[-1] + 1]) if trimmed else b"\0"
 
 
-def created(key: bytes, rev: int, op: str = "==") -> Any:
-    result = {"==": Cmp.EQUAL, "<": Cmp.LESS, ">": Cmp.GREATER}[op]
-    return Cmp(key=key, target=Cmp.CREATE, result=result, create_revision=rev)
+def created(key: bytes, rev: int) -> Any:
+    """``key`` was created at revision ``rev`` (0: it does not exist)."""
+    return Cmp(key=key, target=Cmp.CREATE, result=Cmp.EQUAL, create_revision=rev)
+
+
+def _every(prefix: bytes, target: str, result: Any, rev: int) -> Any:
+    """A compare that every key of the range starting with ``prefix`` must pass (an empty
+    range is compared as one key whose revisions are 0)."""
+    return Cmp(
+        key=prefix,
+        range_end=prefix_end(prefix),
+        target=Cmp.MOD if target == "mod" else Cmp.CREATE,
+        result=result,
+        **{f"{target}_revision": rev},
+    )
 
 
 def empty(prefix: bytes) -> Any:
     """Every key of the range has mod revision < 1: the range has no key."""
-    return Cmp(
-        key=prefix, range_end=prefix_end(prefix), target=Cmp.MOD, result=Cmp.LESS, mod_revision=1
-    )
+    return _every(prefix, "mod", Cmp.LESS, 1)
 
 
 def none_created_before(prefix: bytes, rev: int) -> Any:
-    """No key of the range was created before revision ``rev``."""
-    return Cmp(
-        key=prefix,
-        range_end=prefix_end(prefix),
-        target=Cmp.CREATE,
-        result=Cmp.GREATER,
-        create_revision=rev - 1,
-    )
+    """No key of the range was created before revision ``rev`` (and the range has one)."""
+    return _every(prefix, "create", Cmp.GREATER, rev - 1)
 
 
 def unchanged_since(prefix: bytes, rev: int) -> Any:
     """No key of the range was written after revision ``rev``."""
-    return Cmp(
-        key=prefix,
-        range_end=prefix_end(prefix),
-        target=Cmp.MOD,
-        result=Cmp.LESS,
-        mod_revision=rev + 1,
-    )
+    return _every(prefix, "mod", Cmp.LESS, rev + 1)
 
 
 def put(key: bytes, value: bytes, lease: int = 0, keep_value: bool = False) -> Any:
