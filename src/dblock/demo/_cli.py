@@ -56,6 +56,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--url", help="database URL (default: DBLOCK_URL, else the embedded SQLite file)"
     )
     parser.add_argument(
+        "--lock-url",
+        help="where the dblock strategy's locks live (default: the database), e.g. "
+        "etcd://127.0.0.1:2379",
+    )
+    parser.add_argument(
         "--workers",
         type=_bounded("--workers", 1, MAX_WORKERS),
         default=8,
@@ -92,6 +97,7 @@ def run(argv: list[str] | None = None) -> int:
         return exc.code if isinstance(exc.code, int) else EX_USAGE
     try:
         url = parse_url(args.url if args.url is not None else default_url())
+        lock_url = None if args.lock_url is None else parse_url(args.lock_url)
     except dblock.ConfigurationError as exc:
         print(f"dblock demo: error: {exc}", file=sys.stderr)
         return EX_USAGE
@@ -107,7 +113,7 @@ def run(argv: list[str] | None = None) -> int:
         progress = NoProgress(sys.stderr)
     else:
         progress = PlainProgress(sys.stderr)
-    demo = Demo(url, args.workers, args.stock, seed, progress)
+    demo = Demo(url, args.workers, args.stock, seed, progress, lock_url=lock_url)
     results: list[Result] = []
     status = _execute(demo, args, out, results)
     if status is not None:

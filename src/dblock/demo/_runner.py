@@ -107,9 +107,18 @@ class Demo:
     """One demo run: set up, run each strategy on a fresh stock, clean up."""
 
     def __init__(
-        self, url: DatabaseURL, workers: int, stock: int, seed: int, progress: ProgressSink
+        self,
+        url: DatabaseURL,
+        workers: int,
+        stock: int,
+        seed: int,
+        progress: ProgressSink,
+        *,
+        lock_url: DatabaseURL | None = None,
     ) -> None:
         self.url = url
+        #: where strategy 6's locks live: the demo's database, or a store of their own (etcd)
+        self.lock_url = lock_url
         self.workers = workers
         self.stock = stock
         self.seed = seed
@@ -126,7 +135,8 @@ class Demo:
     # -- set-up and clean-up ------------------------------------------------------------------
     def setup(self, strategies: list[Strategy]) -> None:
         """Connect, create the demo's tables, start the workers. Raises Unreachable."""
-        open_backend(self.url, None, self.lock_table).close()  # URL parameters, driver present
+        locks = self.lock_url or self.url
+        open_backend(locks, None, self.lock_table).close()  # URL parameters, driver present
         try:
             self.db = DemoDB(self.url)
         except Exception as exc:  # noqa: BLE001 - any driver error means "cannot reach"
@@ -135,8 +145,10 @@ class Demo:
             self.objects.append(("TABLE", self.table))
             create_inventory(self.db, self.table, self.stock)
             if any(s.number == 6 for s in strategies):
-                self.objects.extend(lock_table_objects(ddl_for(self.url.dialect, self.lock_table)))
-                with dblock.connect(self.url.raw, table=self.lock_table):
+                if self.lock_url is None:
+                    ddl = ddl_for(self.url.dialect, self.lock_table)
+                    self.objects.extend(lock_table_objects(ddl))
+                with dblock.connect(locks.raw, table=self.lock_table):
                     pass  # creates the demo's own lock table
         except dblock.DBLockError:
             raise
@@ -152,7 +164,8 @@ class Demo:
             tasks=ctx.Queue(),
             results=ctx.Queue(),
         )
-        config = Config(self.url.raw, self.table, self.lock_table, self.orders)
+        lock_raw = None if self.lock_url is None else self.lock_url.raw
+        config = Config(self.url.raw, self.table, self.lock_table, self.orders, lock_raw)
         for wid in range(self.workers):
             proc = ctx.Process(
                 target=worker_main,
@@ -182,6 +195,12 @@ class Demo:
             for q in (self.shared.tasks, self.shared.results):
                 q.close()
                 q.cancel_join_thread()
+        if self.lock_url is not None:
+            try:  # the lock store's records of this run (its holds are all released)
+                with dblock.connect(self.lock_url.raw, table=self.lock_table) as client:
+                    client.purge(include_once=True)
+            except dblock.DBLockError as exc:
+                warnings.append(f"could not purge the demo's locks: {exc}")
         if self.db is not None:
             try:
                 drop_objects(self.db, self.objects)

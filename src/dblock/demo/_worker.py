@@ -33,6 +33,8 @@ class Config:
     table: str
     lock_table: str
     orders: list[tuple[int, float]]  # (quantity, processing seconds)
+    #: where strategy 6's locks live (None: the demo's database)
+    lock_url: str | None = None
 
 
 @dataclass
@@ -63,8 +65,9 @@ class Stats:
 class Worker:
     """The per-process state: connections and the strategies as methods."""
 
-    def __init__(self, url: str, table: str, lock_table: str) -> None:
+    def __init__(self, url: str, table: str, lock_table: str, lock_url: str | None = None) -> None:
         self.url = url
+        self.lock_url = lock_url or url
         self.parsed = parse_url(url)
         self.table = table
         self.lock_table = lock_table
@@ -82,7 +85,7 @@ class Worker:
         if self.db is None:
             self.db = DemoDB(self.parsed)
         if number == 6 and self.client is None:
-            self.client = dblock.connect(self.url, table=self.lock_table, create_schema=False)
+            self.client = dblock.connect(self.lock_url, table=self.lock_table, create_schema=False)
 
     def close(self) -> None:
         if self.client is not None:
@@ -260,7 +263,7 @@ def run_strategy(
 def worker_main(wid: int, config: Config, shared: Shared) -> None:
     """Process entry point: run each strategy the parent sends, until it sends None."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and stops us
-    worker = Worker(config.url, config.table, config.lock_table)
+    worker = Worker(config.url, config.table, config.lock_table, config.lock_url)
     orders = config.orders
     try:
         while True:
