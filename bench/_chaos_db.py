@@ -54,6 +54,19 @@ def connect(url: str, *, autocommit: bool) -> Any:
     """A plain driver connection with short timeouts (not dblock's); for Redis a redis-py
     client that has reached the server."""
     parsed = parse_url(url)
+    if parsed.dialect == "etcd":  # its first endpoint (a cluster's: the node chaos restarts)
+        import pyetcd
+
+        from dblock.backends._etcd_rpc import endpoints
+
+        host, port = endpoints(parsed)[0]
+        client = pyetcd.client(host, port, timeout=5)
+        try:
+            client.status()
+        except BaseException:
+            client.close()
+            raise
+        return client
     if parsed.dialect == "redis":
         import redis
 

@@ -465,6 +465,12 @@ def _private_redis(root: Path) -> contextlib.AbstractContextManager[Any]:
     return private_redis(root)
 
 
+def _private_etcd(root: Path) -> contextlib.AbstractContextManager[Any]:
+    from tests.backends.etcd._cluster import private_member
+
+    return private_member(root)
+
+
 def _redis_kill_tagged(provider: Provider, client: dblock.Client, _tag: str) -> int:
     """Kills every connection of the client's store, its pub/sub listener's too (all carry
     the store's own client name)."""
@@ -576,13 +582,14 @@ PROVIDERS: tuple[Entry, ...] = (
     Entry(
         name="etcd",
         # no SQL, no file; leases are the cluster's (whole seconds); what a test may kill is
-        # the private cluster of tests/backends/etcd, never this shared node
+        # one node of a private 3-node cluster (tests/backends/etcd), never this shared node
         capabilities=frozenset({"FairQueue", "SharedHolds", "OnceRecords", "Wakeups"})
-        | {"url", "processes", "cli", "durable"},
+        | {"url", "processes", "cli", "durable", "restart"},
         dialect="etcd",
         url=lambda _tmp: ETCD_URL,
         default_port=2379,
         check=_check("etcd"),
+        private=_private_etcd,
         exact_ttl=False,
     ),
     Entry(

@@ -143,3 +143,27 @@ def private_cluster(size: int = 3) -> Iterator[Cluster]:
             node.kill()
         if os.environ.get("DBLOCK_KEEP_ETCD") is None:
             shutil.rmtree(root, ignore_errors=True)
+
+
+class ClusterMember:
+    """A private cluster as the contract suite's private server: ``url`` reaches the whole
+    cluster; ``kill``, ``start`` and ``command`` are those of its first member, so a soak that
+    restarts "the server" kills one node of three (the others keep the quorum)."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+        self.node = cluster.nodes[0]
+        self.url = cluster.url
+        self.command = self.node.command
+
+    def kill(self) -> None:
+        self.node.kill()
+
+    def start(self) -> None:
+        self.node.start()
+
+
+@contextlib.contextmanager
+def private_member(_root: Path) -> Iterator[ClusterMember]:
+    with private_cluster() as cluster:
+        yield ClusterMember(cluster)
