@@ -63,6 +63,8 @@ from .sql.schema import MissingTable
 Kvs = list[Any]  # a name for the class whose method `list` shadows the builtin
 #: tries of an optimistic read-then-commit (shared holds) before it reports "busy"
 _OPTIMISTIC_TRIES = 20
+#: keys whose busy revision is remembered for a waiter's watch, at most
+_BUSY_KEYS = 4096
 
 
 def _value(owner: str, kind: str) -> bytes:
@@ -191,6 +193,8 @@ class EtcdBackend(Store, FairQueue, SharedHolds, OnceRecords, Wakeups):
 
     def _saw(self, key: str, revision: int) -> None:
         with self._mutex:
+            if len(self._busy_at) >= _BUSY_KEYS:  # tries that never waited: forget them
+                self._busy_at.clear()
             self._busy_at[key] = revision
 
     def _exclusive(self, key: str) -> list[Any]:
