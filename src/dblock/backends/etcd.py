@@ -35,6 +35,7 @@ import contextlib
 import json
 import threading
 import time
+from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -43,7 +44,15 @@ from pyetcd import etcdrpc
 from .._errors import BackendError
 from .._types import Kind, LockInfo
 from .._url import DatabaseURL
-from ._contract import FairQueue, OnceRecords, SharedHolds, Store, Subscription, Wakeups
+from ._contract import (
+    FairQueue,
+    LossPush,
+    OnceRecords,
+    SharedHolds,
+    Store,
+    Subscription,
+    Wakeups,
+)
 from ._etcd_rpc import (
     Req,
     Rpc,
@@ -57,7 +66,7 @@ from ._etcd_rpc import (
     put,
     unchanged_since,
 )
-from ._etcd_watch import EtcdSubscription
+from ._etcd_watch import EtcdSubscription, watch_loss
 from .sql.schema import MissingTable
 
 Kvs = list[Any]  # a name for the class whose method `list` shadows the builtin
@@ -92,7 +101,7 @@ def _kvs(reply: Any, index: int) -> Kvs:
     return list(reply.responses[index].response_range.kvs)
 
 
-class EtcdBackend(Store, FairQueue, SharedHolds, OnceRecords, Wakeups):
+class EtcdBackend(Store, FairQueue, SharedHolds, OnceRecords, Wakeups, LossPush):
     """Locks in etcd, under the key prefix of one table."""
 
     name = dialect = "etcd"
@@ -603,3 +612,7 @@ class EtcdBackend(Store, FairQueue, SharedHolds, OnceRecords, Wakeups):
     def _unsubscribed(self, sub: EtcdSubscription) -> None:
         with self._mutex:
             self._subs.discard(sub)
+
+    # -- LossPush ---------------------------------------------------------------------------
+    def watch(self, key: str, owner: str, heard: Callable[[], None]) -> Callable[[], None]:
+        return watch_loss(self, key, owner, heard)
