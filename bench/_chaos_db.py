@@ -155,12 +155,7 @@ def drop_tables(url: str, names: list[str]) -> None:
 
     d = dialect_of(url)
     if d == "etcd":  # a table's keys (as in dblock.backends.etcd)
-        import pyetcd
-
-        from dblock.backends._etcd_rpc import endpoints
-
-        host, port = endpoints(parse_url(url))[0]
-        client = pyetcd.client(host, port, timeout=5)
+        client = connect(url, autocommit=True)
         try:
             for name in names:
                 client.delete_prefix(f"dblock/{name}/".encode())
