@@ -12,8 +12,13 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
+
+# gRPC's own log lines (an INFO line on every fork while a watch is open: `dblock run`'s
+# child) are not for dblock's users; GRPC_VERBOSITY set by the user still wins
+os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
 import grpc
 from pyetcd import etcdrpc

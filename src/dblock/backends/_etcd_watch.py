@@ -128,32 +128,3 @@ class EtcdSubscription(Subscription):
     def close(self) -> None:
         self._stop()
         self._store._unsubscribed(self)
-
-
-def watch_loss(store: Any, key: str, owner: str, heard: Callable[[], None]) -> Callable[[], None]:
-    """Call ``heard`` when ``owner``'s hold of ``key`` is deleted (a force-release revoked its
-    lease, or the lease ran out), or when the watch's stream broke (the holder then checks);
-    returns the call that stops watching. The holder confirms any loss in the store."""
-    base = store._base(key)
-    hold, mine = base + b"l", base + b"s/" + owner.encode()
-
-    def callback(response: Any) -> None:
-        if response is None or isinstance(response, BaseException):
-            heard()
-            return
-        for event in response.events:
-            k = bytes(event.key)
-            if k == mine or (k == hold and owner.encode() in bytes(event.prev_value)):
-                heard()
-                return
-
-    def add(client: Any, _a: tuple[Any, ...]) -> int:
-        return int(client.add_watch_prefix_callback(base, callback, filters=_NOPUT, prev_kv=True))
-
-    watch = store.rpc.call("watching the hold", add, key)
-
-    def unwatch() -> None:
-        with contextlib.suppress(Exception):
-            store.rpc.call("unwatching the hold", lambda c, _a: c.cancel_watch(watch))
-
-    return unwatch

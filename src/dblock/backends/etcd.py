@@ -35,7 +35,6 @@ import contextlib
 import json
 import threading
 import time
-from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -44,15 +43,7 @@ from pyetcd import etcdrpc
 from .._errors import BackendError
 from .._types import Kind, LockInfo
 from .._url import DatabaseURL
-from ._contract import (
-    FairQueue,
-    LossPush,
-    OnceRecords,
-    SharedHolds,
-    Store,
-    Subscription,
-    Wakeups,
-)
+from ._contract import FairQueue, OnceRecords, SharedHolds, Store, Subscription, Wakeups
 from ._etcd_rpc import (
     Req,
     Rpc,
@@ -66,7 +57,7 @@ from ._etcd_rpc import (
     put,
     unchanged_since,
 )
-from ._etcd_watch import EtcdSubscription, watch_loss
+from ._etcd_watch import EtcdSubscription
 from .sql.schema import MissingTable
 
 Kvs = list[Any]  # a name for the class whose method `list` shadows the builtin
@@ -101,7 +92,7 @@ def _kvs(reply: Any, index: int) -> Kvs:
     return list(reply.responses[index].response_range.kvs)
 
 
-class EtcdBackend(Store, FairQueue, SharedHolds, OnceRecords, Wakeups, LossPush):
+class EtcdBackend(Store, FairQueue, SharedHolds, OnceRecords, Wakeups):
     """Locks in etcd, under the key prefix of one table."""
 
     name = dialect = "etcd"
@@ -612,7 +603,3 @@ class EtcdBackend(Store, FairQueue, SharedHolds, OnceRecords, Wakeups, LossPush)
     def _unsubscribed(self, sub: EtcdSubscription) -> None:
         with self._mutex:
             self._subs.discard(sub)
-
-    # -- LossPush ---------------------------------------------------------------------------
-    def watch(self, key: str, owner: str, heard: Callable[[], None]) -> Callable[[], None]:
-        return watch_loss(self, key, owner, heard)
