@@ -84,11 +84,11 @@ def _backoff_sleeps(base: float = 0.001, cap: float = 0.1) -> Callable[[], float
 
 # -- dblock ---------------------------------------------------------------------------------
 class DblockAdapter:
-    def __init__(self, url: str, table: str, key: str) -> None:
+    def __init__(self, url: str, table: str, key: str, ttl: float | None = 60.0) -> None:
         import dblock
 
         self.client = dblock.connect(url, table=table)
-        self.lock = self.client.lock(key, ttl=60)
+        self.lock = self.client.lock(key, ttl=ttl)
 
     def acquire(self) -> None:
         if not self.lock.acquire():
@@ -133,9 +133,9 @@ class DblockStatementsByHand:
         self.client.close()
 
 
-def _dblock_for(backend: str) -> Factory:
+def _dblock_for(backend: str, ttl: float | None = 60.0) -> Factory:
     def make(t: Targets, key: str) -> LockAdapter:
-        return DblockAdapter(t.url(backend), t.table, key)
+        return DblockAdapter(t.url(backend), t.table, key, ttl)
 
     return make
 
@@ -509,6 +509,16 @@ def all_contenders() -> list[Contender]:
     c: list[Contender] = []
     for b in BACKENDS:
         c.append(Contender(b, "dblock", "dblock", _dblock_for(b)))
+    # issue 28: ttl=None, the server's own lock (PostgreSQL advisory lock + token)
+    c.append(
+        Contender(
+            "postgresql",
+            "dblock session",
+            "dblock",
+            _dblock_for("postgresql", None),
+            note="ttl=None: pg_advisory_lock",
+        )
+    )
     for b in BACKENDS:
         trip = "PING" if b == "redis" else "SELECT 1"
         c.append(Contender(b, f"floor: {trip} x1", "floor", _select1(b, 1), is_lock=False))

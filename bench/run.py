@@ -42,11 +42,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from bench import async_contended, procs, servers, workload
+from bench import async_contended, observe, procs, servers, workload
 from bench.contenders import BACKENDS, Contender, Targets, select
 from dblock.bench import handoffs, median, new_counter, percentile, read_counter
 
-SCENARIOS = ("a", "b", "c", "d", "e", "f", "async")
+SCENARIOS = ("a", "b", "c", "d", "e", "f", "async", "obs")
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
 
@@ -705,6 +705,8 @@ def markdown(report: dict[str, Any]) -> str:
         lines.append("")
     if "async" in res:
         lines += async_contended.markdown(res["async"], report["budget"])
+    if "obs" in res:
+        lines += observe.markdown(res["obs"])
     if report.get("unavailable"):
         lines += ["### Not run", ""]
         for cid, why in report["unavailable"].items():
@@ -948,6 +950,8 @@ def run(
                 results["f"] = scenario_f(live_backends, t, budget)
             if "async" in scenarios and (names is None or any("dblock" in n for n in names)):
                 results["async"] = async_contended.scenario_async(live_backends, t, budget, tmp)
+            if "obs" in scenarios and (names is None or any("dblock" in n for n in names)):
+                results["obs"] = observe.scenario_obs(live_backends, t, budget)
         report = {
             "meta": _meta(t, live_backends, started, budget, not args.no_spinner),
             "budget": {

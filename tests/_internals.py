@@ -82,6 +82,8 @@ def _closed(conn: Any) -> bool:
         return False
     if hasattr(conn, "closed"):  # psycopg (and its green adapter)
         return bool(conn.closed)
+    if hasattr(conn, "connection_pool"):  # redis-py: close() lets go of its connection
+        return conn.connection is None
     return not conn.open  # PyMySQL
 
 

@@ -165,6 +165,26 @@ def fence(url: str, table: str, key: str, n: str, record: str) -> None:
                 leave_fenced(record, lock.token)
 
 
+def session_fence(url: str, table: str, key: str, n: str, record: str, mix: str) -> None:
+    """``fence`` with session holds (ttl=None); ``mix`` "1": every other hold a lease."""
+    with connect(url, table=table) as client:
+        for i in range(int(n)):
+            ttl = 30.0 if mix == "1" and i % 2 else None
+            with client.lock(key, ttl=ttl, timeout=120) as lock:
+                enter_fenced(record, lock.token)
+                time.sleep(0.002)  # widen the race window
+                leave_fenced(record, lock.token)
+
+
+def session_hold(url: str, table: str, key: str) -> None:
+    """Take a session hold (ttl=None), print its token, and keep it until killed."""
+    with connect(url, table=table) as client:
+        lock = client.lock(key, ttl=None)
+        assert lock.acquire(timeout=30)
+        print(lock.token, flush=True)
+        time.sleep(600)
+
+
 def enter_fenced(record: str, token: int | None) -> None:
     with open(record) as f:
         busy, last = map(int, f.read().split())
@@ -194,5 +214,7 @@ if __name__ == "__main__":
         "sem": sem,
         "sem_hold": sem_hold,
         "fence": fence,
+        "session_fence": session_fence,
+        "session_hold": session_hold,
     }
     commands[sys.argv[1]](*sys.argv[2:])

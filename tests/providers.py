@@ -9,8 +9,8 @@ the provider lacks it.
 
 Capabilities are of two sorts. The store-contract ones are the names of the optional
 interfaces in ``dblock.backends._contract`` that the store declares: FairQueue, SharedHolds,
-OnceRecords, Wakeups, QueueJoin, LossPush, SchemaScript. The harness ones describe the
-provider and what a test may do to it:
+OnceRecords, Wakeups, QueueJoin, LossPush, SessionHolds, SchemaScript. The harness ones
+describe the provider and what a test may do to it:
 
 ``url``        reached through a dblock URL (``dblock.connect(provider.url)``)
 ``processes``  other processes reach the same locks through ``url``
@@ -80,7 +80,16 @@ from tests._servers import (
 
 #: the optional interfaces of the store contract (dblock.backends._contract.CAPABILITIES)
 STORE_CAPABILITIES = frozenset(
-    {"FairQueue", "SharedHolds", "OnceRecords", "Wakeups", "QueueJoin", "LossPush", "SchemaScript"}
+    {
+        "FairQueue",
+        "SharedHolds",
+        "OnceRecords",
+        "Wakeups",
+        "QueueJoin",
+        "LossPush",
+        "SessionHolds",
+        "SchemaScript",
+    }
 )
 #: what a test may do to the provider (see the module docstring)
 HARNESS_CAPABILITIES = frozenset(
@@ -568,7 +577,7 @@ PROVIDERS: tuple[Entry, ...] = (
     Entry(
         name="redis",
         # no SQL, no file, nothing durable: a Redis without persistence forgets on a restart
-        capabilities=(STORE_CAPABILITIES - {"SchemaScript"})
+        capabilities=(STORE_CAPABILITIES - {"SchemaScript", "SessionHolds"})
         | {"url", "processes", "cli", "pool", "handover"}
         | _SERVER,
         dialect="redis",
@@ -577,7 +586,6 @@ PROVIDERS: tuple[Entry, ...] = (
         check=_check("redis"),
         private=_private_redis,
         kill_tagged=_redis_kill_tagged,
-        serves_async=False,  # connect_async refuses Redis URLs for now (see RedisBackend)
     ),
     Entry(
         name="etcd",

@@ -289,14 +289,15 @@ class AsyncClient:
         self,
         key: str,
         *,
-        ttl: float = 30.0,
+        ttl: float | None = 30.0,
         timeout: float | None = None,
         reentrant: bool = True,
         auto_renew: bool = False,
         fair: bool = False,
         on_lost: OnLost | None = None,
     ) -> AsyncLock:
-        """A lease lock on ``key`` (not yet acquired; creating it does no I/O)."""
+        """A lease lock on ``key`` (not yet acquired; creating it does no I/O); ``ttl=None``: a
+        session hold (see :meth:`dblock.Client.lock`)."""
         return AsyncLock(
             self,
             lambda lost: self._sync.lock(

@@ -100,14 +100,20 @@ class Client:
         self,
         key: str,
         *,
-        ttl: float = 30.0,
+        ttl: float | None = 30.0,
         timeout: float | None = None,
         reentrant: bool = True,
         auto_renew: bool = False,
         fair: bool = False,
         on_lost: Callable[[Lock], object] | None = None,
     ) -> Lock:
-        """A lease lock on ``key`` (not yet acquired). See :class:`Lock`."""
+        """A lease lock on ``key`` (not yet acquired). See :class:`Lock`.
+
+        ``ttl=None``: a session hold, with no lease, that lasts as long as the client's
+        connection to the server: the server's own lock and wait queue where the store has
+        one (PostgreSQL advisory locks), else a lease renewed in the background while the
+        process lives. See docs/session-locks.md.
+        """
         # Every lock hands over in the order waiters arrived (see Lock._queue_kind), so
         # fair=True asks for what the default already gives.
         return Lock(

@@ -12,6 +12,9 @@ When a lock object learns of it: a force-release is pushed where the store can (
 NOTIFY, for locks with ``on_lost`` or ``auto_renew``); otherwise at the next renewal (every
 ttl/3 with ``auto_renew``, at the lease's end without), or at release, renew or re-entry.
 
+A session hold (``ttl=None`` on a store with ``SessionHolds``) has no lease: it is lost when
+its connection to the server ends, which a check every second notices (docs/session-locks.md).
+
 Timeline of the race fencing protects against::
 
     A acquires (token 7) ... A pauses (GC, SIGSTOP) ...... A resumes, writes with token 7
@@ -22,19 +25,24 @@ Timeline of the race fencing protects against::
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable
 from types import TracebackType
 
-from . import _engine, _forksafe, _runtime
+from . import _engine, _forksafe, _observe, _runtime
 from ._core import Core
 from ._engine import Hold, Spec
 from ._errors import EventLoopError, LockLost, LockTimeout, NotHeld
 from ._timing import DeadlinePassed
 from ._validate import check_key, check_timeout, check_ttl
-from .backends._contract import LossPush
+from .backends._contract import LossPush, SessionHolds
 
 log = logging.getLogger("dblock")
+
+#: ``ttl=None`` on a store without session holds: a lease of this length, renewed in the
+#: background while the process lives (a crashed holder frees the key after it)
+SESSION_FALLBACK_TTL = 15.0
 
 
 class Lock:
@@ -49,7 +57,7 @@ class Lock:
         core: Core,
         key: str,
         *,
-        ttl: float = 30.0,
+        ttl: float | None = 30.0,
         timeout: float | None = None,
         reentrant: bool = True,
         auto_renew: bool = False,
@@ -58,7 +66,16 @@ class Lock:
     ) -> None:
         self._core = core
         self._key = check_key(key)
-        self._ttl = check_ttl(ttl)
+        self._session = False
+        if ttl is None and kind == "lock":
+            # a hold that lasts as long as the client's session: the server's own lock where
+            # the store has one, else a lease kept alive while this process lives
+            if isinstance(core.store, SessionHolds):
+                self._session, kind, self._ttl = True, "session", math.inf
+            else:
+                self._ttl, auto_renew = SESSION_FALLBACK_TTL, True
+        else:
+            self._ttl = check_ttl(ttl)
         self._timeout = check_timeout(timeout)
         if on_lost is not None and not callable(on_lost):
             raise TypeError("on_lost must be a callable taking the lock")
@@ -77,6 +94,7 @@ class Lock:
 
     @property
     def ttl(self) -> float:
+        """The lease in seconds; ``math.inf`` for a session hold (it has no lease)."""
         return self._ttl
 
     def _current(self) -> Hold | None:
@@ -113,8 +131,9 @@ class Lock:
     def lease_end(self) -> float | None:
         """The ``time.monotonic()`` moment from which the current hold's lease may have ended
         (the request that started or last renewed it was sent no earlier than its ttl before);
-        None when nothing is held or the hold is known lost. Work that must not outlive the
-        lease stops before it: ``dblock run`` stops its command ahead of it."""
+        None when nothing is held or the hold is known lost; ``math.inf`` for a session hold
+        (no lease: it ends with its connection). Work that must not outlive the lease stops
+        before it: ``dblock run`` stops its command ahead of it."""
         hold = self._current()
         if hold is None or hold.lost or not hold.ours():
             return None
@@ -134,6 +153,11 @@ class Lock:
         lost and this acquire is a fresh one. On a thread that runs an asyncio event loop it
         raises a DBLockError that is also a RuntimeError: use ``connect_async``.
         """
+        if _observe.HUB.active():
+            return _observe.acquire(self, self._acquire, blocking, timeout)
+        return self._acquire(blocking, timeout)
+
+    def _acquire(self, blocking: bool, timeout: float | None) -> bool:
         if self._core.rt.loop_running():
             raise EventLoopError(
                 f"lock {self._key!r}: the blocking dblock API was called on a thread that is "
@@ -153,11 +177,16 @@ class Lock:
             if shared is not None and isinstance(handle, Lock) and handle._reenter(shared):
                 self._push(tid, shared)
                 return True
-        acquisition = _engine.Acquisition(
-            core.traits, self._spec, core.new_owner(), blocking=blocking, timeout=wait
-        )
+        if self._session:
+            steps = _engine.acquire_session(
+                self._spec, core.new_owner(), core.store.poll_cap, blocking=blocking, timeout=wait
+            )
+        else:
+            steps = _engine.Acquisition(
+                core.traits, self._spec, core.new_owner(), blocking=blocking, timeout=wait
+            ).run()
         try:
-            hold = core.run(acquisition.run())
+            hold = core.run(steps)
         except DeadlinePassed:  # the database file or the pool stayed busy: not had in time
             hold = None
         if hold is None:
@@ -189,7 +218,7 @@ class Lock:
         """Where the store pushes a force-release to the holder, learn of it at once instead
         of at the next renewal, for holds whose loss someone hears of."""
         store = self._core.store
-        if self._on_lost is None and not self._auto_renew:
+        if (self._on_lost is None and not self._auto_renew) or self._session:
             return
         if not isinstance(store, LossPush):
             return
@@ -242,6 +271,7 @@ class Lock:
         with hold.mutex:
             released = self._core.run(_engine.release(hold))
             if released.final:
+                _observe.released(self, hold, released.lost)
                 self._unwatch(hold)
                 self._core.drop_reentrant_hold(self._key, tid, hold)
             self._pop(tid)
@@ -256,6 +286,14 @@ class Lock:
                 del self._holds[tid]
 
     def _lost_error(self, hold: Hold) -> LockLost:
+        if self._session:
+            return LockLost(
+                f"the session hold of lock {self._key!r} (token {hold.token}, table "
+                f"{self._core.store.table}) was lost before release: its connection to the "
+                "server ended (killed, dropped, or the server restarted), so the work ran "
+                "partly unprotected",
+                key=self._key,
+            )
         return LockLost(
             f"the lease of lock {self._key!r} (token {hold.token}, table "
             f"{self._core.store.table}) was lost before release: it expired or was taken "
@@ -272,6 +310,7 @@ class Lock:
         hold = self._current_of_thread()
         with hold.mutex:
             if not self._core.run(_engine.renew(hold, new_ttl)):
+                _observe.found_lost(self, hold)
                 self._unwatch(hold)
                 raise self._lost_error(hold)
             self._schedule_locked(hold)
@@ -311,7 +350,7 @@ class Lock:
         """Log the loss and call ``on_lost`` (once per hold: callers set ``hold.lost`` first,
         under its mutex, only if it was not set)."""
         self._unwatch(hold)
-        log.warning("lost the lease of lock %r (token %d)", self._key, hold.token)
+        _observe.found_lost(self, hold)
         if self._on_lost is not None:
             try:
                 self._on_lost(self)

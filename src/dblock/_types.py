@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal
 
-Kind = Literal["lock", "read", "write", "semaphore", "once", "scheduled"]
+Kind = Literal["lock", "read", "write", "semaphore", "once", "scheduled", "session"]
 State = Literal["processing", "failed", "succeeded"]
 
 
@@ -15,14 +15,15 @@ class LockInfo:
     """One current, unexpired hold of a key, as the database sees it.
 
     ``acquired_at`` and ``expires_at`` are timezone-aware UTC datetimes from the database
-    server's clock. ``token`` is the hold's fencing token.
+    server's clock (``expires_at`` is None for a session hold: it has no lease). ``token`` is
+    the hold's fencing token.
     """
 
     key: str
     owner: str
     token: int
     acquired_at: datetime
-    expires_at: datetime
+    expires_at: datetime | None
     kind: Kind
 
 

@@ -20,6 +20,7 @@ KINDS: dict[str, tuple[str, ...]] = {
     "fair": ("FairQueue",),
     "write": ("SharedHolds",),
     "semaphore": ("SharedHolds",),
+    "session": ("SessionHolds",),  # ttl=None: the server's own lock
 }
 
 
@@ -36,6 +37,8 @@ def make_lock(client: Any, kind: str, key: str, ttl: float = 30.0) -> Any:
         return client.lock(key, ttl=ttl, fair=True)
     if kind == "write":
         return client.rwlock(key, ttl=ttl).write_lock()
+    if kind == "session":
+        return client.lock(key, ttl=None)
     return client.semaphore(key, 1, ttl=ttl)
 
 
@@ -48,7 +51,11 @@ class Outside:
         self.client = provider.connect(table=table)
 
     def holds(self, key: str) -> list[dblock.LockInfo]:
-        return [info for info in self.client.list(key) if info.key == key]
+        found = [info for info in self.client.list(key) if info.key == key]
+        session = self.client.info(key)  # list() does not show session holds
+        if session is not None and session.kind == "session":
+            found.append(session)
+        return found
 
     def queued(self, key: str) -> list[Any]:
         """The key's wait-queue entries: every one where the provider has raw SQL (expired

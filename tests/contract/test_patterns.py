@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import subprocess
 import sys
@@ -90,6 +91,19 @@ def test_a_plain_lock_never_takes_a_once_record(client: dblock.Client, key: str)
         pass
     assert not client.lock(key).acquire(blocking=False)
     assert client.state(key) == "succeeded"
+
+
+@pytest.mark.needs("OnceRecords")
+@pytest.mark.parametrize("outcome", ["succeeded", "failed"])
+def test_waiting_for_a_finished_once_record_fails_instead_of_forever(
+    client: dblock.Client, key: str, outcome: str
+) -> None:
+    with contextlib.suppress(KeyError), client.once(key):
+        if outcome == "failed":
+            raise KeyError(key)
+    with pytest.raises(dblock.ConfigurationError, match="once-record"):
+        client.lock(key).acquire()  # no timeout: it would wait forever
+    assert client.state(key) == outcome
 
 
 @pytest.mark.needs("OnceRecords")

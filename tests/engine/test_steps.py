@@ -130,3 +130,32 @@ def test_a_failed_grant_is_not_looked_for() -> None:
     from dblock._errors import BackendError
 
     assert _grant_interrupted(BackendError("down"), []) == []
+
+
+def test_a_session_acquire_waits_in_the_store_and_backs_off_only_when_stepped_back() -> None:
+    """The server's queue does the waiting (one call with what is left of the timeout); a
+    None before the deadline (a lease held the key) sleeps and asks again."""
+    spec = Spec("k", float("inf"), "session")
+    steps = _engine.acquire_session(spec, "me", 0.05, blocking=True, timeout=10.0)
+    op = next(steps)
+    assert isinstance(op, Call) and op.method == "acquire_session"
+    assert 9.0 < op.args[2] <= 10.0  # the wait is the server's
+    assert isinstance(steps.send(None), Sleep)  # stepped back by a lease: back off
+    op = steps.send(None)
+    assert isinstance(op, Call) and op.method == "acquire_session"
+    with pytest.raises(StopIteration) as done:
+        steps.send(7)
+    hold = done.value.value
+    assert hold.token == 7 and hold.live() and hold.renews(False)
+    assert hold.spec.renew_call("me", 7, 1.0).method == "check_session"
+    assert hold.spec.end_call("me", 7).method == "release_session"
+
+
+def test_a_session_try_asks_once() -> None:
+    spec = Spec("k", float("inf"), "session")
+    steps = _engine.acquire_session(spec, "me", 0.05, blocking=False, timeout=None)
+    op = next(steps)
+    assert isinstance(op, Call) and op.args[2] == 0.0
+    with pytest.raises(StopIteration) as done:
+        steps.send(None)
+    assert done.value.value is None

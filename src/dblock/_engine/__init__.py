@@ -12,6 +12,7 @@ from .hold import Cancellable, Hold
 from .kinds import Spec
 from .lease import Checked, Released, check, confirm_loss, reenter, release, renew
 from .ops import Call, Op, Sleep, Steps, Subscribe, Unsubscribe, Wait
+from .session import acquire_session
 from .traits import Traits
 from .waiting import QUEUE_TTL, Acquisition
 
@@ -31,6 +32,7 @@ __all__ = [
     "Traits",
     "Unsubscribe",
     "Wait",
+    "acquire_session",
     "check",
     "confirm_loss",
     "reenter",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
@@ -9,6 +10,10 @@ from typing import Any, Protocol
 
 from .. import _forksafe
 from .kinds import Spec
+
+#: how often a session hold's connection is checked (a cheap statement on it), seconds: with
+#: the store's deadline on that check it bounds how late a lost session is noticed
+SESSION_CHECK = 1.0
 
 
 class Cancellable(Protocol):
@@ -40,6 +45,8 @@ class Hold:
         #: the length of the current lease: ``ttl``, or less for a lock handed over by its
         #: releaser (renewed to ``ttl`` in the background if it is held that long)
         self.lease = ttl if lease is None else lease
+        if spec.session:  # no lease: it lasts as long as its connection
+            self.lease = math.inf
         self.count = 1
         self.lost = False
         #: the local monotonic time after which the lease may have ended (conservative: the
@@ -56,6 +63,9 @@ class Hold:
         self.handle: object | None = None
         #: the process that took it: in a child forked while it was held, it is the parent's
         self.pid = _forksafe.pid()
+        #: for observers (dblock._observe): when it was granted, and its loss was reported
+        self.granted_at = time.monotonic()
+        self.loss_reported = False
 
     def live(self) -> bool:
         return not self.lost and self.ours() and time.monotonic() < self.expires_by
@@ -66,6 +76,8 @@ class Hold:
 
     def renewed(self, sent_at: float, ttl: float) -> None:
         """The store extended the lease to ``ttl`` by a request sent at ``sent_at``."""
+        if self.spec.session:
+            return
         self.ttl = self.lease = ttl
         self.expires_by = sent_at + ttl
 
@@ -75,12 +87,20 @@ class Hold:
 
     def renews(self, auto_renew: bool) -> bool:
         """The background job renews this hold (else it only watches for the lease's end):
-        with auto_renew, and for a hand-over whose lease is still shorter than the ttl."""
-        return auto_renew or self.lease < self.ttl
+        with auto_renew, and for a hand-over whose lease is still shorter than the ttl; a
+        session hold's connection is always checked."""
+        return self.spec.session or auto_renew or self.lease < self.ttl
 
     def next_check(self, auto_renew: bool, watched: bool) -> float | None:
         """When the background job should next look at this hold (monotonic), or None: a
-        third of the lease in, to renew; at the lease's end, to report a watched loss."""
+        third of the lease in, to renew; at the lease's end, to report a watched loss; every
+        ``SESSION_CHECK`` s for a session hold."""
+        if self.spec.session:
+            # on a grid of half checks, 0.5-1 check from now: the jobs of the many short holds
+            # of a busy client end on a few moments, and their cancelled jobs cost the
+            # background thread one wake-up per moment instead of one per hold
+            step = SESSION_CHECK / 2
+            return (math.floor(time.monotonic() / step) + 2) * step
         if self.renews(auto_renew):
             return self.expires_by - self.lease * 2 / 3
         if watched:

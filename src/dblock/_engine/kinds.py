@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..backends._contract import FairQueue, OnceRecords, SharedHolds, Store, require
+from ..backends._contract import FairQueue, OnceRecords, SessionHolds, SharedHolds, Store, require
 from .ops import Call
 from .traits import Traits
 
@@ -34,6 +34,13 @@ class Spec:
             require(store, FairQueue, "read-write locks")
         elif self.kind in ("once", "scheduled"):
             require(store, OnceRecords, f"{self.kind}()")
+        elif self.kind == "session":
+            require(store, SessionHolds, "session holds")
+
+    @property
+    def session(self) -> bool:
+        """Held as long as a connection of the store's, on the server's own lock (no lease)."""
+        return self.kind == "session"
 
     @property
     def shared(self) -> bool:
@@ -64,6 +71,8 @@ class Spec:
         return Call("acquire", (k, owner, self.ttl, self.kind))
 
     def renew_call(self, owner: str, token: int, ttl: float) -> Call:
+        if self.session:  # nothing to extend: is its connection (so its server lock) alive?
+            return Call("check_session", (self.key, owner, token))
         method = "renew_shared" if self.shared else "renew"
         return Call(method, (self.key, owner, token, ttl))
 
@@ -75,4 +84,6 @@ class Spec:
             return Call("finish_once", (k, owner, token, self.outcome))
         if self.kind == "scheduled":
             return Call("finish_scheduled", (k, owner, token, self.at_least))
+        if self.session:
+            return Call("release_session", (k, owner, token))
         return Call("release", (k, owner, token))

@@ -16,6 +16,7 @@ import logging
 import time
 from dataclasses import dataclass
 
+from .. import _observe
 from .._errors import BackendError
 from .hold import Hold
 from .ops import Call, Steps
@@ -109,7 +110,7 @@ def check(hold: Hold, auto_renew: bool, watched: bool) -> Steps[Checked]:
         ok = yield hold.spec.renew_call(hold.owner, hold.token, hold.ttl)
     except BackendError as exc:
         if time.monotonic() < hold.expires_by:
-            log.warning("renewing %r failed, retrying: %s", hold.key, exc)
+            _observe.renewal_failed(hold, exc)
             return Checked(min(time.monotonic() + max(hold.ttl / 10, 0.05), hold.expires_by), False)
         ok = False
     if not ok:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..backends._contract import FairQueue, QueueJoin, Store, Wakeups
+from ..backends._contract import FairQueue, OnceRecords, QueueJoin, Store, Wakeups
 
 
 @dataclass(frozen=True)
@@ -22,6 +22,8 @@ class Traits:
     #: the store as ``QueueJoin`` (take-or-join in one step, when it says wake-ups flow now),
     #: if it declares it and ``Wakeups``
     joiner: QueueJoin | None
+    #: the store keeps once-records, which share the keys' namespace with locks
+    records: bool = False
 
     @classmethod
     def of(cls, store: Store) -> Traits:
@@ -33,4 +35,5 @@ class Traits:
             wakeups=wakeups,
             poll_cap=store.poll_cap,
             joiner=joiner,
+            records=isinstance(store, OnceRecords),
         )

@@ -12,7 +12,7 @@ import logging
 import time
 from typing import Any
 
-from .._errors import BackendError
+from .._errors import BackendError, ConfigurationError
 from .._timing import HEAD_POLL, Backoff, head_backoff, reset_deadline, set_deadline
 from ..backends._contract import Subscription
 from .hold import Hold
@@ -28,6 +28,11 @@ PUSHED_POLL_CAP = 5.0
 FIRST_BACKOFF = 0.002
 #: lease of a waiter's queue entry: a waiter that died or froze leaves the queue after it
 QUEUE_TTL = 9.0
+#: a waiter that has not had the key this long looks whether a finished once-record is what
+#: stands in its way (it never ends: waiting would last forever); then twice as long each
+#: time, up to RECORD_CHECK_CAP
+RECORD_CHECK = 1.0
+RECORD_CHECK_CAP = 16.0
 
 
 def _fallback_backoff(cap: float) -> Backoff:
@@ -105,6 +110,9 @@ class Acquisition:
         #: the subscription, or False where the store cannot wake waiters (they sleep)
         self.subscription: Subscription | None = None
         self.polling = not traits.wakeups
+        #: when the waiter last looked for a finished once-record in its way (None: not yet)
+        self._record_checked: float | None = None
+        self._record_every = RECORD_CHECK
 
     # -- the loop -----------------------------------------------------------------------------
     def run(self) -> Steps[Hold | None]:  # noqa: PLR0912, PLR0915 - the state machine, in one place
@@ -152,11 +160,15 @@ class Acquisition:
                 if (yield from self._keep_queued()):
                     should_try = True
                     continue
+                yield from self._no_finished_record()
                 pause = backoff.next()
                 live = self.subscription is not None and self.subscription.live
                 if ahead >= 0 and not live:
                     pause = pacer.pause(ahead)
                 pause = pause if remaining is None else min(pause, remaining)
+                if self._record_checked is not None:
+                    due = self._record_checked + self._record_every - time.monotonic()
+                    pause = max(0.0, min(pause, due))
                 if self.subscription is None:
                     yield Sleep(pause)
                     should_try, ahead = yield from self._worth_trying()
@@ -172,10 +184,35 @@ class Acquisition:
                 should_try, ahead = yield from self._worth_trying()
         finally:
             reset_deadline(bound)
-            if self.subscription is not None:
-                yield Unsubscribe(self.subscription)
-            if entry.made and not acquired:
-                yield from self._leave_queue()  # which also hands on a lock handed to us
+            try:
+                if self.subscription is not None:
+                    yield Unsubscribe(self.subscription)
+            finally:
+                # even when an interruption lands in the unsubscribe (a second cancellation,
+                # or one re-delivered after a driver swallowed it)
+                if entry.made and not acquired:
+                    yield from self._leave_queue()  # which also hands on a lock handed to us
+
+    def _no_finished_record(self) -> Steps[None]:
+        """Raise ConfigurationError if the key names a finished once-record: a lock, read,
+        write or permit waits for a hold to end, and that record never does (a failed one
+        ends only by a ``once`` retry, a succeeded one never)."""
+        if not self.traits.records or self.spec.kind == "once":
+            return
+        now = time.monotonic()
+        if self._record_checked is None:
+            self._record_checked = now
+        if now - self._record_checked < self._record_every:
+            return
+        self._record_checked = now
+        self._record_every = min(2 * self._record_every, RECORD_CHECK_CAP)
+        record = yield Call("once_state", (self.spec.key,))
+        if record is not None and record[0] == "once" and not record[2]:
+            raise ConfigurationError(
+                f"key {self.spec.key!r} is the key of a once-record ({record[1]}), which is "
+                f"never released: a {self.spec.kind} on it would wait forever; use a different "
+                "key for the lock (once-records and locks share one namespace)"
+            )
 
     # -- a grant interrupted ------------------------------------------------------------------
     def _granting(self, call: Call) -> Steps[int | None]:

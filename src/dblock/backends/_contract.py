@@ -221,6 +221,31 @@ class LossPush(ABC):
         hold of ``key`` takes effect; returns the call that stops watching."""
 
 
+class SessionHolds(ABC):
+    """Holds that last as long as a connection set aside for them (``ttl=None``): the
+    server's own lock and wait queue (PostgreSQL advisory locks), no lease, no row written.
+
+    Each hold, and each waiter, has a connection of its own outside the pool. A session hold
+    and a lease hold of one key exclude each other; its token comes from the same counter as
+    the key's lease tokens, so tokens of a key increase whatever the mix of kinds.
+    """
+
+    @abstractmethod
+    def acquire_session(self, key: str, owner: str, timeout: float) -> int | None:
+        """Take the server's lock of ``key``, waiting in the server's queue up to ``timeout``
+        s (0: try once); its token, or None if not had in time or a live lease holds the key
+        (the caller waits and tries again). An interruption leaves nothing held."""
+
+    @abstractmethod
+    def check_session(self, key: str, owner: str, token: int) -> bool:
+        """True if the hold's connection is alive (so the server still holds its lock);
+        False, never an error, if it died (the hold is lost)."""
+
+    @abstractmethod
+    def release_session(self, key: str, owner: str, token: int) -> bool:
+        """End the hold; False if its connection had died (the hold was already lost)."""
+
+
 class SchemaScript(ABC):
     """The store's schema is DDL an operator can run by hand."""
 
@@ -240,6 +265,7 @@ CAPABILITIES: tuple[type, ...] = (
     Wakeups,
     QueueJoin,
     LossPush,
+    SessionHolds,
     SchemaScript,
 )
 

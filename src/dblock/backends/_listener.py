@@ -64,8 +64,16 @@ class Listener(ABC):
         self._watches: dict[tuple[str, str], Callable[[], None]] = {}
         self._lock = _forksafe.lock()
         self._ready = rt.event()
-        self._stopped = rt.event()
-        self._thread = rt.start("dblock-listener", self._run)
+        #: where ``_run`` runs (it waits on ``_stopped`` there)
+        self._worker_rt = self._runs_on()
+        self._stopped = self._worker_rt.event()
+        self._thread = self._worker_rt.start("dblock-listener", self._run)
+
+    def _runs_on(self) -> Runtime:
+        """The runtime ``_run`` runs on: the client's (a thread, or a loop task); a listener
+        whose driver only blocks takes a thread whichever the client is (its wake-ups, and the
+        ``watch`` calls, are then made from that thread: both are thread-safe)."""
+        return self.rt
 
     @abstractmethod
     def _run(self) -> None:
@@ -145,7 +153,9 @@ class Listener(ABC):
 
     def stop(self) -> None:
         self._stopped.set()
-        if self._thread.is_alive():
+        # a thread of the async client's is not waited for: the loop would block; it ends
+        # (and closes its connection) within its next wait
+        if self._thread.is_alive() and self._worker_rt is self.rt:
             self._thread.join(timeout=2)
 
 

@@ -2,14 +2,14 @@
 
 The async client runs the store's code in a greenlet (:mod:`dblock._green`); each call here
 awaits the asyncio connection's coroutine on the event loop. Only what the store uses is
-offered: ``execute`` and its cursor's results, ``transaction``, ``notifies`` (psycopg's async
-iterator of LISTEN notifications), ``close``, and the state the pool checks.
+offered: ``execute`` and its cursor's results, ``transaction``, ``pipeline``, ``notifies``
+(psycopg's async iterator of LISTEN notifications), ``close``, and the state the pool checks.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractAsyncContextManager, AbstractContextManager, contextmanager
 from typing import Any
 
 import psycopg
@@ -67,17 +67,11 @@ class GreenConnection:
     def execute(self, query: Any, params: Any = None) -> GreenCursor:
         return GreenCursor(await_(self._conn.execute(query, params)))
 
-    @contextmanager
-    def transaction(self) -> Iterator[None]:
-        manager = self._conn.transaction()
-        await_(manager.__aenter__())
-        try:
-            yield
-        except BaseException as exc:
-            if not await_(manager.__aexit__(type(exc), exc, exc.__traceback__)):
-                raise
-        else:
-            await_(manager.__aexit__(None, None, None))
+    def transaction(self) -> AbstractContextManager[None]:
+        return _entered(self._conn.transaction())
+
+    def pipeline(self) -> AbstractContextManager[None]:
+        return _entered(self._conn.pipeline())
 
     def notifies(self, *, timeout: float, stop_after: int) -> Iterator[psycopg.Notify]:
         stream = self._conn.notifies(timeout=timeout, stop_after=stop_after)
@@ -89,3 +83,16 @@ class GreenConnection:
 
     def close(self) -> None:
         await_(self._conn.close())
+
+
+@contextmanager
+def _entered(manager: AbstractAsyncContextManager[Any]) -> Iterator[None]:
+    """An async context manager of psycopg's, entered and left as a blocking one."""
+    await_(manager.__aenter__())
+    try:
+        yield
+    except BaseException as exc:
+        if not await_(manager.__aexit__(type(exc), exc, exc.__traceback__)):
+            raise
+    else:
+        await_(manager.__aexit__(None, None, None))

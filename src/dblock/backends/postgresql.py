@@ -42,9 +42,11 @@ from ._contract import (
     FairQueue,
     OnceRecords,
     SchemaScript,
+    SessionHolds,
     SharedHolds,
 )
 from ._listener import Listener, PushedWakeups
+from .pg_session import PgSessions
 from .sql.base import MAINTENANCE_DEADLINE, Failure
 from .sql.holders import HoldersMixin, Rows
 from .sql.postgresql import PostgresStatements
@@ -69,6 +71,7 @@ class PostgresBackend(
     FairQueue,
     SharedHolds,
     OnceRecords,
+    SessionHolds,
     SchemaScript,
 ):
     """Lock table in PostgreSQL."""
@@ -124,6 +127,7 @@ class PostgresBackend(
         self._quiet_lock = _forksafe.lock()
         #: id(connection) -> its server process (a closed connection no longer tells it)
         self._pids: dict[int, int] = {}
+        self._sessions = PgSessions(self)
 
     # -- connections ----------------------------------------------------------------------
     def _connect(self) -> psycopg.Connection[Any]:
@@ -131,16 +135,17 @@ class PostgresBackend(
         self._pids[id(conn)] = conn.info.backend_pid
         return conn
 
-    def _open_connection(self) -> psycopg.Connection[Any]:
+    def _open_connection(self, options: dict[str, Any] | None = None) -> psycopg.Connection[Any]:
+        options = self._options if options is None else options
         try:
             if self.rt is not THREADS:
                 from ._pg_green import GreenConnection
 
                 # the async client's code runs in a greenlet: it awaits psycopg's asyncio
                 # connection where this code looks blocking (the same calls, one subset)
-                green = GreenConnection.connect(autocommit=True, **self._options)
+                green = GreenConnection.connect(autocommit=True, **options)
                 return cast("psycopg.Connection[Any]", green)
-            return psycopg.connect(autocommit=True, **self._options)
+            return psycopg.connect(autocommit=True, **options)
         except psycopg.ProgrammingError as exc:  # psycopg's own check of a parameter's value
             raise self._misconfigured(exc) from exc
         except psycopg.OperationalError as exc:
@@ -343,13 +348,30 @@ class PostgresBackend(
 
         return self.run("acquire", op, key=key)
 
+    # -- session holds (ttl=None): see pg_session.py -------------------------------------
+    def acquire_session(self, key: str, owner: str, timeout: float) -> int | None:
+        return self._sessions.acquire_session(key, owner, timeout)
+
+    def check_session(self, key: str, owner: str, token: int) -> bool:
+        return self._sessions.check_session(key, owner, token)
+
+    def release_session(self, key: str, owner: str, token: int) -> bool:
+        return self._sessions.release_session(key, owner, token)
+
+    def close(self) -> None:
+        super().close()
+        self._sessions.close()
+
     def info(self, key: str) -> LockInfo | None:
         def op(conn: psycopg.Connection[Any]) -> LockInfo | None:
             row = conn.execute(self.sql.info, {"key": key}).fetchone()
             if row is None:
                 rows = self._holder_rows(conn, key=key)
                 row = rows[0] if rows else None
-            return None if row is None else _info(row)
+            if row is None:
+                sessions = self._sessions.infos(conn, key)
+                return sessions[0] if sessions else None
+            return _info(row)
 
         return self.run("info", op, key=key)
 
@@ -367,7 +389,9 @@ class PostgresBackend(
     def force_release(self, key: str) -> bool:
         def op(conn: psycopg.Connection[Any]) -> bool:
             freed = conn.execute(self.sql.force_release, {"key": key}).fetchone() is not None
-            return self._force_holders(conn, key) > 0 or freed
+            # a session hold ends with its holder's connection
+            ended = conn.execute(self.sql.session_terminate, {"key": key}).fetchall()
+            return self._force_holders(conn, key) > 0 or freed or any(r[0] for r in ended)
 
         return self.run("force_release", op, key=key)
 

@@ -18,8 +18,10 @@ releases PUBLISH on the table's channel. A waiter whose listener lost its connec
 to look again, and polls until the listener is back.
 
 Connections: a pool of ``max_connections`` (one statement each at a time), the retry policy
-and deadlines of :class:`~dblock.backends.sql.base.SqlBackend`. For the async client each is
-a ``redis.asyncio`` connection behind :mod:`._redis_green`.
+and deadlines of :class:`~dblock.backends.sql.base.SqlBackend`. The async client runs each
+operation on a worker thread with redis-py's blocking connections (``blocking_driver``; why not
+``redis.asyncio``: docs/redis.md), and the listener on a thread of its own, as the blocking
+client does.
 """
 
 from __future__ import annotations
@@ -37,10 +39,11 @@ from typing import Any
 import redis
 from redis.backoff import NoBackoff
 from redis.commands.core import Script
+from redis.exceptions import NoScriptError
 from redis.retry import Retry
 
 from .._errors import ConfigurationError
-from .._runtime import THREADS
+from .._runtime import THREADS, Runtime
 from .._types import Kind, LockInfo
 from .._url import MAX_URL_TIMEOUT, DatabaseURL, url_number
 from ._contract import (
@@ -81,6 +84,19 @@ def _scripts() -> dict[str, Script]:
 Keys = list[str]  # a name for the class whose method `list` shadows the builtin
 
 
+def _eval(conn: Any, script: Script, keys: Keys, *args: Any) -> Any:
+    """``EVALSHA`` of ``script`` on ``conn``'s own connection: what redis-py's ``Script``
+    does, less the client's per-command layers (retries: dblock has its own; response
+    callbacks: a script has none), which cost about as much client time as the round trip.
+    A server that does not have the script yet gets it from ``Script``."""
+    connection = conn.connection
+    connection.send_command("EVALSHA", script.sha, len(keys), *keys, *args)
+    try:
+        return connection.read_response()
+    except NoScriptError:
+        return script(keys, args, conn)
+
+
 def _us(seconds: float) -> int:
     return round(seconds * 1_000_000)
 
@@ -105,9 +121,9 @@ class RedisBackend(
     """Locks in Redis, under the key prefix of one table."""
 
     name = dialect = "redis"
-    #: its asyncio path (redis.asyncio, _redis_green.py) does not yet pass the async client's
-    #: cancellation tests: connect_async refuses Redis URLs until it does
-    serves_async = False
+    #: the async client runs each operation on a worker thread (a cancellation waits for the
+    #: script in flight, whose outcome the engine then settles: docs/redis.md)
+    blocking_driver = True
 
     def __init__(self, url: DatabaseURL, schema: str | None, table: str) -> None:
         super().__init__(url, f"{schema}.{table}" if schema else table)
@@ -178,12 +194,6 @@ class RedisBackend(
 
     # -- connections ----------------------------------------------------------------------
     def _connect(self) -> Any:
-        if self.rt is not THREADS:
-            from ._redis_green import GreenRedis
-
-            # the async client's code runs in a greenlet: it awaits redis.asyncio's
-            # connection where this code looks blocking
-            return GreenRedis.connect(self._options)
         client = redis.Redis(single_connection_client=True, **self._options)
         try:
             client.ping()
@@ -194,10 +204,6 @@ class RedisBackend(
 
     def _pubsub(self) -> Any:
         """A pub/sub connection of its own, for the listener."""
-        if self.rt is not THREADS:
-            from ._redis_green import GreenRedis
-
-            return GreenRedis.pubsub(self._options)
         return redis.Redis(**self._options).pubsub()  # type: ignore[no-untyped-call]
 
     def _close_connection(self, conn: Any) -> None:
@@ -229,7 +235,8 @@ class RedisBackend(
         """Run one script on ``key`` (with the retry policy); its reply."""
         run = _scripts()[script]
         keys = self._keys(key)
-        return self.run(what, lambda conn: run(keys, [key, self.channel, *args], conn), key=key)
+        channel = self.channel
+        return self.run(what, lambda conn: _eval(conn, run, keys, key, channel, *args), key=key)
 
     def _retried(self, what: str, script: str, key: str, *args: Any) -> bool:
         """Run a script that ends a hold: a retry after a lost reply says so (the script then
@@ -241,7 +248,7 @@ class RedisBackend(
         def op(conn: Any) -> bool:
             nonlocal calls
             calls += 1
-            return bool(run(keys, [key, self.channel, *args, int(calls > 1)], conn))
+            return bool(_eval(conn, run, keys, key, self.channel, *args, int(calls > 1)))
 
         return self.run(what, op, key=key)
 
@@ -414,6 +421,9 @@ class RedisListener(Listener):
         #: pub/sub connections made, for tests: a reconnect makes another
         self.connections = 0
         super().__init__(backend.rt, f"{backend.prefix}c:{secrets.token_hex(8)}")
+
+    def _runs_on(self) -> Runtime:
+        return THREADS  # redis-py blocks: a thread of its own, for the async client too
 
     def _run(self) -> None:
         pause = 0.1

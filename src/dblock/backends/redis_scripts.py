@@ -12,6 +12,10 @@ in one cluster slot, so a script may touch several):
   holders table. Queue order is (``acq``, owner);
 - ``<p>meta``: hash, ``token``: the last fencing token issued in the table.
 
+Scripts read ``TIME`` and then write: Redis must replicate them by their effects, its default
+since 5.0 (always, from 7.0); a server set to ``lua-replicate-commands no`` refuses the write
+with an error instead.
+
 Every script gets KEYS = (record, holders, meta) of one key and ARGV = (key, the table's
 channel, then its own arguments), except the batch scripts of ``list`` and ``purge``. Time is
 ``TIME`` read in the script, never the client's clock; durations come in microseconds.
@@ -31,8 +35,6 @@ rings ``owner`` (everyone if empty); ``=<token> <owner> <key>``: the lock was ha
 from __future__ import annotations
 
 PREAMBLE = r"""
--- Redis < 7 replicates a script that read TIME by its effects only when asked (7: always)
-if redis.replicate_commands then redis.replicate_commands() end
 local R, H, META = KEYS[1], KEYS[2], KEYS[3]
 local KEY, CHANNEL = ARGV[1], ARGV[2]
 local clock = redis.call('TIME')
@@ -83,13 +85,17 @@ local function next_token(r)
   return tok
 end
 
+-- r: the record as read (each redis.call costs the script more than its command does, so
+-- one HSET, and an HDEL only for fields r has; `ended` stays: it only ever names a token
+-- whose hold a release ended, never a later one)
 local function take(r, kind, owner, ttl, state, note)
   local tok = next_token(r)
-  redis.call('HSET', R, 'kind', kind, 'owner', owner, 'token', num(tok), 'acq', num(NOW),
-    'exp', num(NOW + ttl))
-  redis.call('HDEL', R, 'state', 'note', 'ended')
-  if state then redis.call('HSET', R, 'state', state) end
-  if note then redis.call('HSET', R, 'note', note) end
+  if r ~= nil and (r.state or r.note) then redis.call('HDEL', R, 'state', 'note') end
+  local f = {'kind', kind, 'owner', owner, 'token', num(tok), 'acq', num(NOW),
+    'exp', num(NOW + ttl)}
+  if state then f[#f + 1] = 'state'; f[#f + 1] = state end
+  if note then f[#f + 1] = 'note'; f[#f + 1] = note end
+  redis.call('HSET', R, unpack(f))
   return tok
 end
 
@@ -141,8 +147,11 @@ local function ring_next() ring((head(holders(H)))) end
 
 local function free(r, ended)
   redis.call('HDEL', R, 'owner')
-  redis.call('HSET', R, 'exp', num(NOW))
-  if ended then redis.call('HSET', R, 'ended', num(ended)) end
+  if ended then
+    redis.call('HSET', R, 'exp', num(NOW), 'ended', num(ended))
+  else
+    redis.call('HSET', R, 'exp', num(NOW))
+  end
 end
 
 -- the hold of r ended: the lock goes to the head waiter that takes hand-overs (a new token,
@@ -154,7 +163,7 @@ local function hand_on(r, ended)
     local tok = next_token(r)
     redis.call('HSET', R, 'kind', 'lock', 'owner', ho, 'token', num(tok), 'acq', num(NOW),
       'exp', num(math.min(NOW + he.lease, he.exp)), 'ended', num(ended))
-    redis.call('HDEL', R, 'state', 'note')
+    if r.state or r.note then redis.call('HDEL', R, 'state', 'note') end
     redis.call('HDEL', H, ho)
     local chan = CHANNEL
     if he.chan ~= '' then chan = he.chan end

@@ -16,6 +16,7 @@ import dblock
 
 from . import exit_codes
 from .cmd_admin import info_command, list_command, purge_command, release_command, schema_command
+from .cmd_dashboard import dashboard_command
 from .cmd_external import bench_command, demo_command
 from .cmd_run import once_command, run_command
 from .context import CliError, Settings, common_options, misconfigured, unavailable
@@ -55,6 +56,7 @@ for _command in (
     schema_command,
     demo_command,
     bench_command,
+    dashboard_command,
 ):
     cli.add_command(_command)
 

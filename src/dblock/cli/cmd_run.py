@@ -87,6 +87,12 @@ before the lease can end, measured from when the last renewal was sent:
   ttl/6, at most {KILL_GRACE:g} s). A ttl shorter than 2 x (kill_grace + margin) is refused.
 
 \b
+--session holds KEY with no lease (ttl=None: docs/session-locks.md): on PostgreSQL the
+server's advisory lock, kept by dblock's connection; if that connection is lost (killed,
+dropped, the server restarted), CMD is stopped at once: SIGTERM, SIGKILL kill_grace later
+(default {KILL_GRACE:g} s). Elsewhere it is a lease renewed as above.
+
+\b
 Exit status:
   CMD's status (128+N if CMD died of signal N)
   {exit_codes.CONFLICT} (or --conflict-exit-code) if KEY was not had
@@ -156,6 +162,11 @@ def kill_grace_for(ctx: click.Context, ttl: float, kill_grace: float | None) -> 
     help="Exit status when KEY was not had.",
 )
 @click.option("-q", "--quiet", is_flag=True, help="No message when KEY was not had.")
+@click.option(
+    "--session",
+    is_flag=True,
+    help="Hold KEY with no lease, as long as dblock's connection (excludes --ttl).",
+)
 @_kill_grace_option
 @click.pass_context
 def run_command(
@@ -168,14 +179,22 @@ def run_command(
     no_wait: bool,
     conflict_exit_code: int,
     quiet: bool,
+    session: bool,
     kill_grace: float | None,
 ) -> int:
     if no_wait and timeout is not None:
         raise click.UsageError("--timeout and --no-wait exclude each other", ctx=ctx)
-    grace = kill_grace_for(ctx, ttl, kill_grace)
+    if session and ctx.get_parameter_source("ttl") is click.core.ParameterSource.COMMANDLINE:
+        raise click.UsageError("--ttl and --session exclude each other", ctx=ctx)
     client = open_client(ctx, close_on_exit=False)
     lost = threading.Event()
-    lock = client.lock(key, ttl=ttl, auto_renew=True, on_lost=lambda _lock: lost.set())
+    lock = client.lock(
+        key, ttl=None if session else ttl, auto_renew=True, on_lost=lambda _lock: lost.set()
+    )
+    if math.isinf(lock.ttl):  # a session hold: nothing to stop CMD ahead of but its loss
+        grace = KILL_GRACE if kill_grace is None else kill_grace
+    else:  # a lease (or, with --session, the kept-alive lease of a store without sessions)
+        grace = kill_grace_for(ctx, lock.ttl, kill_grace)
     outcome = exit_codes.FAILURE
     try:
         with SignalRelay() as relay:
@@ -238,7 +257,10 @@ def _run_holding(
         )
         return exit_codes.LEASE_LOST
     except dblock.BackendError as exc:
-        _say(f"could not release {lock.key}; it expires within {duration(lock.ttl)}: {exc}")
+        ends = (
+            "with dblock's connection" if math.isinf(lock.ttl) else f"within {duration(lock.ttl)}"
+        )
+        _say(f"could not release {lock.key}; it ends {ends}: {exc}")
     return status
 
 
@@ -277,7 +299,9 @@ class _Guard:
     command: tuple[str, ...]
 
     def __post_init__(self) -> None:
-        self.margin = stop_margin(self.lock.ttl)
+        # a session hold has no lease end to stop CMD ahead of: only its loss stops CMD
+        self.session = math.isinf(self.lock.ttl)
+        self.margin = 0.0 if self.session else stop_margin(self.lock.ttl)
         #: the latest known moment from which the lease may have ended (time.monotonic())
         self.end = self.lock.lease_end or time.monotonic()
 
@@ -332,8 +356,13 @@ class _Guard:
 
     def _stop_lost(self) -> None:
         kill_at = min(time.monotonic() + self.grace, self.end - self.margin)
+        what = (
+            "the session hold (its connection ended)"
+            if self.session
+            else f"the lease (ttl {duration(self.lock.ttl)})"
+        )
         _say(
-            f"lost the lease of {self.lock.key} (ttl {duration(self.lock.ttl)}): another owner "
+            f"lost {what} of {self.lock.key}: another owner "
             f"may take it now; stopping {self.command[0]} (pid {self.child.pid}) and all it "
             f"started: SIGTERM now, SIGKILL {_after(kill_at)}"
         )
@@ -380,6 +409,12 @@ lease has expired (its holder crashed); runs CMD while renewing the lease; recor
 if CMD exits 0, else "failed" (a later `dblock once` may retry it). SIGINT, SIGTERM and SIGHUP
 are forwarded to CMD, which gets DBLOCK_KEY and DBLOCK_TOKEN in its environment. CMD and what it
 starts are kept inside the lease as by `dblock run` (see `dblock run --help`, --kill-grace).
+
+\b
+--session holds KEY with no lease (ttl=None: docs/session-locks.md): on PostgreSQL the
+server's advisory lock, kept by dblock's connection; if that connection is lost (killed,
+dropped, the server restarted), CMD is stopped at once: SIGTERM, SIGKILL kill_grace later
+(default {KILL_GRACE:g} s). Elsewhere it is a lease renewed as above.
 
 \b
 Exit status:

@@ -74,12 +74,20 @@ def iso(moment: datetime) -> str:
     return moment.astimezone(timezone.utc).isoformat(timespec="milliseconds")
 
 
+def iso_or_none(moment: datetime | None) -> str | None:
+    """:func:`iso`, or None for a session hold's ``expires_at`` (it has no lease)."""
+    return None if moment is None else iso(moment)
+
+
 def held_for(info: LockInfo, now: datetime) -> float:
     return (now - info.acquired_at).total_seconds()
 
 
-def expires_in(info: LockInfo, now: datetime) -> float:
-    return (info.expires_at - now).total_seconds()
+def expires_in(info: LockInfo, now: datetime) -> str:
+    """How long until the lease ends, or ``never`` for a session hold (it has no lease)."""
+    if info.expires_at is None:
+        return "never"
+    return duration((info.expires_at - now).total_seconds())
 
 
 def as_dict(info: LockInfo) -> dict[str, Any]:
@@ -90,7 +98,7 @@ def as_dict(info: LockInfo) -> dict[str, Any]:
         "token": info.token,
         "kind": info.kind,
         "acquired_at": iso(info.acquired_at),
-        "expires_at": iso(info.expires_at),
+        "expires_at": iso_or_none(info.expires_at),
     }
 
 
@@ -105,7 +113,7 @@ def describe_holder(info: LockInfo | None, now: datetime | None = None) -> str:
     now = now or now_utc()
     return (
         f"held by {printable(info.owner)} (token {info.token}) for "
-        f"{duration(held_for(info, now))}, expires in {duration(expires_in(info, now))}"
+        f"{duration(held_for(info, now))}, expires in {expires_in(info, now)}"
     )
 
 
@@ -139,7 +147,7 @@ def print_table(infos: list[LockInfo], file: TextIO | None = None) -> None:
             printable(info.owner),
             str(info.token),
             duration(held_for(info, now)),
-            duration(expires_in(info, now)),
+            expires_in(info, now),
         )
     console.print(table)
 
@@ -154,9 +162,9 @@ def print_info(info: LockInfo, file: TextIO | None = None) -> None:
         ("owner", printable(info.owner)),
         ("token", str(info.token)),
         ("acquired at", iso(info.acquired_at)),
-        ("expires at", iso(info.expires_at)),
+        ("expires at", iso_or_none(info.expires_at) or "never (session hold)"),
         ("held for", duration(held_for(info, now))),
-        ("expires in", duration(expires_in(info, now))),
+        ("expires in", expires_in(info, now)),
     ]
     width = max(len(name) for name, _ in rows)
     for name, value in rows:

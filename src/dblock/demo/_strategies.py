@@ -21,7 +21,7 @@ class Strategy:
             return "BEGIN IMMEDIATE transaction"
         if self.number == 7:
             return {
-                "postgresql": "pg_advisory_xact_lock",
+                "postgresql": "dblock session lock (pg_advisory_lock)",
                 "mysql": "GET_LOCK advisory lock",
             }.get(dialect, self.title)
         return self.title

@@ -9,7 +9,6 @@ in which unprotected strategies race.
 
 from __future__ import annotations
 
-import hashlib
 import signal
 import time
 from collections.abc import Callable
@@ -78,14 +77,15 @@ class Worker:
         name = f"{table}:{WAREHOUSE}:{SKU}"
         self.lock_key = f"inventory:{WAREHOUSE}:{SKU}"
         self.mysql_lock = name[:64]
-        digest = hashlib.blake2b(name.encode(), digest_size=8).digest()
-        self.pg_lock = int.from_bytes(digest, "big", signed=True)
 
     def open(self, number: int) -> None:
         if self.db is None:
             self.db = DemoDB(self.parsed)
-        if number == 6 and self.client is None:
-            self.client = dblock.connect(self.lock_url, table=self.lock_table, create_schema=False)
+        # 6, and 7 on PostgreSQL (a session hold), lock through dblock
+        session = number == 7 and self.parsed.dialect == "postgresql"
+        if (number == 6 or session) and self.client is None:
+            url = self.lock_url if number == 6 else self.url
+            self.client = dblock.connect(url, table=self.lock_table, create_schema=False)
 
     def close(self) -> None:
         if self.client is not None:
@@ -197,14 +197,14 @@ class Worker:
             return self.check_then_write(qty, delay)
 
     def advisory(self, qty: int, delay: float) -> tuple[str, int]:
-        """7: the database's advisory lock around read-check-write."""
+        """7: the database's advisory lock around read-check-write: on PostgreSQL a dblock
+        session hold (``ttl=None``: pg_advisory_lock on a connection of its own, with a
+        fencing token); on MySQL GET_LOCK itself."""
         if self.conn.dialect == "postgresql":
-
-            def locked() -> tuple[str, int]:
-                self.conn.one("SELECT pg_advisory_xact_lock(%s)", (self.pg_lock,))
+            if self.client is None:
+                raise RuntimeError("the worker has no dblock client")
+            with self.client.lock(self.lock_key, ttl=None, timeout=LOCK_WAIT):
                 return self.check_then_write(qty, delay)
-
-            return self.in_transaction(locked)
         row = self.conn.one("SELECT GET_LOCK(%s, %s)", (self.mysql_lock, int(LOCK_WAIT)))
         if row is None or row[0] != 1:
             raise TimeoutError(f"GET_LOCK({self.mysql_lock!r}) timed out")

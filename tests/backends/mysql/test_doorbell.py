@@ -30,7 +30,8 @@ from tests._servers import MYSQL_URL, raw_connect
 from tests._waiting import until
 from tests.contract.test_processes import finish, worker
 
-pytestmark = pytest.mark.slow
+# serial: they count statements server-wide and look at every session in GET_LOCK
+pytestmark = [pytest.mark.slow, pytest.mark.serial]
 
 
 _started: list[_Waiter] = []

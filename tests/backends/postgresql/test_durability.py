@@ -17,6 +17,9 @@ from tests._private_servers import SLOW_MS, private_postgresql
 from tests._servers import POSTGRESQL_URL, raw_connect
 from tests.backends._durability import crash_as_the_waiter_gets_it
 
+# serial: pg_stat_wal counts the whole server's flushes
+pytestmark = pytest.mark.serial
+
 PAIRS = 200
 
 

@@ -40,6 +40,22 @@ def test_every_operation_is_one_evalsha_that_reads_the_servers_clock(
     assert set(calls) <= inside_scripts, f"commands besides one EVALSHA per operation: {calls}"
 
 
+def test_a_server_that_forgot_the_scripts_is_given_them_again(server: PrivateServer) -> None:
+    """SCRIPT FLUSH (as after a restart or a failover): the next EVALSHA's NOSCRIPT loads the
+    script, and the operation still runs once."""
+    raw = raw_redis(server.url)
+    with dblock.connect(server.url, table="flush") as client:
+        lock = client.lock("k", ttl=5)
+        with lock:
+            raw.script_flush()
+            lock.renew()
+        raw.script_flush()
+        with lock:
+            assert [i.owner for i in client.list("k")] == [lock.owner]
+        assert client.info("k") is None
+    raw.close()
+
+
 def test_list_and_purge_scan_and_never_use_keys(server: PrivateServer) -> None:
     raw = raw_redis(server.url)
     with dblock.connect(server.url, table="walk") as client:

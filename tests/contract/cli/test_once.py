@@ -66,3 +66,13 @@ def test_lost_lease_stops_cmd(cli: Dblock, key: str) -> None:
     assert "lost the lease" in err
     assert not alive(pid)
     assert cli.run("once", key, *cli.child("exit:0")).returncode == 0
+
+
+def test_run_on_a_finished_once_key_fails_fast(cli: Dblock, key: str) -> None:
+    # a once-record is never released: `dblock run` on its key must not wait forever
+    assert cli.run("once", key, *cli.child("exit:0")).returncode == 0
+    blocked = cli.run("run", key, *cli.child("exit:0"))
+    assert blocked.returncode == 2, blocked.stderr
+    assert "once-record" in blocked.stderr
+    assert "Traceback" not in blocked.stderr
+    assert len(cli.runs()) == 1

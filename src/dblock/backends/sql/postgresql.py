@@ -100,6 +100,14 @@ class PostgresStatements(HolderStatements):
             "THEN joins END AS joins"
         )
 
+        # The server lock of the key's session holds (ttl=None): a 64-bit hash of table and
+        # key. A lease is taken only while no session holds it: the try-lock lasts until the
+        # statement commits, so a session acquire that gets the server lock after it sees the
+        # committed lease (see session_grant) and steps back.
+        plain = (f"{schema}." if schema else "") + table
+        self.advisory_key = f"hashtextextended('{plain}:' || %(key)s::text, 0)"
+        no_session = f"pg_try_advisory_xact_lock({self.advisory_key})"
+
         def acquire_sql(fair: str = "", *, newcomer: bool = False) -> str:
             # the casts settle the parameter types, which the queue clause uses too
             values = (
@@ -115,7 +123,7 @@ class PostgresStatements(HolderStatements):
             )
             return (
                 f"INSERT INTO {t} AS l (lock_key, kind, owner, token, acquired_at, expires_at)\n"
-                f"SELECT {values} WHERE {busy}{fair and ' AND ' + fair}\n"
+                f"SELECT {values} WHERE {busy}{fair and ' AND ' + fair} AND {no_session}\n"
                 "ON CONFLICT (lock_key) DO UPDATE SET kind = EXCLUDED.kind,\n"
                 "    owner = EXCLUDED.owner, token = EXCLUDED.token,\n"
                 "    acquired_at = EXCLUDED.acquired_at, expires_at = EXCLUDED.expires_at,\n"
@@ -273,6 +281,7 @@ class PostgresStatements(HolderStatements):
             "AND NOT a.attisdropped WHERE n.oid IS NOT NULL"
         )
         self.table_names = {"t": t, "s": seq, "h": holders}
+        self._session_statements(t)
         digest = hashlib.sha1(t.encode(), usedforsecurity=False).digest()
         self.ddl_lock_id = int.from_bytes(digest[:8], "big", signed=True)
 
@@ -384,3 +393,83 @@ class PostgresStatements(HolderStatements):
 
     def earlier(self, name: str) -> str:
         return f"{NOW} - make_interval(secs => %({name})s)"
+
+    def _session_statements(self, t: str) -> None:
+        """Session holds (ttl=None): the server's advisory lock on ``advisory_key``, held by a
+        connection set aside for it; see backends/pg_session.py."""
+        k = self.advisory_key
+        this_db = "(SELECT oid FROM pg_database WHERE datname = current_database())"
+        # lt (ms, 0: forever) key -> waits in the server's queue; lock_timeout is read when the
+        # wait starts, after set_config in the same row
+        self.session_lock = (
+            f"SELECT set_config('lock_timeout', %(lt)s, false), pg_advisory_lock({k}), true"
+        )
+        self.session_try = f"SELECT '', NULL, pg_try_advisory_lock({k})"
+        # key owner -> (token, a live lease holds the key). A statement of its own, run after
+        # the lock statement in the same pipeline: its snapshot is taken after the grant, so it
+        # sees a lease committed while the lock statement waited. The token comes from the
+        # sequence of lease tokens (no WAL flush: a sequence logs ahead, and after a crash it
+        # skips, never repeats). The application name tells info() who holds it.
+        tag = (
+            "left(format('d:%%s:%%s:%%s', s.tok, "
+            f"to_hex(floor(extract(epoch from {NOW}) * 1000)::bigint), %(owner)s::text), 63)"
+        )
+        self.session_grant = (
+            f"SELECT s.tok, s.busy, set_config('application_name', {tag}, false), "
+            "pg_backend_pid() FROM (\n"
+            f"    SELECT nextval('{self.seq}') AS tok, EXISTS (SELECT 1 FROM {t}\n"
+            f"        WHERE lock_key = %(key)s AND expires_at > {NOW}) AS busy) s"
+        )
+        # The same in one statement, where the connection could make this temporary function
+        # (pg_temp: no privilege on the schema, nothing left behind). A VOLATILE SQL function
+        # runs its query with a snapshot of its own and is never inlined, so, called after the
+        # lock in the same statement (LATERAL on the lock's row), it sees a lease committed
+        # while the lock waited. Its clock is clock_timestamp(): the statement started before.
+        at = "to_hex(floor(extract(epoch from clock_timestamp()) * 1000)::bigint)"
+        self.session_function = (
+            "CREATE OR REPLACE FUNCTION pg_temp.dblock_session_grant(k text, o text, "
+            "locked boolean)\nRETURNS TABLE (tok bigint, busy boolean, app text, pid integer)\n"
+            "LANGUAGE sql VOLATILE AS $dblock$\n"
+            "SELECT s.tok, s.busy, CASE WHEN locked THEN set_config('application_name', "
+            f"left(format('d:%s:%s:%s', s.tok, {at}, o), 63), false) END, pg_backend_pid()\n"
+            f"FROM (SELECT CASE WHEN locked THEN nextval('{self.seq}') END AS tok,\n"
+            f"    locked AND EXISTS (SELECT 1 FROM {t} WHERE lock_key = k\n"
+            "        AND expires_at > clock_timestamp()) AS busy) s\n"
+            "$dblock$"
+        )
+        one = (
+            "SELECT g.tok, g.busy, g.app, g.pid FROM (SELECT {lock} AS locked OFFSET 0) l,\n"
+            "    LATERAL pg_temp.dblock_session_grant(%(key)s::text, %(owner)s::text, l.locked) g"
+        )
+        # lt (ms) key owner -> (token or NULL if not had, a live lease holds it, -, process)
+        self.session_lock_one = one.format(
+            lock=f"set_config('lock_timeout', %(lt)s, false) IS NOT NULL AND "
+            f"pg_advisory_lock({k}) IS NOT NULL"
+        )
+        self.session_try_one = one.format(lock=f"pg_try_advisory_lock({k})")
+        self.session_unlock_all = "SELECT pg_advisory_unlock_all()"
+        # key -> ends the hold; lease waiters queued for the key are rung (delivered at the
+        # statement's commit, after the unlock), as a lease's release would
+        self.session_release = (
+            "SELECT pg_advisory_unlock_all(), (SELECT pg_notify("
+            f"'{self.channel}', ' ' || %(key)s) FROM {self.holders} "
+            "WHERE lock_key = %(key)s AND waiting = 1 LIMIT 1)"
+        )
+        # -> the server process the connection reaches now (a pooler may change it)
+        self.session_alive = "SELECT pg_backend_pid()"
+        # key -> the application names of the sessions that hold its server lock
+        self.session_holders = (
+            "SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid\n"
+            "WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1\n"
+            f"    AND l.database = {this_db}\n"
+            f"    AND l.classid = (({k} >> 32) & 4294967295)::oid\n"
+            f"    AND l.objid = ({k} & 4294967295)::oid"
+        )
+        # key -> ends the sessions that hold its server lock (force_release)
+        self.session_terminate = (
+            "SELECT pg_terminate_backend(l.pid) FROM pg_locks l\n"
+            "WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1\n"
+            f"    AND l.database = {this_db}\n"
+            f"    AND l.classid = (({k} >> 32) & 4294967295)::oid\n"
+            f"    AND l.objid = ({k} & 4294967295)::oid AND l.pid <> pg_backend_pid()"
+        )

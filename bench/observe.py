@@ -1,0 +1,159 @@
+"""Scenario ``obs``: what metrics + tracing cost on the uncontended acquire+release rate.
+
+One fresh process per backend and repeat runs dblock's uncontended pairs on one key, in
+0.1 s slices that cycle between observability off (no observer registered, the default),
+metrics only (``enable_metrics`` into a private registry), api (metrics, and tracing through
+the OpenTelemetry API with no SDK behind it: dblock's own cost) and on (metrics, and
+``enable_tracing`` with the OpenTelemetry SDK's TracerProvider, which samples and records
+every span; no exporter, so what is measured is dblock's hooks and the libraries' bookkeeping,
+not a network). Slices cycling in one process put every side under the same machine load.
+Target: on/off >= 0.95.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+from bench import procs, servers
+from bench.contenders import Targets
+from dblock.bench import median
+
+SLICE = 0.1
+#: off: nothing registered; metrics: enable_metrics only; api: metrics, and tracing through
+#: the OpenTelemetry API with no SDK behind it (no-op spans); on: metrics and tracing (SDK)
+SIDES = ("off", "metrics", "api", "on")
+BACKENDS = ("sqlite", "postgresql", "mysql", "redis")
+
+
+def _pairs(t: Targets, backend: str, table: str, duration: float) -> dict[str, Any]:
+    """In a fresh process: pairs/s and CPU µs per pair, observability off and on."""
+    import dblock
+    from dblock import observability
+
+    tracer_provider: Any = None
+    tracing_kind = "API only (no SDK installed: no-op)"
+    try:
+        from opentelemetry.sdk.trace import TracerProvider
+
+        tracer_provider = TracerProvider()
+        tracing_kind = "SDK TracerProvider, spans recorded, no exporter"
+    except ImportError:
+        pass
+    from opentelemetry.trace import NoOpTracerProvider
+    from prometheus_client import CollectorRegistry
+
+    sides: dict[str, dict[str, float]] = {
+        side: {"pairs": 0, "wall": 0.0, "cpu": 0.0} for side in SIDES
+    }
+    with dblock.connect(t.url(backend), table=table) as client:
+        lock = client.lock("bench-obs-" + uuid.uuid4().hex[:8], ttl=30)
+        for _ in range(50):  # warm up connections and statements
+            lock.acquire()
+            lock.release()
+        observers: list[Any] = []
+        end = time.monotonic() + len(SIDES) * duration
+        n = 0
+        while time.monotonic() < end:
+            side = SIDES[n % len(SIDES)]
+            if side != "off":
+                observers = [observability.enable_metrics(CollectorRegistry())]
+            if side == "on":
+                observers.append(observability.enable_tracing(tracer_provider))
+            if side == "api":
+                observers.append(observability.enable_tracing(NoOpTracerProvider()))
+            pairs = 0
+            c0, w0 = time.process_time(), time.perf_counter()
+            stop = w0 + SLICE
+            while time.perf_counter() < stop:
+                lock.acquire()
+                lock.release()
+                pairs += 1
+            wall, cpu = time.perf_counter() - w0, time.process_time() - c0
+            for observer in observers:
+                observability.remove_observer(observer)
+            observers = []
+            s = sides[side]
+            s["pairs"] += pairs
+            s["wall"] += wall
+            s["cpu"] += cpu
+            n += 1
+    out: dict[str, Any] = {"tracing": tracing_kind}
+    for side, s in sides.items():
+        out[side] = {
+            "pairs_per_s": s["pairs"] / s["wall"],
+            "cpu_us_per_pair": 1e6 * s["cpu"] / max(s["pairs"], 1),
+        }
+    return out
+
+
+def scenario_obs(backends: list[str], t: Targets, b: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for backend in [x for x in backends if x in BACKENDS]:
+        table = f"{t.table}_obs"
+        res: dict[str, Any] = {"repeats": []}
+        out[backend] = res
+        try:
+            for r in range(b.repeats):
+                v = procs.run_one(
+                    _pairs, (t, backend, table, b.duration), timeout=b.duration * 2 + 60
+                )
+                res["repeats"].append(v)
+                res["tracing"] = v["tracing"]
+                _log(
+                    f"[obs] round {r + 1}/{b.repeats} {backend}: off "
+                    f"{v['off']['pairs_per_s']:,.0f}, metrics {v['metrics']['pairs_per_s']:,.0f}, "
+                    f"api {v['api']['pairs_per_s']:,.0f}, sdk {v['on']['pairs_per_s']:,.0f} pairs/s"
+                )
+            for side in SIDES:
+                res[side] = {
+                    k: median([x[side][k] for x in res["repeats"]])
+                    for k in ("pairs_per_s", "cpu_us_per_pair")
+                }
+            res["ratio"] = res["on"]["pairs_per_s"] / res["off"]["pairs_per_s"]
+            res["ratios"] = [
+                x["on"]["pairs_per_s"] / x["off"]["pairs_per_s"] for x in res["repeats"]
+            ]
+            res["metrics_ratio"] = res["metrics"]["pairs_per_s"] / res["off"]["pairs_per_s"]
+            res["api_ratio"] = res["api"]["pairs_per_s"] / res["off"]["pairs_per_s"]
+        except Exception as exc:
+            res["error"] = f"{type(exc).__name__}: {exc}".splitlines()[0]
+            _log(f"[obs] {backend}: {res['error']}")
+        finally:
+            servers.drop_dblock_tables(t, backend, table)
+    return out
+
+
+def _log(msg: str) -> None:
+    import sys
+
+    print(msg, file=sys.stderr, flush=True)
+
+
+def markdown(res: dict[str, Any]) -> list[str]:
+    lines = [
+        "### (obs) dblock: metrics + tracing enabled vs disabled, uncontended acquire+release",
+        "",
+        "One process per repeat cycling 0.1 s slices: off / metrics only / metrics + tracing "
+        "through the API with no SDK (api) / metrics + tracing with the SDK recording every "
+        "span (on); medians of the repeats. Target: on/off >= 0.95.",
+        "",
+        "| backend | off pairs/s | metrics | api | on | metrics/off | api/off | on/off (repeats) "
+        "| CPU µs/pair off / metrics / api / on | tracing |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for backend, v in res.items():
+        if "error" in v:
+            lines.append(f"| {backend} | error: {v['error'][:100]} |")
+            continue
+        ratios = ", ".join(f"{x:.3f}" for x in v["ratios"])
+        cpu = " / ".join(f"{v[side]['cpu_us_per_pair']:.0f}" for side in SIDES)
+        lines.append(
+            f"| {backend} | {v['off']['pairs_per_s']:,.0f} | {v['metrics']['pairs_per_s']:,.0f} "
+            f"| {v['api']['pairs_per_s']:,.0f} | {v['on']['pairs_per_s']:,.0f} "
+            f"| {v['metrics_ratio']:.3f} | {v['api_ratio']:.3f} "
+            f"| {v['ratio']:.3f} ({ratios}) | {cpu} | {v.get('tracing', '')} |"
+        )
+    lines.append("")
+    return lines

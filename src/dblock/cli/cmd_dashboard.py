@@ -1,0 +1,66 @@
+"""``dblock dashboard``: serve the live page of current holds (dblock.dashboard)."""
+
+from __future__ import annotations
+
+import contextlib
+
+import click
+
+import dblock
+
+from . import exit_codes
+from .context import CliError, common_options, open_client
+
+DEFAULT_PORT = 8765
+
+
+@click.command(
+    "dashboard",
+    short_help="Serve a live web page of the current holds.",
+    help="""Serve a live web page of every current hold (key, kind, owner, token, held for,
+lease left), the once-records seen, a chart of holds per key prefix, and /metrics in the
+Prometheus text format. Read-only unless --allow-force-release, which adds a button per hold
+that needs the one-time secret printed at start-up. Listens on loopback unless --host says
+otherwise. Needs the dashboard extra: pip install 'dblock[dashboard]'.
+
+\b
+Example:
+  dblock dashboard --url postgresql://app@db/app --port 8765""",
+)
+@common_options
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", type=click.IntRange(0, 65535), default=DEFAULT_PORT, show_default=True)
+@click.option(
+    "--allow-force-release",
+    is_flag=True,
+    help="Add a force-release button per hold (needs the secret printed at start-up).",
+)
+@click.pass_context
+def dashboard_command(ctx: click.Context, host: str, port: int, allow_force_release: bool) -> int:
+    try:
+        from dblock import dashboard
+    except dblock.ConfigurationError as exc:  # its libraries are missing: it names the extra
+        raise CliError(str(exc)) from None
+    client = open_client(ctx)
+    settings = dashboard.Settings(allow_force_release=allow_force_release)
+    shown = f"[{host}]" if ":" in host else host
+    click.echo(f"dblock dashboard: http://{shown}:{port}/  ({client.url}, table {client.table})")
+    if dashboard.is_loopback(host):
+        click.echo("listening on loopback only: use --host 0.0.0.0 to let other hosts see it")
+    else:
+        click.echo(
+            f"listening on {host}: anyone who can reach it sees every key and owner", err=True
+        )
+    if allow_force_release:
+        click.echo(
+            "force-release is enabled; it needs this one-time secret (or open the page as "
+            f"http://{shown}:{port}/?secret={settings.secret}):\n    {settings.secret}"
+        )
+    else:
+        click.echo("read-only (--allow-force-release adds a force-release button)")
+    with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C is how it is meant to stop
+        dashboard.serve(client, host, port, settings)
+    return exit_codes.OK
+
+
+__all__ = ["dashboard_command"]

@@ -1,0 +1,92 @@
+"""OpenTelemetry spans of this process's locks, through the API only (no SDK needed).
+
+A span ``dblock.acquire`` covers each acquire call, the wait included; it is started with the
+call's start time when the call ends, so an acquire costs nothing extra while it waits. A
+lease loss becomes a span ``dblock.lease_lost`` with a ``lease lost`` event, linked to the span
+of the acquire that granted the hold.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from .._observe import LockEvent, Outcome
+
+try:
+    from opentelemetry import trace
+except ImportError:  # pragma: no cover - depends on the extras installed
+    trace = None  # type: ignore[assignment]
+
+#: grants whose span a later loss links to, at most this many (the oldest are forgotten)
+_KEEP = 10_000
+
+
+class Tracing:
+    """The observer behind :func:`dblock.observability.enable_tracing`."""
+
+    def __init__(self, tracer_provider: Any = None) -> None:
+        self.enabled = trace is not None
+        self._tracer: Any = None
+        if trace is not None:
+            self._tracer = trace.get_tracer("dblock", tracer_provider=tracer_provider)
+        self._grants: dict[tuple[str, str, int], Any] = {}
+        self._mutex = threading.Lock()
+
+    @staticmethod
+    def _attributes(event: LockEvent) -> dict[str, Any]:
+        attributes: dict[str, Any] = {
+            "dblock.key": event.key,
+            "dblock.backend": event.backend,
+            "dblock.kind": event.kind,
+        }
+        if event.token is not None:
+            attributes["dblock.token"] = event.token
+        return attributes
+
+    def acquiring(self, event: LockEvent) -> None:
+        pass
+
+    def acquired(
+        self, event: LockEvent, outcome: Outcome, wait: float, error: BaseException | None
+    ) -> None:
+        end = time.time_ns()
+        attributes = self._attributes(event)
+        attributes["dblock.outcome"] = outcome
+        attributes["dblock.wait_seconds"] = wait
+        if event.reentry:
+            attributes["dblock.reentry"] = True
+        span = self._tracer.start_span(
+            "dblock.acquire", attributes=attributes, start_time=end - int(wait * 1e9)
+        )
+        if error is not None and outcome == "error":
+            span.record_exception(error)
+            span.set_status(trace.StatusCode.ERROR, str(error))
+        span.end(end_time=end)
+        if outcome == "granted" and not event.reentry and event.token is not None:
+            with self._mutex:
+                if len(self._grants) >= _KEEP:
+                    self._grants.pop(next(iter(self._grants)))
+                self._grants[(event.key, event.owner or "", event.token)] = span.get_span_context()
+
+    def _forget(self, event: LockEvent) -> Any:
+        with self._mutex:
+            return self._grants.pop((event.key, event.owner or "", event.token or 0), None)
+
+    def released(self, event: LockEvent, held: float, lost: bool) -> None:
+        self._forget(event)
+
+    def lost(self, event: LockEvent) -> None:
+        granted = self._forget(event)
+        links = [trace.Link(granted)] if granted is not None else []
+        attributes = self._attributes(event)
+        attributes["dblock.owner"] = event.owner or ""
+        with self._tracer.start_as_current_span(
+            "dblock.lease_lost", links=links, attributes=attributes
+        ) as span:
+            span.add_event("lease lost", attributes=attributes)
+            span.set_status(trace.StatusCode.ERROR, "lease lost")
+
+    def renewal_failed(self, event: LockEvent, error: BaseException) -> None:
+        pass

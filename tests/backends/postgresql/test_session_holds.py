@@ -1,0 +1,103 @@
+"""PostgreSQL session holds (``ttl=None``) from the inside: the advisory lock's key, the
+connections set aside for holds, and the lease statements' try-lock (backends/pg_session.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+import dblock
+from dblock.backends.postgresql import PostgresBackend
+from tests._internals import store_of
+from tests._servers import POSTGRESQL_URL, drop_tables, raw_connect
+
+
+@pytest.fixture
+def other_table(pg_table: str) -> Iterator[str]:
+    name = pg_table + "_b"
+    yield name
+    drop_tables(POSTGRESQL_URL, name)
+
+
+def _backend(client: dblock.Client) -> PostgresBackend:
+    backend = store_of(client)
+    assert isinstance(backend, PostgresBackend)
+    return backend
+
+
+def test_the_advisory_key_is_the_tables_too(pg_table: str, other_table: str) -> None:
+    with (
+        dblock.connect(POSTGRESQL_URL, table=pg_table) as one,
+        dblock.connect(POSTGRESQL_URL, table=other_table) as two,
+    ):
+        a, b = one.lock("same", ttl=None), two.lock("same", ttl=None)
+        assert a.acquire(timeout=0) and b.acquire(timeout=0)  # two tables, two locks
+        a.release()
+        b.release()
+
+
+def test_a_lease_statement_cannot_take_the_try_lock_of_a_held_key(pg_table: str) -> None:
+    with dblock.connect(POSTGRESQL_URL, table=pg_table) as client:
+        sql = _backend(client).sql
+        raw = raw_connect(POSTGRESQL_URL)
+        try:
+            probe = f"SELECT pg_try_advisory_xact_lock({sql.advisory_key})"
+            with client.lock("k", ttl=None):
+                assert raw.execute(probe, {"key": "k"}).fetchone()[0] is False
+                assert raw.execute(probe, {"key": "k2"}).fetchone()[0] is True
+            assert raw.execute(probe, {"key": "k"}).fetchone()[0] is True
+        finally:
+            raw.close()
+
+
+def test_a_holds_connection_is_its_own_with_keepalives_and_dblocks_settings(
+    pg_table: str,
+) -> None:
+    with dblock.connect(POSTGRESQL_URL, table=pg_table) as client:
+        backend = _backend(client)
+        with client.lock("k", ttl=None) as lock:
+            assert lock.token is not None
+            conn, pid = backend._sessions._session_conns["k", lock.owner, lock.token]
+            assert conn not in backend._idle  # outside the pool
+            assert pid == conn.info.backend_pid  # no pooler between
+            settings = {
+                name: conn.execute(f"SHOW {name}").fetchone()[0]
+                for name in ("tcp_user_timeout", "tcp_keepalives_idle", "synchronous_commit")
+            }
+            assert settings == {
+                "tcp_user_timeout": "10000",
+                "tcp_keepalives_idle": "3",
+                "synchronous_commit": "on",
+            }
+        # kept for the next hold: the fast path opens no connection
+        assert backend._sessions._session_idle == [conn]
+        with client.lock("k2", ttl=None) as again:
+            assert again.token is not None
+            assert backend._sessions._session_conns["k2", again.owner, again.token][0] is conn
+
+
+def test_without_temp_privilege_the_grant_is_a_pipeline_of_two_statements(
+    pg_table: str,
+) -> None:
+    """Where the connection cannot make the temporary grant function (TEMP revoked), the
+    lock and the grant go as two statements in one pipeline, with the same outcome."""
+    with dblock.connect(POSTGRESQL_URL, table=pg_table) as client:
+        backend = _backend(client)
+        backend.sql.session_function = "SELECT 1 / 0"  # as a refused CREATE would fail
+        lock = client.lock("k", ttl=None)
+        assert lock.acquire(timeout=5)
+        (conn, _pid), *_ = backend._sessions._session_conns.values()
+        assert backend._sessions._one_statement[id(conn)] is False
+        with dblock.connect(POSTGRESQL_URL, table=pg_table) as other:
+            assert not other.lock("k", ttl=10).acquire(timeout=0)
+            assert not other.lock("k", ttl=None).acquire(timeout=0.2)
+            first = lock.token
+            lock.release()
+            lease = other.lock("k", ttl=10)
+            assert lease.acquire(timeout=0)
+            assert not lock.acquire(timeout=0.2)  # stepped back by the live lease
+            lease.release()
+        assert lock.acquire(timeout=5)
+        assert first is not None and lock.token is not None and lock.token > first
+        lock.release()

@@ -1,0 +1,109 @@
+"""The dashboard in a real browser (chromium via Playwright) over a real database."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import dblock
+from tests._servers import drop_tables, require_server, server_url
+
+httpx = pytest.importorskip("httpx")
+pytest.importorskip("playwright.sync_api")
+pytest.importorskip("starlette")
+from dblock import dashboard  # noqa: E402 - after the extra's import check
+from tests.dashboard import kit  # noqa: E402
+
+pytestmark = pytest.mark.skipif(
+    not Path(kit.CHROMIUM).exists(), reason="chromium is not installed (apt-get install chromium)"
+)
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def client(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[dblock.Client]:
+    url = server_url(str(request.param), str(tmp_path))
+    if request.param != "sqlite":
+        require_server(str(request.param), url)
+    table = "t_" + uuid.uuid4().hex[:16]
+    with dblock.connect(url, table=table) as c:
+        yield c
+    drop_tables(url, table)
+
+
+def _post(url: str, body: dict[str, Any], headers: dict[str, str]) -> int:
+    return httpx.post(url, json=body, headers=headers).status_code
+
+
+def test_a_hold_appears_its_lease_shrinks_and_it_vanishes(
+    client: dblock.Client, tmp_path: Path
+) -> None:
+    key = "inventory:" + uuid.uuid4().hex[:8]
+    with kit.open_dashboard(client, failure_shot=tmp_path / "failure.png") as (page, base):
+        assert page.locator("button.release").count() == 0  # read-only by default
+        lock = client.lock(key, ttl=6)
+        assert kit.off_loop(lock.acquire)
+        page.wait_for_selector(kit.row(key), timeout=2000)
+        cells = page.locator(kit.row(key) + " td").all_inner_texts()
+        assert cells[:4] == [key, "lock", lock.owner, str(lock.token)]
+        first = kit.fraction(page, key)
+        page.wait_for_function(
+            f"document.querySelector('{kit.row(key)} .bar').dataset.fraction < {first - 0.1}",
+            timeout=4000,
+        )
+        kit.off_loop(lock.release)
+        page.wait_for_selector(kit.row(key), state="detached", timeout=2000)
+        assert _post(base + "/api/release", {"key": key}, {}) == 404  # no force-release here
+        assert "dblock_store_holds" in httpx.get(base + "/metrics").text
+
+
+def test_force_release_needs_the_secret(client: dblock.Client, tmp_path: Path) -> None:
+    key = "payout:" + uuid.uuid4().hex[:8]
+    lock = client.lock(key, ttl=30)
+    assert lock.acquire()
+    settings = dashboard.Settings(allow_force_release=True)
+    with kit.open_dashboard(client, settings, failure_shot=tmp_path / "failure.png") as (
+        page,
+        base,
+    ):
+        page.wait_for_selector(kit.row(key), timeout=2000)
+        # without the secret: the confirmation is accepted, a wrong secret typed in
+        page.on("dialog", lambda d: d.accept("not-the-secret" if d.type == "prompt" else None))
+        page.click(kit.row(key) + " button.release")
+        page.wait_for_selector("#message.bad", timeout=2000)
+        assert "secret" in page.inner_text("#message")
+        assert _post(base + "/api/release", {"key": key}, {}) == 403
+        page.wait_for_timeout(300)
+        assert kit.off_loop(client.info, key) is not None
+        # with the secret from start-up (in the URL, as printed)
+        page.goto(base + "/?secret=" + settings.secret)
+        page.wait_for_selector(kit.row(key), timeout=2000)
+        assert "secret" not in page.url  # taken out of the address bar
+        page.click(kit.row(key) + " button.release")
+        page.wait_for_selector(kit.row(key), state="detached", timeout=2000)
+        assert kit.off_loop(client.info, key) is None
+    with pytest.raises(dblock.LockLost):
+        lock.release()
+
+
+def test_filter_sort_and_phone_width(client: dblock.Client, tmp_path: Path) -> None:
+    tag = uuid.uuid4().hex[:6]
+    keys = [f"a{tag}:1", f"b{tag}:2", f"b{tag}:3"]
+    locks = [client.lock(k, ttl=30) for k in keys]
+    for lock in locks:
+        assert lock.acquire()
+    with kit.open_dashboard(client, failure_shot=tmp_path / "failure.png") as (page, _):
+        page.wait_for_selector(kit.row(keys[-1]), timeout=2000)
+        page.fill("#filter", f"b{tag}")
+        assert page.locator("#holds tbody tr").count() == 2
+        page.click('#holds th[data-col="key"]')  # already by key: now descending
+        shown = page.locator("#holds tbody tr").evaluate_all("rs => rs.map(r => r.dataset.key)")
+        assert shown == [keys[2], keys[1]]
+        page.set_viewport_size({"width": 390, "height": 800})
+        width = page.evaluate("document.documentElement.scrollWidth")
+        assert width <= 390  # no sideways scrolling on a phone
+    for lock in locks:
+        lock.release()
