@@ -28,7 +28,11 @@ def check_loopback(url: str) -> None:
     hosts = [parsed.host or "localhost"]
     if parsed.dialect == "zookeeper":  # host:port[,host:port...]
         hosts = [h.rpartition(":")[0] or h for h in hosts[0].split(",")]
-    if parsed.dialect != "sqlite" and not set(hosts) <= LOOPBACK:
+    if parsed.dialect == "etcd":  # every endpoint of the cluster
+        from dblock.backends._etcd_rpc import endpoints
+
+        hosts = [host for host, _ in endpoints(parsed)]
+    if parsed.dialect != "sqlite" and any(h not in LOOPBACK for h in hosts):
         raise SystemExit(f"chaos: refusing {parsed.safe}: the soak only talks to loopback")
 
 
@@ -54,6 +58,19 @@ def connect(url: str, *, autocommit: bool) -> Any:
     parsed = parse_url(url)
     if parsed.dialect == "zookeeper":
         return _Kazoo(parsed.host or "")
+    if parsed.dialect == "etcd":  # its first endpoint (a cluster's: the node chaos restarts)
+        import pyetcd
+
+        from dblock.backends._etcd_rpc import endpoints
+
+        host, port = endpoints(parsed)[0]
+        client = pyetcd.client(host, port, timeout=5)
+        try:
+            client.status()
+        except BaseException:
+            client.close()
+            raise
+        return client
     if parsed.dialect == "redis":
         import redis
 
@@ -131,7 +148,7 @@ def create_tables(url: str, resource: str, audit: str, keys: int) -> None:
 def resource_url(url: str, directory: str) -> str:
     """Where the protected resource lives: the database of the locks, or for a store that is
     no SQL database (Redis) an SQLite file of the run's (fencing protects any resource)."""
-    if dialect_of(url) in ("redis", "zookeeper"):
+    if dialect_of(url) in ("redis", "zookeeper", "etcd"):
         return f"sqlite:///{directory}/resource.sqlite3"
     return url
 
@@ -143,6 +160,14 @@ def drop_tables(url: str, names: list[str]) -> None:
     d = dialect_of(url)
     if d == "zookeeper":
         _zookeeper_drop(url, names)
+    if d == "etcd":  # a table's keys (as in dblock.backends.etcd)
+        client = connect(url, autocommit=True)
+        try:
+            for name in names:
+                client.delete_prefix(f"dblock/{name}/".encode())
+                client.delete(f"dblock/{name}\0".encode())
+        finally:
+            client.close()
         return
     conn = connect(url, autocommit=True)
     if d == "redis":

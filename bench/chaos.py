@@ -179,6 +179,9 @@ class Soak:
         ok = {"kill", "pause"}
         if self.dialect == "sqlite":
             ok.add("filelock")
+        elif self.dialect == "etcd":  # no server-side session kill; a restart kills one node
+            if self.server is not None:
+                ok.add("restart")
         else:
             if self.dialect != "zookeeper":  # ZooKeeper cannot end a client's session
                 ok.add("connkill")

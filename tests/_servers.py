@@ -17,6 +17,7 @@ REDIS_URL = os.environ.get("DBLOCK_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 ZOOKEEPER_URL = os.environ.get(
     "DBLOCK_TEST_ZOOKEEPER_URL", "zookeeper://127.0.0.1:2181/dblock_test"
 )
+ETCD_URL = os.environ.get("DBLOCK_TEST_ETCD_URL", "etcd://127.0.0.1:2379")
 REQUIRE_SERVERS = os.environ.get("DBLOCK_REQUIRE_SERVERS") == "1"
 
 
@@ -39,6 +40,8 @@ def raw_connect(url: str) -> Any:
         return raw_redis(url)
     if parts.scheme in ("zookeeper", "zk"):
         return raw_zookeeper(url)
+    if parts.scheme.startswith("etcd"):
+        return raw_etcd(url)
     import pymysql
 
     return pymysql.connect(
@@ -75,6 +78,20 @@ def zookeeper_base(url: str, table: str) -> str:
 
     chroot = urlsplit(url).path.strip("/")
     return f"/{chroot}/{_encode(table)}" if chroot else f"/{_encode(table)}"
+
+
+def raw_etcd(url: str) -> Any:
+    """A plain etcd client (pyetcd) of the URL's first endpoint, its server reached now."""
+    import pyetcd
+
+    host, _, port = urlsplit(url).netloc.rpartition("@")[2].split(",")[0].rpartition(":")
+    client = pyetcd.client(host or "127.0.0.1", int(port or 2379), timeout=5)
+    try:
+        client.status()
+    except BaseException:
+        client.close()
+        raise
+    return client
 
 
 def redis_prefix(table: str) -> str:
@@ -117,6 +134,13 @@ def drop_tables(url: str, table: str) -> None:
     if urlsplit(url).scheme in ("zookeeper", "zk"):
         try:
             conn.zk.delete(zookeeper_base(url, table), recursive=True)
+        finally:
+            conn.close()
+        return
+    if urlsplit(url).scheme.startswith("etcd"):
+        try:
+            conn.delete_prefix(f"dblock/{table}/".encode())
+            conn.delete(f"dblock/{table}\0".encode())
         finally:
             conn.close()
         return

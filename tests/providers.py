@@ -32,6 +32,8 @@ describe the provider and what a test may do to it:
 ``blocking``   the test's clients are blocking ``dblock.Client`` objects (the ``[sync]`` runs)
 ``asyncio``    the store serves the async client (``dblock.connect_async``): the ``[async]``
                runs, and the async-only tests, need it
+``exact_ttl``  a lease lasts its ttl to the millisecond, fractions of a second too (etcd's
+               leases are whole seconds, at least one: a 0.3 s ttl holds for 1 s)
 
 Every provider runs in two client modes (``mode``): ``[sync]``, where ``connect`` returns a
 blocking ``dblock.Client``, and ``[async]``, where it returns a blocking facade over an
@@ -65,6 +67,7 @@ import pytest
 
 import dblock
 from tests._servers import (
+    ETCD_URL,
     MYSQL_URL,
     POSTGRESQL_URL,
     REDIS_URL,
@@ -106,6 +109,7 @@ HARNESS_CAPABILITIES = frozenset(
         "advisory",
         "blocking",
         "asyncio",
+        "exact_ttl",
     }
 )
 #: the client modes of every contract test: ``provider.connect`` gives a blocking client, or
@@ -132,6 +136,8 @@ class Entry:
     default_port: int | None = None
     #: the store serves the async client (harness capability "asyncio")
     serves_async: bool = True
+    #: leases last their ttl exactly, fractions of a second too (harness capability)
+    exact_ttl: bool = True
     #: the store's SQL identifier quote and parameter marker (capability "sql")
     q: str = '"'
     mark: str = "%s"
@@ -172,7 +178,8 @@ class Provider:
     @property
     def capabilities(self) -> frozenset[str]:
         mode = {"blocking"} if self.mode == "sync" else set()
-        return self.entry.capabilities | mode | ({"asyncio"} if self.entry.serves_async else set())
+        mode |= {"asyncio"} if self.entry.serves_async else set()
+        return self.entry.capabilities | mode | ({"exact_ttl"} if self.entry.exact_ttl else set())
 
     @property
     def dialect(self) -> str | None:
@@ -474,6 +481,12 @@ def _private_zookeeper(root: Path) -> contextlib.AbstractContextManager[Any]:
     return private_ensemble_process(root)
 
 
+def _private_etcd(root: Path) -> contextlib.AbstractContextManager[Any]:
+    from tests.backends.etcd._cluster import private_member
+
+    return private_member(root)
+
+
 def _redis_kill_tagged(provider: Provider, client: dblock.Client, _tag: str) -> int:
     """Kills every connection of the client's store, its pub/sub listener's too (all carry
     the store's own client name)."""
@@ -592,6 +605,20 @@ PROVIDERS: tuple[Entry, ...] = (
         default_port=2181,
         check=_check("zookeeper"),
         private=_private_zookeeper,
+    ),
+    Entry(
+        name="etcd",
+        # no SQL, no file; leases are the cluster's (whole seconds); what a test may kill is
+        # one node of a private 3-node cluster (tests/backends/etcd), never this shared node
+        # no LossPush: a watch stream open while holding breaks gRPC in a forked child
+        capabilities=frozenset({"FairQueue", "SharedHolds", "OnceRecords", "Wakeups"})
+        | {"url", "processes", "cli", "durable", "restart"},
+        dialect="etcd",
+        url=lambda _tmp: ETCD_URL,
+        default_port=2379,
+        check=_check("etcd"),
+        private=_private_etcd,
+        exact_ttl=False,
     ),
     Entry(
         name="memory",

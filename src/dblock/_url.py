@@ -28,7 +28,11 @@ SCHEMES = {
     "rediss": "redis",
     "zookeeper": "zookeeper",
     "zk": "zookeeper",
+    "etcd": "etcd",
+    "etcd+https": "etcd",
 }
+#: dialects whose URL names several ``host:port`` endpoints, which their store parses
+MULTI_HOST = frozenset({"etcd"})
 
 
 #: A query parameter whose name contains one of these (any case) is a secret: libpq's
@@ -214,11 +218,14 @@ def parse_url(url: str | None) -> DatabaseURL:
     if dialect is None:
         raise ConfigurationError(
             f"unsupported database URL {safe!r}: use sqlite:///path.db, "
-            "postgresql://user:password@host:port/db, mysql://user:password@host:port/db or "
-            "redis://user:password@host:port/0, or zookeeper://host:port[,host:port...]/chroot"
+            "postgresql://user:password@host:port/db, mysql://user:password@host:port/db, "
+            "redis://user:password@host:port/0, zookeeper://host:port[,host:port...]/chroot or "
+            "etcd://host:port[,host:port...]"
         )
     if dialect == "zookeeper":
         return _zookeeper_url(url, safe)
+    if dialect in MULTI_HOST:
+        return _multi_host(url, dialect, safe)
     try:
         parts = urlsplit(url)
         port = parts.port
@@ -272,4 +279,21 @@ def parse_url(url: str | None) -> DatabaseURL:
         database=unquote(parts.path.lstrip("/")),
         query=query,
         max_connections=max_connections,
+    )
+
+
+def _multi_host(url: str, dialect: str, safe: str) -> DatabaseURL:
+    """A URL of several endpoints: ``host`` is the ``host:port[,host:port...]`` list as given."""
+    parts = urlsplit(url)
+    user, at, hosts = parts.netloc.rpartition("@")
+    name, colon, password = user.partition(":")
+    return DatabaseURL(
+        url,
+        dialect,
+        safe,
+        host=hosts,
+        user=unquote(name) if at and name else None,
+        password=unquote(password) if at and colon else None,
+        database=unquote(parts.path.lstrip("/")),
+        query=dict(parse_qsl(parts.query, keep_blank_values=True)),
     )

@@ -179,6 +179,7 @@ def test_rwlock_kinds_tokens_and_release(client: dblock.Client, key: str) -> Non
     assert client.list(key) == []
 
 
+@pytest.mark.needs("exact_ttl")  # a sub-second lease, or its exact length
 @pytest.mark.needs("SharedHolds")
 def test_reader_holds_expire_independently(client: dblock.Client, key: str) -> None:
     rw = client.rwlock(key, ttl=30)

@@ -91,6 +91,7 @@ def test_keys_differing_by_trailing_spaces_are_different_locks(client: dblock.Cl
     assert client.list("k") == []
 
 
+@pytest.mark.needs("exact_ttl")  # a sub-second lease, or its exact length
 def test_lease_is_measured_on_the_database_clock(client: dblock.Client, key: str) -> None:
     with client.lock(key, ttl=12.5):
         info = client.info(key)
@@ -187,6 +188,7 @@ def test_release_not_held_is_not_held(client: dblock.Client, key: str) -> None:
     assert not isinstance(info.value, dblock.LockLost)
 
 
+@pytest.mark.needs("exact_ttl")  # a sub-second lease, or its exact length
 def test_expired_lease_raises_lock_lost_even_if_nobody_took_it(
     client: dblock.Client, key: str
 ) -> None:
@@ -201,6 +203,7 @@ def test_expired_lease_raises_lock_lost_even_if_nobody_took_it(
         lock.release()  # the hold is gone from the lock object too
 
 
+@pytest.mark.needs("exact_ttl")  # a sub-second lease, or its exact length
 def test_taken_over_lease_raises_lock_lost_and_leaves_the_new_owner(
     client: dblock.Client, key: str
 ) -> None:
@@ -241,6 +244,7 @@ def test_renew_rejects_bad_ttl(client: dblock.Client, key: str) -> None:
         lock.renew(0)
 
 
+@pytest.mark.needs("exact_ttl")  # a sub-second lease, or its exact length
 def test_tokens_strictly_increase_across_everything(
     client: dblock.Client, provider: Provider, table: str, key: str
 ) -> None:

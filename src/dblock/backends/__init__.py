@@ -19,6 +19,7 @@ BACKENDS: dict[str, tuple[str, str, str | None]] = {
     "mysql": ("dblock.backends.mysql", "MysqlBackend", "mysql"),
     "redis": ("dblock.backends.redis", "RedisBackend", "redis"),
     "zookeeper": ("dblock.backends.zookeeper", "ZookeeperBackend", "zookeeper"),
+    "etcd": ("dblock.backends.etcd", "EtcdBackend", "etcd"),
 }
 
 

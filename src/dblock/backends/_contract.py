@@ -269,6 +269,7 @@ CAPABILITIES: tuple[type, ...] = (
     SchemaScript,
 )
 
+
 def lacking(store: Store, capability: type, feature: str) -> ConfigurationError:
     """The error for using ``feature`` on a store that does not declare ``capability``."""
     return ConfigurationError(

@@ -239,9 +239,7 @@ class Child:
             with suppress(ValueError):  # not the main thread: no handlers there anyway
                 signal.signal(signal.SIGTTOU, signal.SIG_IGN)
 
-    def _start(
-        self, argv: Sequence[str], env: Mapping[str, str] | None
-    ) -> subprocess.Popen[bytes]:
+    def _start(self, argv: Sequence[str], env: Mapping[str, str] | None) -> subprocess.Popen[bytes]:
         try:
             return subprocess.Popen(  # noqa: S603 - running CMD is the point
                 list(argv),

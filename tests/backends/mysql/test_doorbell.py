@@ -512,4 +512,3 @@ def test_a_newcomer_to_a_busy_key_joins_its_queue_without_waiting_for_its_row(
         first.release.set()
         waiting.join(30)
         assert got == [True]
-

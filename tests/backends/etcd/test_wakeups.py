@@ -1,0 +1,60 @@
+"""Waiting on etcd: a release wakes the head of the queue only (each waiter watches its
+predecessor), and waiters never poll."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from typing import Any
+
+import pytest
+
+import dblock
+from dblock.backends.etcd import EtcdBackend
+
+
+def test_a_release_wakes_only_the_head(
+    url: str, table: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: Counter[str] = Counter()
+    for name in ("acquire_fair", "probe"):
+        original = getattr(EtcdBackend, name)
+
+        def counted(self: EtcdBackend, *args: Any, _o: Any = original, _n: str = name) -> Any:
+            calls[_n] += 1
+            return _o(self, *args)
+
+        monkeypatch.setattr(EtcdBackend, name, counted)
+    holder = dblock.connect(url, table=table)
+    waiters = [dblock.connect(url, table=table) for _ in range(4)]
+    lock = holder.lock("k", ttl=30)
+    assert lock.acquire()
+    order: list[int] = []
+    release = threading.Event()
+
+    def wait(i: int, client: dblock.Client) -> None:
+        with client.lock("k", ttl=30, timeout=60):
+            order.append(i)
+            release.wait(30)
+
+    threads = []
+    for i, c in enumerate(waiters):
+        threads.append(threading.Thread(target=wait, args=(i, c)))
+        threads[-1].start()
+        time.sleep(0.3)  # they queue in this order
+    time.sleep(1.0)
+    calls.clear()
+    lock.release()
+    deadline = time.monotonic() + 10
+    while not order and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.5)  # anyone else woken would have tried or probed by now
+    assert order == [0]
+    assert calls["acquire_fair"] == 1 and calls["probe"] == 0, calls
+    release.set()
+    for t in threads:
+        t.join(30)
+    assert order == [0, 1, 2, 3]
+    for c in (holder, *waiters):
+        c.close()
