@@ -7,6 +7,8 @@ The tools import only ``dblock`` and this module, so the inside can change under
 
 from __future__ import annotations
 
+import contextlib
+
 from ._url import DatabaseURL, default_url, parse_url, redact, scrub
 from ._validate import MAX_TTL, check_key, check_seconds, check_table
 from .backends import ddl_for, schema_script
@@ -17,6 +19,7 @@ __all__ = [
     "DatabaseURL",
     "MissingTable",
     "check_key",
+    "check_parameter_names",
     "check_seconds",
     "check_table",
     "ddl_for",
@@ -26,3 +29,14 @@ __all__ = [
     "schema_script",
     "scrub",
 ]
+
+
+def check_parameter_names(url: DatabaseURL) -> None:
+    """ConfigurationError for a URL parameter the URL's store does not know, without
+    connecting (a parameter's value is judged when the store connects). MySQL only: the
+    other stores pass unknown names on to their driver, or judge them as they connect."""
+    if url.dialect == "mysql" and url.query:
+        with contextlib.suppress(ImportError):  # no driver: connect() will say so
+            from .backends.mysql import connection_kwargs
+
+            connection_kwargs(url, 1)

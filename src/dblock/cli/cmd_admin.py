@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import contextlib
-
 import click
 
 import dblock
-from dblock.tools import parse_url, schema_script
+from dblock.tools import check_parameter_names, parse_url, schema_script
 
 from . import exit_codes
 from .context import (
@@ -164,17 +162,13 @@ Examples:
 @click.pass_context
 def schema_command(ctx: click.Context, dialect: str | None) -> int:
     settings = settings_of(ctx)
-    if dialect is None:
-        try:
-            url = parse_url(settings.effective_url())
-            dialect = url.dialect
-            if dialect == "mysql" and url.query:  # refused now as connect() would refuse them
-                with contextlib.suppress(ImportError):
-                    from dblock.backends.mysql import connection_kwargs
-
-                    connection_kwargs(url, 1)
-        except dblock.ConfigurationError as exc:  # DBLOCK_URL's (--url's is checked on entry)
-            raise misconfigured(exc) from exc
+    try:
+        url = parse_url(settings.effective_url())
+        # what connect() would refuse: schema connects to nothing, but a wrong URL is wrong
+        check_parameter_names(url)
+    except dblock.ConfigurationError as exc:  # DBLOCK_URL's (--url's is parsed on entry)
+        raise misconfigured(exc) from exc
+    dialect = dialect or url.dialect
     try:
         script = schema_script(dialect, settings.table)
     except ImportError as exc:

@@ -114,6 +114,14 @@ def _kill_grace_option(fn: Callable[..., Any]) -> Callable[..., Any]:
     )(fn)
 
 
+def _session_grace(ctx: click.Context, ttl: float, kill_grace: float | None) -> float:
+    """--kill-grace for --session: a session hold has no lease to stop CMD ahead of (only its
+    loss); the kept-alive lease of a store without sessions has."""
+    if math.isinf(ttl):
+        return KILL_GRACE if kill_grace is None else kill_grace
+    return kill_grace_for(ctx, ttl, kill_grace)
+
+
 def kill_grace_for(ctx: click.Context, ttl: float, kill_grace: float | None) -> float:
     """--kill-grace, or its default for ``ttl``; refuse a ttl too short for it (exit 2)."""
     grace = default_kill_grace(ttl) if kill_grace is None else kill_grace
@@ -186,15 +194,14 @@ def run_command(
         raise click.UsageError("--timeout and --no-wait exclude each other", ctx=ctx)
     if session and ctx.get_parameter_source("ttl") is click.core.ParameterSource.COMMANDLINE:
         raise click.UsageError("--ttl and --session exclude each other", ctx=ctx)
+    # a ttl too short is the user's mistake: refused before connecting
+    lease_grace = None if session else kill_grace_for(ctx, ttl, kill_grace)
     client = open_client(ctx, close_on_exit=False)
     lost = threading.Event()
     lock = client.lock(
         key, ttl=None if session else ttl, auto_renew=True, on_lost=lambda _lock: lost.set()
     )
-    if math.isinf(lock.ttl):  # a session hold: nothing to stop CMD ahead of but its loss
-        grace = KILL_GRACE if kill_grace is None else kill_grace
-    else:  # a lease (or, with --session, the kept-alive lease of a store without sessions)
-        grace = kill_grace_for(ctx, lock.ttl, kill_grace)
+    grace = lease_grace if lease_grace is not None else _session_grace(ctx, lock.ttl, kill_grace)
     outcome = exit_codes.FAILURE
     try:
         with SignalRelay() as relay:
