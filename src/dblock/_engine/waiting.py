@@ -28,9 +28,11 @@ PUSHED_POLL_CAP = 5.0
 FIRST_BACKOFF = 0.002
 #: lease of a waiter's queue entry: a waiter that died or froze leaves the queue after it
 QUEUE_TTL = 9.0
-#: a waiter that has not had the key this long looks whether a finished once-record is what
-#: stands in its way (it never ends: waiting would last forever); then twice as long each
-#: time, up to RECORD_CHECK_CAP
+#: a waiter that has not had the key this long looks, when it next wakes, whether a finished
+#: once-record is what stands in its way (it never ends: waiting would last forever); then
+#: twice as long each time, up to RECORD_CHECK_CAP. Its waits are never cut short for it: a
+#: waiter woken early would line up again behind later ones where the server keeps the order
+#: (MySQL's doorbell)
 RECORD_CHECK = 1.0
 RECORD_CHECK_CAP = 16.0
 
@@ -166,9 +168,6 @@ class Acquisition:
                 if ahead >= 0 and not live:
                     pause = pacer.pause(ahead)
                 pause = pause if remaining is None else min(pause, remaining)
-                if self._record_checked is not None:
-                    due = self._record_checked + self._record_every - time.monotonic()
-                    pause = max(0.0, min(pause, due))
                 if self.subscription is None:
                     yield Sleep(pause)
                     should_try, ahead = yield from self._worth_trying()

@@ -194,7 +194,8 @@ def test_waiters_sleep_in_the_server_and_are_served_in_order(table: str, raw: An
     asked = _questions(raw) - before - 1  # minus our own SHOW STATUS
     # Polling waiters ask hundreds of times in 3 s; sleeping ones about twice a RING_WAIT
     # each (the sleep itself, one look after it), refresh their queue entries (2 more) and
-    # look whether a finished once-record is in their way (1, 2, 4 ... s into the wait: 2 more).
+    # look whether a finished once-record is in their way (when they wake 1 s or more into
+    # their wait, then 2 s, 4 s ...: 2 more).
     assert asked <= 4 * 11, f"4 blocked waiters sent {asked} statements in 3 s"
     holder.release.set()
     order = []
