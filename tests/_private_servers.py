@@ -40,10 +40,20 @@ def _missing(what: str) -> None:
     pytest.skip(message)
 
 
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct loopback ports free now (all bound at once, so none repeats)."""
+    socks = [socket.socket() for _ in range(count)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [int(s.getsockname()[1]) for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return free_ports(1)[0]
 
 
 class PrivateServer:

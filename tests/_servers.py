@@ -82,16 +82,9 @@ def zookeeper_base(url: str, table: str) -> str:
 
 def raw_etcd(url: str) -> Any:
     """A plain etcd client (pyetcd) of the URL's first endpoint, its server reached now."""
-    import pyetcd
+    from bench._chaos_db import connect
 
-    host, _, port = urlsplit(url).netloc.rpartition("@")[2].split(",")[0].rpartition(":")
-    client = pyetcd.client(host or "127.0.0.1", int(port or 2379), timeout=5)
-    try:
-        client.status()
-    except BaseException:
-        client.close()
-        raise
-    return client
+    return connect(url, autocommit=True)
 
 
 def redis_prefix(table: str) -> str:

@@ -21,23 +21,13 @@ from pathlib import Path
 import pytest
 from bench._chaos_procs import kill_group
 
+from tests._private_servers import free_ports
 from tests._servers import REQUIRE_SERVERS
 
 JAR = Path("/usr/share/java/zookeeper.jar")
 CONF = Path("/etc/zookeeper/conf")  # log4j.properties
 #: a tick of 250 ms: sessions may last 0.5 s to 5 s (2 to 20 ticks)
 TICK_MS = 250
-
-
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [int(s.getsockname()[1]) for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def srvr(port: int) -> str | None:
@@ -66,7 +56,7 @@ class Ensemble:
         assert java is not None
         self.java = java
         self.root = root
-        ports = _free_ports(3 * size)
+        ports = free_ports(3 * size)
         self.client_ports = ports[:size]
         peers = [
             f"server.{i + 1}=127.0.0.1:{ports[size + i]}:{ports[2 * size + i]}" for i in range(size)

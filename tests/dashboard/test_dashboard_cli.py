@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -12,14 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from tests._private_servers import free_ports
+
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("starlette")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _start(tmp_path: Path, *args: str) -> tuple[subprocess.Popen[str], list[str]]:
@@ -57,7 +52,7 @@ def _get(url: str) -> httpx.Response:
 
 
 def test_loopback_and_read_only_by_default_and_ctrl_c_exits_0(tmp_path: Path) -> None:
-    port = _free_port()
+    port = free_ports(1)[0]
     proc, lines = _start(tmp_path, "--port", str(port))
     try:
         assert lines[0].startswith(f"dblock dashboard: http://127.0.0.1:{port}/")
@@ -75,7 +70,7 @@ def test_loopback_and_read_only_by_default_and_ctrl_c_exits_0(tmp_path: Path) ->
 def test_force_release_prints_a_fresh_secret(tmp_path: Path) -> None:
     secrets = []
     for _ in range(2):
-        port = _free_port()
+        port = free_ports(1)[0]
         proc, lines = _start(tmp_path, "--port", str(port), "--allow-force-release")
         try:
             assert "force-release is enabled" in lines[2]

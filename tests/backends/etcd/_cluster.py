@@ -8,7 +8,6 @@ import contextlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -17,21 +16,11 @@ from pathlib import Path
 
 import pytest
 
+from tests._private_servers import free_ports
 from tests._servers import REQUIRE_SERVERS
 
 #: fast elections (as the shared node's): leases down to 1 s, a leader lost is replaced fast
 TIMING = ["--heartbeat-interval", "50", "--election-timeout", "500"]
-
-
-def _free_ports(count: int) -> list[int]:
-    socks = [socket.socket() for _ in range(count)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [int(s.getsockname()[1]) for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 class Node:
@@ -112,7 +101,7 @@ def private_cluster(size: int = 3) -> Iterator[Cluster]:
             pytest.fail("a private etcd cluster needs etcd (DBLOCK_REQUIRE_SERVERS=1)")
         pytest.skip("a private etcd cluster needs etcd")
     root = Path(tempfile.mkdtemp(prefix="dblock-etcd-"))
-    ports = _free_ports(2 * size)
+    ports = free_ports(2 * size)
     names = [f"n{i}" for i in range(size)]
     initial = ",".join(f"{n}=http://127.0.0.1:{ports[2 * i + 1]}" for i, n in enumerate(names))
     nodes = []
