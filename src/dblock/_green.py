@@ -35,6 +35,16 @@ class _Bridge(greenlet):  # type: ignore[misc]
         self.driver = driver
         # contextvars (the caller's deadline, ...) are the task's own
         self.gr_context = driver.gr_context
+        #: the cancellation thrown into the code, whose cleanup now runs (None: not cancelled)
+        self.cancelled: BaseException | None = None
+
+
+def cleaning_up() -> BaseException | None:
+    """The cancellation whose cleanup the code on this greenlet is running, if any: an error
+    of a statement the cleanup started afterwards is that statement's own (a busy database
+    to retry), not a sign that the statement was interrupted."""
+    current = getcurrent()
+    return current.cancelled if isinstance(current, _Bridge) else None
 
 
 def bridged() -> bool:
@@ -72,12 +82,12 @@ async def spawn(fn: Callable[..., T], *args: Any, shielded: bool = False) -> T:
             except BaseException as exc:  # noqa: BLE001 - thrown into the code, which handles it
                 exc = _as_thrown(exc, cancelled, None if shielded else (task, requests))
                 if cancelled is None and isinstance(exc, asyncio.CancelledError):
-                    cancelled = exc
+                    cancelled = bridge.cancelled = exc
                 pending = bridge.throw(exc)
             else:
                 lost = None if cancelled or shielded else _lost_cancellation(task, requests)
                 if lost is not None:
-                    cancelled = lost
+                    cancelled = bridge.cancelled = lost
                     pending = bridge.throw(lost)
                 else:
                     pending = bridge.switch(value)

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any, TypeVar
 
-from ._green import await_, bridged, spawn
+from ._green import await_, bridged, cleaning_up, spawn
 from ._renewer import Job
 from ._runtime import Event, Jobs, Worker, next_serial
 
@@ -209,6 +209,9 @@ class LoopRuntime:
 
     def jobs(self, name: str) -> Jobs:
         return LoopJobs(self.loop, name)
+
+    def cleaning_up(self) -> BaseException | None:
+        return cleaning_up()
 
     def loop_running(self) -> bool:
         return False  # the async API is meant for the loop

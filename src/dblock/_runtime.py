@@ -62,6 +62,9 @@ class Runtime(Protocol):
     ) -> T: ...
     def jobs(self, name: str) -> Jobs: ...
     def loop_running(self) -> bool: ...
+    def cleaning_up(self) -> BaseException | None:
+        """The cancellation whose cleanup the current call is running, if any."""
+        ...
 
 
 _THREAD = threading.local()
@@ -117,6 +120,9 @@ class Threads:
 
     def jobs(self, name: str) -> Jobs:
         return Scheduler(name)
+
+    def cleaning_up(self) -> BaseException | None:
+        return None  # a Ctrl-C leaves the call at once: no cleanup statements run after it
 
     def loop_running(self) -> bool:
         """True if this thread is running an asyncio event loop (without importing asyncio)."""

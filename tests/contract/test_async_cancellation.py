@@ -264,20 +264,12 @@ def test_thousand_tasks_ten_keys_a_third_cancelled(
     table: str,
     loop: asyncio.AbstractEventLoop,
     view: Outside,
-    request: pytest.FixtureRequest,
 ) -> None:
     """1,000 tasks of one client on 10 keys, a third of them cancelled at random moments:
     never two inside one key, every task not cancelled gets its turn, nothing is left, and
     the connections stay within what docs/async.md § "Connections and waiting" promises:
     the pool's bound, plus one per key waited for (SQLite, MySQL) or one LISTEN connection
     (PostgreSQL)."""
-    if provider.has("file"):
-        # Known defect (CHANGELOG, Known issues): on the embedded file store, in about one
-        # run of four, a task cancelled in the first half second leaves its queue entry,
-        # which holds the key's queue up until the entry's lease (9 s) ends. Not yet found.
-        request.applymarker(
-            pytest.mark.xfail(reason="a cancelled waiter's queue entry is sometimes left")
-        )
     pool = 4
     keys = [_fresh_key() for _ in range(10)]
     client = loop.run_until_complete(provider.connect_async(table=table, max_connections=pool))

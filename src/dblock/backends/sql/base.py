@@ -275,6 +275,9 @@ class SqlBackend(Store, Generic[C]):
         # a busy database is waited for no longer than the caller's deadline allows
         busy_for, cut = bounded_wait(self._transient_for)
         give_up = time.monotonic() + busy_for
+        # a statement of the cleanup after a cancellation (leaving a queue) carries that
+        # cancellation on its errors, but is no interrupted statement: it is retried as usual
+        earlier = self.rt.cleaning_up()
         while True:
             attempt += 1
             try:
@@ -289,7 +292,9 @@ class SqlBackend(Store, Generic[C]):
             except BaseException as exc:
                 self._watchdog.done(ident)
                 interruption = _interruption(exc)
-                if interruption is not None:
+                if interruption is not None and (
+                    interruption is not earlier or self._classify(exc) is None
+                ):
                     # a cancellation or Ctrl-C, maybe followed by a driver error in the
                     # statement's own cleanup (a rollback on the interrupted connection):
                     # never retried, and the interruption is what propagates
