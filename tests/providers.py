@@ -84,7 +84,9 @@ STORE_CAPABILITIES = frozenset(
     {
         "FairQueue",
         "SharedHolds",
+        "ScheduledRuns",
         "OnceRecords",
+        "FencedGrants",
         "Wakeups",
         "QueueJoin",
         "LossPush",

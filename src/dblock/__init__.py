@@ -10,6 +10,7 @@ PostgreSQL, MySQL/MariaDB or an embedded SQLite file.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from ._client import Client, connect
@@ -33,7 +34,7 @@ __version__ = "0.1.0.dev0"
 
 
 async def connect_async(
-    url: str | None = None,
+    url: str | Sequence[str] | None = None,
     *,
     table: str = "dblock_locks",
     create_schema: bool = True,
@@ -42,7 +43,8 @@ async def connect_async(
     """Open an async client (see ``connect``): ``client = await dblock.connect_async(url)``.
 
     Every call that touches the database is awaited, every context manager is ``async with``;
-    the owner for re-entrancy is the asyncio task. Needs greenlet (``dblock[asyncio]``), and
+    the owner for re-entrancy is the asyncio task. A list of three or more URLs opens a quorum
+    client (docs/quorum.md). Needs greenlet (``dblock[asyncio]``), and
     for MySQL aiomysql (``dblock[mysql-async]``).
     """
     try:

@@ -23,7 +23,7 @@ import inspect
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from types import TracebackType
 from typing import Any, ParamSpec, TypeVar
 
@@ -43,7 +43,7 @@ OnLost = Callable[["AsyncLock"], object]
 
 
 async def open_client(
-    url: str | None, table: str, create_schema: bool, max_connections: int | None
+    url: str | Sequence[str] | None, table: str, create_schema: bool, max_connections: int | None
 ) -> AsyncClient:
     """What :func:`dblock.connect_async` does once greenlet is known to import: the store,
     opened on this loop's runtime, behind an async client."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from types import TracebackType
 from typing import ParamSpec, TypeVar
@@ -15,7 +15,7 @@ from ._patterns import OnceLock, locked, scheduled
 from ._runtime import THREADS, Runtime
 from ._rwlock import RWLock, Semaphore
 from ._types import LockInfo, State
-from ._url import parse_url
+from ._url import parse_url, quorum_urls
 from ._validate import MAX_PURGE_AGE, check_key, check_max_connections, check_table
 from .backends import open_backend
 from .backends._contract import OnceRecords, Store, lacking
@@ -26,7 +26,7 @@ R = TypeVar("R")
 
 
 def connect(
-    url: str | None = None,
+    url: str | Sequence[str] | None = None,
     *,
     table: str = "dblock_locks",
     create_schema: bool = True,
@@ -45,6 +45,12 @@ def connect(
     ``?max_connections=``, else 10); a thread that finds them all in use waits for one, within
     its acquire's timeout. Waiting threads may use a few more (see the README, "Connections").
 
+    A list of at least three URLs (or a string of them separated by spaces, as in
+    ``DBLOCK_URL``) opens a quorum client: a hold exists while a majority of these
+    independent stores grant it, with tokens that still strictly increase. It offers
+    ``lock``, ``locked``, ``scheduled``, ``info``, ``list`` and ``force_release``
+    (docs/quorum.md).
+
     >>> with dblock.connect("postgresql://app@db/app") as client:
     ...     with client.lock("nightly-report", ttl=60):
     ...         run_report()
@@ -53,7 +59,7 @@ def connect(
 
 
 def open_store(
-    url: str | None,
+    url: str | Sequence[str] | None,
     table: str,
     create_schema: bool,
     max_connections: int | None,
@@ -61,7 +67,17 @@ def open_store(
 ) -> Store:
     """The store for a client: URL and options checked, its tables made or checked."""
     schema, name = check_table(table)
-    parsed = parse_url(url)
+    urls = quorum_urls(url)
+    if urls is not None:
+        from .backends.quorum import open_quorum  # its thread pool only where it is used
+
+        return open_quorum(
+            urls,
+            lambda one: open_store(one, table, create_schema, max_connections, runtime),
+            table,
+            runtime,
+        )
+    parsed = parse_url(url)  # type: ignore[arg-type]  # it refuses what is not a str
     if max_connections is not None:
         parsed = replace(parsed, max_connections=check_max_connections(max_connections))
     backend = open_backend(parsed, schema, name, runtime)

@@ -217,6 +217,62 @@ class LoopRuntime:
         return False  # the async API is meant for the loop
 
 
+def fan_out_on_loop(
+    rt: Any,
+    jobs: list[Callable[[], T]],
+    within: float,
+    late: Callable[[int, T], None] | None,
+    keep: set[Any],
+) -> list[Any]:
+    """Run ``jobs`` at once, each in a greenlet of its own (a quorum asking its stores), and
+    wait up to ``within`` s; their values in order, a ``Fault`` for each failed or unfinished
+    one. Unfinished ones go on: ``late`` gets their values (run in a greenlet of its own);
+    ``keep`` holds their tasks meanwhile."""
+    from .backends.quorum import Fault
+
+    loop: asyncio.AbstractEventLoop = rt.loop
+    tasks = [loop.create_task(spawn(job)) for job in jobs]
+    for task in tasks:
+        task.add_done_callback(_retrieved)
+    if tasks:
+        await_(asyncio.wait(tasks, timeout=within))
+    out: list[Any] = []
+    for i, task in enumerate(tasks):
+        if not task.done():
+            out.append(Fault("no answer in time"))
+            if late is not None:
+                keep.add(task)
+                task.add_done_callback(_later(i, late, keep))
+        elif task.cancelled():
+            out.append(Fault("cancelled"))
+        elif task.exception() is not None:
+            out.append(Fault(str(task.exception())))
+        else:
+            out.append(task.result())
+    return out
+
+
+def _retrieved(task: asyncio.Task[Any]) -> None:
+    if not task.cancelled():
+        task.exception()  # a failure is a lost vote, already logged: not "never retrieved"
+
+
+def _later(
+    i: int, late: Callable[[int, T], None], keep: set[Any]
+) -> Callable[[asyncio.Task[Any]], None]:
+    def done(task: asyncio.Task[Any]) -> None:
+        keep.discard(task)
+        if task.cancelled() or task.exception() is not None:
+            return
+        value = task.result()
+        follow = task.get_loop().create_task(spawn(late, i, value))
+        keep.add(follow)
+        follow.add_done_callback(keep.discard)
+        follow.add_done_callback(_retrieved)
+
+    return done
+
+
 def _on_loop(loop: asyncio.AbstractEventLoop) -> bool:
     try:
         return asyncio.get_running_loop() is loop

@@ -6,7 +6,7 @@ import contextlib
 import math
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
@@ -78,6 +78,42 @@ def default_url() -> str:
     if env:
         return env
     return embedded_url()
+
+
+def quorum_urls(url: str | Sequence[str] | None) -> list[str] | None:
+    """The member URLs of a quorum client, or None for a single store.
+
+    A quorum is a list (or tuple) of URLs, or a string of URLs separated by whitespace (so
+    ``DBLOCK_URL`` and ``url=None`` may name one): each part must have a scheme (``://``), so
+    a single SQLite path with a space in it stays one URL. A quorum needs at least three
+    distinct stores.
+    """
+    if url is None:
+        url = os.environ.get("DBLOCK_URL") or None
+        if url is None:
+            return None
+    if isinstance(url, str):
+        parts = url.split()
+        if len(parts) < 2 or not all("://" in p for p in parts):
+            return None
+        urls = parts
+    elif isinstance(url, (list, tuple)):
+        if not all(isinstance(u, str) for u in url):
+            raise TypeError("a quorum's URLs must be str")
+        urls = [u.strip() for u in url]
+    else:
+        return None  # a SQLAlchemy engine, or a type parse_url refuses
+    if len(urls) < 3:
+        raise ConfigurationError(
+            f"a quorum needs at least three store URLs, got {len(urls)}: "
+            + " ".join(redact(u) for u in urls)
+        )
+    if len(set(urls)) < len(urls):
+        raise ConfigurationError(
+            "a quorum's stores must be independent: a URL is given twice in "
+            + " ".join(redact(u) for u in urls)
+        )
+    return urls
 
 
 def embedded_url() -> str:

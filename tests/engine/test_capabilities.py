@@ -88,7 +88,7 @@ def test_a_bare_store_declares_nothing_and_serves_plain_locks_by_polling() -> No
         (lambda c: c.semaphore("k", 2), "SharedHolds"),
         (lambda c: c.once("k"), "OnceRecords"),
         (lambda c: c.state("k"), "OnceRecords"),
-        (lambda c: c.scheduled("job", at_most=10), "OnceRecords"),
+        (lambda c: c.scheduled("job", at_most=10), "ScheduledRuns"),
     ],
 )
 def test_what_needs_a_missing_capability_names_the_store_and_the_capability(

@@ -8,7 +8,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..backends._contract import FairQueue, OnceRecords, SessionHolds, SharedHolds, Store, require
+from ..backends._contract import (
+    FairQueue,
+    OnceRecords,
+    ScheduledRuns,
+    SessionHolds,
+    SharedHolds,
+    Store,
+    require,
+)
 from .ops import Call
 from .traits import Traits
 
@@ -32,8 +40,10 @@ class Spec:
         elif self.kind == "write":
             require(store, SharedHolds, "read-write locks")
             require(store, FairQueue, "read-write locks")
-        elif self.kind in ("once", "scheduled"):
-            require(store, OnceRecords, f"{self.kind}()")
+        elif self.kind == "once":
+            require(store, OnceRecords, "once()")
+        elif self.kind == "scheduled":
+            require(store, ScheduledRuns, "scheduled()")
         elif self.kind == "session":
             require(store, SessionHolds, "session holds")
 

@@ -43,6 +43,8 @@ class Store(ABC):
     rt: Runtime = THREADS
     #: the store runs under the async client's runtime (``dblock.connect_async``)
     serves_async: bool = True
+    #: appended to a "does not provide" message: what a restricted store (the quorum) offers
+    offers: str = ""
 
     @abstractmethod
     def ensure_schema(self, create: bool) -> None:
@@ -148,7 +150,15 @@ class SharedHolds(ABC):
         """The write hold of a read-write lock, when no reader holds it; its token, or None."""
 
 
-class OnceRecords(ABC):
+class ScheduledRuns(ABC):
+    """Holds of ``scheduled`` jobs that may outlive the run (its ``at_least``)."""
+
+    @abstractmethod
+    def finish_scheduled(self, key: str, owner: str, token: int, at_least: float) -> bool:
+        """End the hold, or keep it until ``at_least`` s after it started; False if lost."""
+
+
+class OnceRecords(ScheduledRuns):
     """Records that outlive their hold: ``once`` (P/F/S) and ``scheduled``'s ``at_least``."""
 
     @abstractmethod
@@ -163,10 +173,6 @@ class OnceRecords(ABC):
     @abstractmethod
     def finish_once(self, key: str, owner: str, token: int, state: str) -> bool:
         """Record ``state`` and end the hold in one step; False if no longer ours."""
-
-    @abstractmethod
-    def finish_scheduled(self, key: str, owner: str, token: int, at_least: float) -> bool:
-        """End the hold, or keep it until ``at_least`` s after it started; False if lost."""
 
 
 class Subscription(ABC):
@@ -246,6 +252,28 @@ class SessionHolds(ABC):
         """End the hold; False if its connection had died (the hold was already lost)."""
 
 
+class FencedGrants(ABC):
+    """Grants whose fencing token the caller chooses: what a quorum over several stores needs
+    (docs/quorum.md). Each operation is one atomic step on the store; the key's fence (the
+    largest token it ever had here) survives whatever the store's data survives."""
+
+    @abstractmethod
+    def fence(self, key: str) -> int:
+        """The key's fence here: no token it was ever granted is larger (0: none)."""
+
+    @abstractmethod
+    def grant_fenced(self, key: str, owner: str, ttl: float, token: int, kind: str) -> bool:
+        """Grant ``key`` to ``owner`` with the token ``token`` and a lease of ``ttl`` s on the
+        store's clock, only if it is free or expired (or ``owner``'s own) **and** its fence
+        is below ``token``; the fence becomes ``token``. True if granted (also when it is
+        already ``owner``'s with ``token``: a retry after a lost reply)."""
+
+    @abstractmethod
+    def release_owned(self, key: str, owner: str) -> bool:
+        """End ``owner``'s live hold of ``key`` whatever its token (a grant whose reply came
+        too late); True if one was ended. The fence stays."""
+
+
 class SchemaScript(ABC):
     """The store's schema is DDL an operator can run by hand."""
 
@@ -261,11 +289,13 @@ class SchemaScript(ABC):
 CAPABILITIES: tuple[type, ...] = (
     FairQueue,
     SharedHolds,
+    ScheduledRuns,
     OnceRecords,
     Wakeups,
     QueueJoin,
     LossPush,
     SessionHolds,
+    FencedGrants,
     SchemaScript,
 )
 
@@ -274,7 +304,7 @@ def lacking(store: Store, capability: type, feature: str) -> ConfigurationError:
     """The error for using ``feature`` on a store that does not declare ``capability``."""
     return ConfigurationError(
         f"{feature} needs a store with {capability.__name__}, which the {store.name} store "
-        f"({store.safe_url}) does not provide"
+        f"({store.safe_url}) does not provide{store.offers}"
     )
 
 

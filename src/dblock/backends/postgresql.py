@@ -40,6 +40,7 @@ from .._types import Kind, LockInfo
 from .._url import MAX_URL_TIMEOUT, DatabaseURL, scrub, scrub_exception, url_number
 from ._contract import (
     FairQueue,
+    FencedGrants,
     OnceRecords,
     SchemaScript,
     SessionHolds,
@@ -72,6 +73,7 @@ class PostgresBackend(
     SharedHolds,
     OnceRecords,
     SessionHolds,
+    FencedGrants,
     SchemaScript,
 ):
     """Lock table in PostgreSQL."""
@@ -270,6 +272,30 @@ class PostgresBackend(
                 return False
             row = conn.execute(self.sql.released_by, params).fetchone()
             return row is not None and bool(row[0])
+
+        return self.run("release", op, key=key)
+
+    # -- FencedGrants ---------------------------------------------------------------------
+    def fence(self, key: str) -> int:
+        def op(conn: psycopg.Connection[Any]) -> int:
+            row = conn.execute(self.sql.fence, {"key": key}).fetchone()
+            return int(row[0]) if row is not None else 0
+
+        return self.run("reading the fence", op, key=key)
+
+    def grant_fenced(self, key: str, owner: str, ttl: float, token: int, kind: str) -> bool:
+        params = {"key": key, "kind": kind, "owner": owner, "ttl": ttl, "token": token}
+
+        def op(conn: psycopg.Connection[Any]) -> bool:
+            return conn.execute(self.sql.grant_fenced, params).fetchone() is not None
+
+        return self.run("acquire", op, key=key)
+
+    def release_owned(self, key: str, owner: str) -> bool:
+        params = {"key": key, "owner": owner}
+
+        def op(conn: psycopg.Connection[Any]) -> bool:
+            return int(conn.execute(self.sql.release_owned, params).rowcount) == 1
 
         return self.run("release", op, key=key)
 

@@ -48,6 +48,7 @@ from .._types import Kind, LockInfo
 from .._url import MAX_URL_TIMEOUT, DatabaseURL, url_number
 from ._contract import (
     FairQueue,
+    FencedGrants,
     OnceRecords,
     SharedHolds,
 )
@@ -117,6 +118,7 @@ class RedisBackend(
     FairQueue,
     SharedHolds,
     OnceRecords,
+    FencedGrants,
 ):
     """Locks in Redis, under the key prefix of one table."""
 
@@ -387,6 +389,16 @@ class RedisBackend(
 
     def acquire_write(self, key: str, owner: str, ttl: float) -> int | None:
         return self._token(self._call("acquire", "acquire_write", key, owner, _us(ttl)))
+
+    # -- FencedGrants -----------------------------------------------------------------------
+    def fence(self, key: str) -> int:
+        return int(self._call("reading the fence", "fence", key))
+
+    def grant_fenced(self, key: str, owner: str, ttl: float, token: int, kind: str) -> bool:
+        return bool(self._call("acquire", "grant_fenced", key, owner, _us(ttl), kind, token))
+
+    def release_owned(self, key: str, owner: str) -> bool:
+        return bool(self._call("release", "release_owned", key, owner))
 
     # -- OnceRecords ------------------------------------------------------------------------
     def claim_once(self, key: str, owner: str, ttl: float, note: str | None) -> int | None:

@@ -530,6 +530,44 @@ if ARGV[6] == '1' and r ~= nil and r.token == tok then return 1 end
 return 0
 """
 
+# -- fenced grants (FencedGrants, for a quorum: docs/quorum.md) --------------------------------
+# A key's fence is its record's token, else the table's last token (which covers purged
+# records): a fenced grant raises the table's last token to its own.
+
+# -> the key's fence, as a decimal string
+FENCE = r"""
+local r = record(R)
+if r ~= nil and r.token ~= nil then return num(r.token) end
+return num(tonumber(redis.call('HGET', META, 'token') or '0'))
+"""
+
+# owner ttl kind token -> 1 if granted with `token`: free or expired (or owner's own) and
+# fenced below `token`; or already owner's live hold with `token` (a retry)
+GRANT_FENCED = r"""
+local owner, tok = ARGV[3], tonumber(ARGV[6])
+local r = record(R)
+if held(r) and r.owner == owner and r.token == tok then return 1 end
+local last = tonumber(redis.call('HGET', META, 'token') or '0')
+local fence = last
+if r ~= nil and r.token ~= nil then fence = r.token end
+if fence >= tok or not takeable(r, owner) then return 0 end
+if r ~= nil and (r.state or r.note) then redis.call('HDEL', R, 'state', 'note') end
+redis.call('HSET', R, 'kind', ARGV[5], 'owner', owner, 'token', num(tok), 'acq', num(NOW),
+  'exp', num(NOW + tonumber(ARGV[4])))
+if last < tok then redis.call('HSET', META, 'token', num(tok)) end
+return 1
+"""
+
+# owner -> 1 if owner's live hold (any token) was ended
+RELEASE_OWNED = r"""
+local r = record(R)
+if held(r) and r.owner == ARGV[3] then
+  hand_on(r, r.token)
+  return 1
+end
+return 0
+"""
+
 #: script name -> its source (with the shared preamble)
 SCRIPTS: dict[str, str] = {
     name.lower(): PREAMBLE + body
@@ -556,5 +594,8 @@ SCRIPTS: dict[str, str] = {
         "ONCE_STATE": ONCE_STATE,
         "FINISH_ONCE": FINISH_ONCE,
         "FINISH_SCHEDULED": FINISH_SCHEDULED,
+        "FENCE": FENCE,
+        "GRANT_FENCED": GRANT_FENCED,
+        "RELEASE_OWNED": RELEASE_OWNED,
     }.items()
 }

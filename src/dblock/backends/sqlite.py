@@ -30,7 +30,15 @@ from .._runtime import Runtime
 from .._timing import DeadlinePassed, bounded_wait
 from .._types import Kind, LockInfo
 from .._url import DatabaseURL, url_number
-from ._contract import FairQueue, OnceRecords, SchemaScript, SharedHolds, Subscription, Wakeups
+from ._contract import (
+    FairQueue,
+    FencedGrants,
+    OnceRecords,
+    SchemaScript,
+    SharedHolds,
+    Subscription,
+    Wakeups,
+)
 from .sql.base import MAINTENANCE_DEADLINE, Failure, Sleeper
 from .sql.holders import HoldersMixin, Rows
 from .sql.schema import HOLDERS, MAIN, META, missing, refuse_foreign
@@ -101,6 +109,7 @@ class SqliteBackend(
     SharedHolds,
     OnceRecords,
     Wakeups,
+    FencedGrants,
     SchemaScript,
 ):
     """Lock table in a SQLite file."""
@@ -292,6 +301,29 @@ class SqliteBackend(
             return None if row is None else int(row[0])
 
         return self.run("acquire", op, key=key)
+
+    # -- FencedGrants ---------------------------------------------------------------------
+    def fence(self, key: str) -> int:
+        def op(conn: sqlite3.Connection) -> int:
+            return int(conn.execute(self.sql.fence, {"key": key}).fetchone()[0])
+
+        return self.run("reading the fence", op, key=key)
+
+    def grant_fenced(self, key: str, owner: str, ttl: float, token: int, kind: str) -> bool:
+        params = {"key": key, "kind": kind, "owner": owner, "ttl": ttl, "token": token}
+
+        def op(conn: sqlite3.Connection) -> bool:
+            return conn.execute(self.sql.grant_fenced, params).fetchone() is not None
+
+        return self.run("acquire", op, key=key)
+
+    def release_owned(self, key: str, owner: str) -> bool:
+        params = {"key": key, "owner": owner}
+
+        def op(conn: sqlite3.Connection) -> bool:
+            return int(conn.execute(self.sql.release_owned, params).rowcount) == 1
+
+        return self.run("release", op, key=key)
 
     def release(self, key: str, owner: str, token: int) -> bool:
         params = {"key": key, "owner": owner, "token": token}

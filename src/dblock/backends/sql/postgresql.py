@@ -108,6 +108,40 @@ class PostgresStatements(HolderStatements):
         self.advisory_key = f"hashtextextended('{plain}:' || %(key)s::text, 0)"
         no_session = f"pg_try_advisory_xact_lock({self.advisory_key})"
 
+        # -- fenced grants (FencedGrants, for a quorum: docs/quorum.md). The table's sequence
+        # is raised to every token granted, so a purged row's token still fences the key.
+        last = f"(SELECT last_value FROM {seq})"
+        # key -> the key's fence: its row's token, or the sequence if higher
+        self.fence = (
+            f"SELECT greatest(coalesce((SELECT token FROM {t} WHERE lock_key = %(key)s), 0), "
+            f"{last})"
+        )
+        # key kind owner ttl token -> one row if granted with `token`: free or expired (or
+        # owner's own) and fenced below `token`; or already owner's with `token`. A row held
+        # by someone else is skipped before the insert (no row lock, no WAL: see acquire_sql)
+        self.grant_fenced = (
+            f"INSERT INTO {t} AS l (lock_key, kind, owner, token, acquired_at, expires_at)\n"
+            "SELECT %(key)s::text, %(kind)s::varchar, %(owner)s::varchar, %(token)s::bigint,\n"
+            f"    {NOW}, {NOW} + make_interval(secs => %(ttl)s)\n"
+            f"WHERE {last} < %(token)s::bigint AND NOT EXISTS (SELECT 1 FROM {t} b\n"
+            "    WHERE b.lock_key = %(key)s AND (b.owner IS NULL OR b.owner <> %(owner)s)\n"
+            f"    AND b.expires_at > {NOW}) AND {no_session}\n"
+            "ON CONFLICT (lock_key) DO UPDATE SET kind = EXCLUDED.kind,\n"
+            "    owner = EXCLUDED.owner, token = EXCLUDED.token,\n"
+            "    acquired_at = EXCLUDED.acquired_at, expires_at = EXCLUDED.expires_at,\n"
+            "    state = NULL, note = NULL\n"
+            f"WHERE (l.token < EXCLUDED.token AND ((l.expires_at <= {NOW} AND l.kind <> 'once')\n"
+            "    OR l.owner = EXCLUDED.owner))\n"
+            "    OR (l.owner = EXCLUDED.owner AND l.token = EXCLUDED.token)\n"
+            f"RETURNING token, (SELECT setval('{seq}', %(token)s::bigint) FROM {seq}\n"
+            "    WHERE last_value < %(token)s::bigint)"
+        )
+        # key owner -> one row changed if owner's live hold (any token) was ended
+        self.release_owned = (
+            f"UPDATE {t} SET owner = NULL, expires_at = {NOW} "
+            f"WHERE lock_key = %(key)s AND owner = %(owner)s AND expires_at > {NOW}"
+        )
+
         def acquire_sql(fair: str = "", *, newcomer: bool = False) -> str:
             # the casts settle the parameter types, which the queue clause uses too
             values = (

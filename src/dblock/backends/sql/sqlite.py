@@ -137,6 +137,33 @@ class SqliteStatements(HolderStatements):
         self.renew = f"UPDATE {t} SET expires_at = {NOW} + :ttl WHERE {live}"
         self.owner_token = f"SELECT owner, token FROM {t} WHERE lock_key = :key"
 
+        # -- fenced grants (FencedGrants, for a quorum: docs/quorum.md)
+        # :key -> the key's fence: its row's token, or the highest purged token if higher
+        self.fence = (
+            f"SELECT max(coalesce((SELECT token FROM {t} WHERE lock_key = :key), 0), hwm) "
+            f"FROM {meta} WHERE id = 1"
+        )
+        # :key :kind :owner :ttl :token -> one row if granted with the token :token: free or
+        # expired (or :owner's own) and fenced below :token; or already :owner's with :token
+        self.grant_fenced = (
+            f"INSERT INTO {t} AS l (lock_key, kind, owner, token, acquired_at, expires_at)\n"
+            f"SELECT :key, :kind, :owner, :token, {NOW}, {NOW} + :ttl FROM {meta}\n"
+            "WHERE id = 1 AND hwm < :token\n"
+            "ON CONFLICT (lock_key) DO UPDATE SET kind = excluded.kind,\n"
+            "    owner = excluded.owner, token = excluded.token,\n"
+            "    acquired_at = excluded.acquired_at, expires_at = excluded.expires_at,\n"
+            "    state = NULL, note = NULL\n"
+            f"WHERE (l.token < excluded.token AND ((l.expires_at <= {NOW} AND l.kind <> 'once')\n"
+            "    OR l.owner = excluded.owner))\n"
+            "    OR (l.owner = excluded.owner AND l.token = excluded.token)\n"
+            "RETURNING token"
+        )
+        # :key :owner -> 1 row changed if :owner's live hold (any token) was ended
+        self.release_owned = (
+            f"UPDATE {t} SET owner = NULL, expires_at = {NOW} "
+            f"WHERE lock_key = :key AND owner = :owner AND expires_at > {NOW}"
+        )
+
         # -- once-records
         # :key :owner :ttl :note -> one row (the token) if the once-record was claimed: absent,
         # failed, or processing with an expired lease (its holder crashed)

@@ -1,0 +1,363 @@
+"""A quorum over several independent stores: a hold exists while a majority grants it.
+
+The store contract, kept by asking every member store at once and counting answers with the
+rules of :mod:`dblock._engine.quorum`. A grant reads the key's fence from a majority, picks
+the token T above them all, and asks each store to grant the key with T only if its own fence
+is below T (``FencedGrants.grant_fenced``, one atomic step); the hold is had if a majority
+granted within the lease, and otherwise released everywhere. Any two grants thus share a
+store that accepted the later one only with a larger token, after the earlier one's lease
+ended there: tokens strictly increase (docs/quorum.md has the argument and its limits).
+
+A member that fails, answers too late or cannot be reached costs its vote, is logged once and
+asked again after a backoff; only when fewer than a majority answer is it a BackendError.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
+from typing import Any, TypeVar
+
+from .._engine.quorum import (
+    Health,
+    agreed,
+    grant_verdict,
+    held_on_majority,
+    majority,
+    next_token,
+    store_lease,
+)
+from .._errors import BackendError, ConfigurationError, DBLockError
+from .._runtime import THREADS, Runtime
+from .._types import LockInfo
+from ._contract import FencedGrants, ScheduledRuns, Store, lacking
+
+log = logging.getLogger("dblock")
+T = TypeVar("T")
+
+#: longest wait for the members' answers to one operation, seconds: a slower member costs
+#: its vote (a grant waits no longer than its ttl either)
+ANSWER_WITHIN = 2.0
+#: what a quorum client offers (the end of its "does not provide" messages)
+OFFERS = (
+    "; a quorum client offers lock, locked, scheduled, info, list and force_release "
+    "(see docs/quorum.md)"
+)
+
+
+class Fault:
+    """A member's missing answer: its error, or why it was not asked or not awaited."""
+
+    __slots__ = ("reason",)
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+    def __repr__(self) -> str:
+        return f"Fault({self.reason!r})"
+
+
+class Member:
+    """One store of the quorum: opened lazily again after it failed to open."""
+
+    def __init__(self, url: str, opener: Callable[[], Store], store: Store | None) -> None:
+        self.url = url
+        self.opener = opener
+        self.store = store
+        self.health = Health()
+        self._open_lock = threading.Lock()
+
+    def get(self) -> Store:
+        if self.store is None:
+            with self._open_lock:
+                if self.store is None:
+                    self.store = checked(self.opener())
+        return self.store
+
+
+def checked(store: Store) -> Store:
+    """``store``, if it can serve in a quorum (else closed, and a ConfigurationError)."""
+    if not isinstance(store, FencedGrants):
+        store.close()
+        raise lacking(store, FencedGrants, "a quorum")
+    return store
+
+
+class QuorumStore(Store, ScheduledRuns):
+    """The store contract over ``members`` (at least three independent stores)."""
+
+    name = "quorum"
+    offers = OFFERS
+
+    def __init__(self, members: list[Member], table: str, runtime: Runtime = THREADS) -> None:
+        self.members = members
+        self.n = len(members)
+        self.table = table
+        self.rt = runtime
+        self.safe_url = " ".join(_safe(m) for m in members)
+        self.poll_cap = max((m.store.poll_cap for m in members if m.store), default=0.25)
+        self._pool: ThreadPoolExecutor | None = None
+        self._pool_lock = threading.Lock()
+        self._late: set[Any] = set()  # the async client's tasks for late answers
+
+    # -- running one operation on every member ---------------------------------------------
+    def _ask(self, member: Member, what: str, call: Callable[[Any], T]) -> T:
+        """``call(store)`` on one member, keeping its health (a fault logged once)."""
+        try:
+            value = call(member.get())
+        except (DBLockError, OSError) as exc:
+            if member.health.failed(time.monotonic()):
+                log.warning("quorum store %s failed (%s): %s", _safe(member), what, exc)
+            raise
+        if member.health.answered():
+            log.warning("quorum store %s answers again", _safe(member))
+        return value
+
+    def _fan_out(
+        self,
+        what: str,
+        call: Callable[[Any], T],
+        *,
+        within: float = ANSWER_WITHIN,
+        members: Sequence[Member] | None = None,
+        late: Callable[[Member, T], None] | None = None,
+    ) -> list[T | Fault]:
+        """``call(store)`` on every member at once; the answers in members' order, a Fault for
+        each that failed, was not asked (backing off) or did not answer ``within`` s. ``late``
+        gets the answers that came after that."""
+        members = self.members if members is None else members
+        now = time.monotonic()
+        out: list[T | Fault] = [Fault("backing off") for _ in members]
+        asked = [i for i, m in enumerate(members) if m.health.available(now)]
+        jobs = [self._job(members[i], what, call) for i in asked]
+        if self.rt is THREADS:
+            outcomes = self._run_threads(jobs, within, late and _late_for(late, members, asked))
+        else:
+            from .._loop_runtime import fan_out_on_loop
+
+            outcomes = fan_out_on_loop(
+                self.rt, jobs, within, late and _late_for(late, members, asked), self._late
+            )
+        for i, outcome in zip(asked, outcomes, strict=True):
+            out[i] = outcome
+        return out
+
+    def _job(self, member: Member, what: str, call: Callable[[Any], T]) -> Callable[[], T]:
+        return lambda: self._ask(member, what, call)
+
+    def _run_threads(
+        self,
+        jobs: list[Callable[[], T]],
+        within: float,
+        late: Callable[[int, T], None] | None,
+    ) -> list[T | Fault]:
+        pool = self._executor()
+        # each job sees the caller's context (its deadline for statements: dblock._timing)
+        futures = [pool.submit(contextvars.copy_context().run, job) for job in jobs]
+        deadline = time.monotonic() + within
+        pending = set(futures)
+        while pending:  # until all answered, or the time is up
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            _done, pending = wait_futures(pending, timeout=left, return_when=FIRST_EXCEPTION)
+        out: list[T | Fault] = []
+        for i, future in enumerate(futures):
+            if not future.done():
+                out.append(Fault("no answer in time"))
+                if late is not None:
+                    future.add_done_callback(_after(i, late))
+            elif future.exception() is not None:
+                out.append(Fault(str(future.exception())))
+            else:
+                out.append(future.result())
+        return out
+
+    def _executor(self) -> ThreadPoolExecutor:
+        with self._pool_lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(
+                    max_workers=max(16, 4 * self.n), thread_name_prefix="dblock-quorum"
+                )
+            return self._pool
+
+    def _answered(self, what: str, key: str | None, outcomes: Sequence[object]) -> None:
+        """Raise BackendError unless a majority answered."""
+        faults = [o for o in outcomes if isinstance(o, Fault)]
+        if self.n - len(faults) >= majority(self.n):
+            return
+        about = f" of {key!r}" if key is not None else ""
+        reasons = "; ".join(
+            f"{_safe(m)}: {o.reason}"
+            for m, o in zip(self.members, outcomes, strict=True)
+            if isinstance(o, Fault)
+        )
+        raise BackendError(
+            f"{what}{about} failed: only {self.n - len(faults)} of the quorum's {self.n} stores "
+            f"answered, {majority(self.n)} needed ({reasons})"
+        )
+
+    # -- Store ------------------------------------------------------------------------------
+    def ensure_schema(self, create: bool) -> None:
+        """Each member's tables are made or checked when it is opened."""
+
+    def acquire(self, key: str, owner: str, ttl: float, kind: str) -> int | None:
+        start = time.monotonic()
+        fences = self._fan_out("reading the fence", lambda s: s.fence(key))
+        self._answered("acquire", key, fences)
+        token = next_token([f for f in fences if isinstance(f, int)])
+        lease = store_lease(ttl)
+        settled = threading.Event()  # set once this attempt has failed: late grants are undone
+
+        def undo_late(member: Member, granted: bool) -> None:
+            if granted and settled.is_set():
+                self._undo(member, key, owner)
+
+        votes = self._fan_out(
+            "acquire",
+            lambda s: s.grant_fenced(key, owner, lease, token, kind),
+            within=min(ttl, ANSWER_WITHIN),
+            late=undo_late,
+        )
+        granted = sum(v is True for v in votes)
+        refused = sum(v is False for v in votes)
+        verdict = grant_verdict(self.n, granted, refused, time.monotonic() - start, ttl)
+        if verdict == "held":
+            return token
+        settled.set()
+        # every store that may have granted: those that did, and those whose answer is missing
+        maybe = [m for m, v in zip(self.members, votes, strict=True) if v is not False]
+        if maybe:
+            self._fan_out("release", lambda s: s.release_owned(key, owner), members=maybe)
+        if verdict == "unreachable":
+            self._answered("acquire", key, votes)
+        return None
+
+    def _undo(self, member: Member, key: str, owner: str) -> None:
+        # a failure was logged by _ask; the grant's lease ends it then
+        with contextlib.suppress(DBLockError, OSError):
+            self._ask(member, "release", lambda s: s.release_owned(key, owner))
+
+    def renew(self, key: str, owner: str, token: int, ttl: float) -> bool:
+        lease = store_lease(ttl)
+        outcomes = self._fan_out("renew", lambda s: s.renew(key, owner, token, lease))
+        return self._on_majority("renew", key, outcomes)
+
+    def release(self, key: str, owner: str, token: int) -> bool:
+        outcomes = self._fan_out("release", lambda s: s.release(key, owner, token))
+        return self._on_majority("release", key, outcomes)
+
+    def finish_scheduled(self, key: str, owner: str, token: int, at_least: float) -> bool:
+        def finish(store: Any) -> bool:
+            if isinstance(store, ScheduledRuns):
+                return store.finish_scheduled(key, owner, token, at_least)
+            return bool(store.release(key, owner, token))
+
+        return self._on_majority("release", key, self._fan_out("release", finish))
+
+    def _on_majority(self, what: str, key: str, outcomes: Sequence[object]) -> bool:
+        failed = sum(isinstance(o, Fault) for o in outcomes)
+        done = held_on_majority(self.n, sum(o is True for o in outcomes), failed)
+        if done is None:
+            self._answered(what, key, [Fault("unknown")] * self.n)  # raises
+        return bool(done)
+
+    def info(self, key: str) -> LockInfo | None:
+        outcomes = self._fan_out("info", lambda s: s.info(key))
+        self._answered("info", key, outcomes)
+        return agreed(self.n, [o for o in outcomes if not isinstance(o, Fault)])
+
+    def list(self, prefix: str) -> list[LockInfo]:
+        outcomes = self._fan_out("list", lambda s: s.list(prefix))
+        self._answered("list", None, outcomes)
+        per_key: dict[str, list[LockInfo | None]] = {}
+        for holds in outcomes:
+            if isinstance(holds, Fault):
+                continue
+            seen: set[str] = set()
+            for info in holds:
+                if info.key not in seen:  # one hold of a key per store (no shared holds here)
+                    seen.add(info.key)
+                    per_key.setdefault(info.key, []).append(info)
+        found = [agreed(self.n, holds) for _key, holds in sorted(per_key.items())]
+        return [i for i in found if i is not None]
+
+    def force_release(self, key: str) -> bool:
+        outcomes = self._fan_out("force_release", lambda s: s.force_release(key))
+        self._answered("force_release", key, outcomes)
+        return any(o is True for o in outcomes)
+
+    def purge(self, older_than: float, include_once: bool) -> int:
+        raise ConfigurationError(f"purge() is not available on a quorum client{OFFERS}")
+
+    def close(self) -> None:
+        with self._pool_lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
+        for member in self.members:
+            if member.store is not None:
+                member.store.close()
+
+
+def _safe(member: Member) -> str:
+    return member.store.safe_url if member.store is not None else member.url
+
+
+def _late_for(
+    late: Callable[[Member, T], None], members: Sequence[Member], asked: list[int]
+) -> Callable[[int, T], None]:
+    """``late`` by the index of a job among those asked."""
+    return lambda j, value: late(members[asked[j]], value)
+
+
+def _after(i: int, late: Callable[[int, T], None]) -> Callable[[Future[T]], None]:
+    def done(future: Future[T]) -> None:
+        if not future.cancelled() and future.exception() is None:
+            late(i, future.result())
+
+    return done
+
+
+def open_quorum(
+    urls: Sequence[str], open_one: Callable[[str], Store], table: str, runtime: Runtime | None
+) -> QuorumStore:
+    """Open a member store for each of ``urls``; one that cannot be reached now is opened
+    later, but a majority must open now. A mistake in a URL raises ConfigurationError."""
+    members: list[Member] = []
+    try:
+        for url in urls:
+            try:
+                store: Store | None = checked(open_one(url))
+            except BackendError as exc:
+                log.warning("quorum store %s cannot be reached now: %s", _redacted(url), exc)
+                store = None
+            member = Member(_redacted(url), _opener(open_one, url), store)
+            if store is None:
+                member.health.failed(time.monotonic())
+            members.append(member)
+        quorum = QuorumStore(members, table, THREADS if runtime is None else runtime)
+        opened = [True if m.store else Fault("cannot connect") for m in members]
+        quorum._answered("connect", None, opened)
+    except BaseException:
+        for member in members:
+            if member.store is not None:
+                member.store.close()
+        raise
+    return quorum
+
+
+def _opener(open_one: Callable[[str], Store], url: str) -> Callable[[], Store]:
+    return lambda: open_one(url)
+
+
+def _redacted(url: str) -> str:
+    from .._url import redact
+
+    return redact(url)
