@@ -242,7 +242,8 @@ class Provider:
     def drop(self, table: str) -> None:
         """Remove ``table`` and what lives beside it (after a test)."""
         if self.url is not None:
-            drop_tables(self.url, table)
+            for url in quorum_members(self.url):
+                drop_tables(url, table)
         elif "tables" in self._state:  # a store of the test's own (memory)
             self._state["tables"].tables.pop(table, None)
 
@@ -530,11 +531,75 @@ def _memory_client(state: dict[str, Any], table: str, kw: dict[str, Any]) -> dbl
 
 _MEMORY_SETUP = threading.Lock()
 
+
+# -- quorums of three stores (docs/quorum.md): one URL string, its members separated by spaces
+
+
+def quorum_members(url: str) -> list[str]:
+    """The member URLs of a quorum provider's URL (``[url]`` for a single store)."""
+    parts = url.split()
+    return parts if len(parts) > 1 and all("://" in p for p in parts) else [url]
+
+
+#: the three databases of the PostgreSQL quorum on the shared server (made if missing)
+QUORUM_PG_DATABASES = ("q_a", "q_b", "q_c")
+_QUORUM_SETUP = threading.Lock()
+_REDIS_TRIO: list[Any] = []
+
+
+def _quorum_sqlite_url(tmp: Path) -> str:
+    return " ".join(f"sqlite:///{tmp}/quorum{i}.sqlite3" for i in range(3))
+
+
+def _quorum_pg_url(_tmp: Path) -> str:
+    base = urlsplit(POSTGRESQL_URL)
+    return " ".join(urlunsplit(base._replace(path="/" + db)) for db in QUORUM_PG_DATABASES)
+
+
+def _quorum_pg_check(_url: str | None) -> None:
+    require_server("postgresql", POSTGRESQL_URL)
+    with _QUORUM_SETUP:
+        conn = raw_connect(POSTGRESQL_URL)
+        try:
+            have = {r[0] for r in conn.execute("SELECT datname FROM pg_database").fetchall()}
+            for db in QUORUM_PG_DATABASES:
+                if db not in have:
+                    with contextlib.suppress(Exception):  # another process made it meanwhile
+                        conn.execute(f'CREATE DATABASE "{db}"')
+        finally:
+            conn.close()
+
+
+def _quorum_redis_url(tmp: Path) -> str:
+    """Three private Redis servers, started once for the test session (stopped at exit)."""
+    return " ".join(server.url for server in redis_trio(tmp))
+
+
+def redis_trio(tmp: Path) -> list[Any]:
+    """The test session's three private Redis servers (started on first use)."""
+    with _QUORUM_SETUP:
+        if not _REDIS_TRIO:
+            import atexit
+
+            from tests._private_servers import private_redis
+
+            stack = contextlib.ExitStack()
+            atexit.register(stack.close)
+            for i in range(3):
+                root = tmp.parent / f"redis-trio-{uuid.uuid4().hex[:8]}-{i}"
+                root.mkdir()
+                _REDIS_TRIO.append(stack.enter_context(private_redis(root)))
+        return list(_REDIS_TRIO)
+
+
+#: what a quorum client is: lock, locked, scheduled, info, list, force_release, by URL
+_QUORUM = frozenset({"ScheduledRuns", "url", "processes", "cli"})
+
 PROVIDERS: tuple[Entry, ...] = (
     Entry(
         name="sqlite",
         capabilities=frozenset({"FairQueue", "SharedHolds", "OnceRecords", "Wakeups"})
-        | {"SchemaScript", "file"}
+        | {"ScheduledRuns", "FencedGrants", "SchemaScript", "file"}
         | _SQL_STORE,
         dialect="sqlite",
         url=_sqlite_url,
@@ -565,7 +630,7 @@ PROVIDERS: tuple[Entry, ...] = (
     Entry(
         name="mysql",
         capabilities=frozenset({"FairQueue", "SharedHolds", "OnceRecords", "Wakeups"})
-        | {"SchemaScript"}
+        | {"ScheduledRuns", "SchemaScript"}
         | _SQL_STORE
         | _SERVER
         | {"advisory"},
@@ -601,7 +666,7 @@ PROVIDERS: tuple[Entry, ...] = (
         # no SQL, no file; the store is the shared server on 127.0.0.1:2181
         # restart: a private 3-server ensemble, SIGKILLed and started again as a whole
         capabilities=frozenset({"FairQueue", "SharedHolds", "OnceRecords", "Wakeups"})
-        | {"QueueJoin", "LossPush", "url", "processes", "cli", "restart"},
+        | {"ScheduledRuns", "QueueJoin", "LossPush", "url", "processes", "cli", "restart"},
         dialect="zookeeper",
         url=lambda _tmp: ZOOKEEPER_URL,
         default_port=2181,
@@ -614,7 +679,7 @@ PROVIDERS: tuple[Entry, ...] = (
         # one node of a private 3-node cluster (tests/backends/etcd), never this shared node
         # no LossPush: a watch stream open while holding breaks gRPC in a forked child
         capabilities=frozenset({"FairQueue", "SharedHolds", "OnceRecords", "Wakeups"})
-        | {"url", "processes", "cli", "durable", "restart"},
+        | {"ScheduledRuns", "url", "processes", "cli", "durable", "restart"},
         dialect="etcd",
         url=lambda _tmp: ETCD_URL,
         default_port=2379,
@@ -622,11 +687,34 @@ PROVIDERS: tuple[Entry, ...] = (
         private=_private_etcd,
         exact_ttl=False,
     ),
+    # a quorum's stores lease a little longer than the ttl (its clock-drift allowance)
+    Entry(
+        name="quorum-sqlite",
+        capabilities=_QUORUM,
+        dialect=None,
+        url=_quorum_sqlite_url,
+        exact_ttl=False,
+    ),
+    Entry(
+        name="quorum-postgresql",
+        capabilities=_QUORUM,
+        dialect=None,
+        url=_quorum_pg_url,
+        check=_quorum_pg_check,
+        exact_ttl=False,
+    ),
+    Entry(
+        name="quorum-redis",
+        capabilities=_QUORUM,
+        dialect=None,
+        url=_quorum_redis_url,
+        exact_ttl=False,
+    ),
     Entry(
         name="memory",
         dialect=None,
         # what tests/contract/_memory_store.MemoryStore declares; none of the harness ones
-        capabilities=frozenset({"FairQueue", "SharedHolds", "OnceRecords"}),
+        capabilities=frozenset({"FairQueue", "SharedHolds", "OnceRecords", "ScheduledRuns"}),
         url=lambda _tmp: None,
         make_client=_memory_client,
         unavailable=_memory_unavailable,

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any, TypeVar
 
+from ._engine.quorum import Fault
 from ._green import await_, bridged, cleaning_up, spawn
 from ._renewer import Job
 from ._runtime import Event, Jobs, Worker, next_serial
@@ -228,14 +229,18 @@ def fan_out_on_loop(
     wait up to ``within`` s; their values in order, a ``Fault`` for each failed or unfinished
     one. Unfinished ones go on: ``late`` gets their values (run in a greenlet of its own);
     ``keep`` holds their tasks meanwhile."""
-    from .backends.quorum import Fault
-
     loop: asyncio.AbstractEventLoop = rt.loop
     tasks = [loop.create_task(spawn(job)) for job in jobs]
     for task in tasks:
         task.add_done_callback(_retrieved)
     if tasks:
-        await_(asyncio.wait(tasks, timeout=within))
+        try:
+            await_(asyncio.wait(tasks, timeout=within))
+        except BaseException:
+            # interrupted (a cancellation): the calls in flight finish first, so the caller's
+            # cleanup sees what they did (this wait is shielded: dblock._green)
+            await_(asyncio.wait(tasks, timeout=within))
+            raise
     out: list[Any] = []
     for i, task in enumerate(tasks):
         if not task.done():

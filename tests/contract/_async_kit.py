@@ -62,6 +62,8 @@ class Outside:
         ones too: a waiter that left must have removed its own), else the live entries of
         its lock queue, as the store reports them."""
         provider = self.provider
+        if not provider.has("FairQueue"):
+            return []  # the store keeps no wait queue
         if not provider.has("sql"):
             _free, ahead = store_of(self.client).probe(key, "nobody")
             return [None] * ahead

@@ -90,6 +90,18 @@ def agreed(n: int, holds: Sequence[LockInfo | None]) -> LockInfo | None:
     return None
 
 
+class Fault:
+    """A member's missing answer: its error, or why it was not asked or not awaited."""
+
+    __slots__ = ("reason",)
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+    def __repr__(self) -> str:
+        return f"Fault({self.reason!r})"
+
+
 @dataclass
 class Health:
     """What the client knows of one store's faults: when to ask it again, and whether its

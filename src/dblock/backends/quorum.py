@@ -17,14 +17,15 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import logging
-import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 from typing import Any, TypeVar
 
+from .. import _forksafe
 from .._engine.quorum import (
+    Fault,
     Health,
     agreed,
     grant_verdict,
@@ -33,7 +34,7 @@ from .._engine.quorum import (
     next_token,
     store_lease,
 )
-from .._errors import BackendError, ConfigurationError, DBLockError
+from .._errors import BackendError, DBLockError
 from .._runtime import THREADS, Runtime
 from .._types import LockInfo
 from ._contract import FencedGrants, ScheduledRuns, Store, lacking
@@ -51,27 +52,17 @@ OFFERS = (
 )
 
 
-class Fault:
-    """A member's missing answer: its error, or why it was not asked or not awaited."""
-
-    __slots__ = ("reason",)
-
-    def __init__(self, reason: str) -> None:
-        self.reason = reason
-
-    def __repr__(self) -> str:
-        return f"Fault({self.reason!r})"
-
-
 class Member:
     """One store of the quorum: opened lazily again after it failed to open."""
 
-    def __init__(self, url: str, opener: Callable[[], Store], store: Store | None) -> None:
+    def __init__(
+        self, url: str, opener: Callable[[], Store], store: Store | None, runtime: Runtime
+    ) -> None:
         self.url = url
         self.opener = opener
         self.store = store
         self.health = Health()
-        self._open_lock = threading.Lock()
+        self._open_lock = runtime.mutex()  # one opening at a time (a forked child's anew)
 
     def get(self) -> Store:
         if self.store is None:
@@ -103,7 +94,8 @@ class QuorumStore(Store, ScheduledRuns):
         self.safe_url = " ".join(_safe(m) for m in members)
         self.poll_cap = max((m.store.poll_cap for m in members if m.store), default=0.25)
         self._pool: ThreadPoolExecutor | None = None
-        self._pool_lock = threading.Lock()
+        self._pool_pid = 0
+        self._pool_lock = _forksafe.lock()
         self._late: set[Any] = set()  # the async client's tasks for late answers
 
     # -- running one operation on every member ---------------------------------------------
@@ -181,10 +173,12 @@ class QuorumStore(Store, ScheduledRuns):
 
     def _executor(self) -> ThreadPoolExecutor:
         with self._pool_lock:
-            if self._pool is None:
+            # a forked child has none of the parent's threads: it makes a pool of its own
+            if self._pool is None or self._pool_pid != _forksafe.pid():
                 self._pool = ThreadPoolExecutor(
                     max_workers=max(16, 4 * self.n), thread_name_prefix="dblock-quorum"
                 )
+                self._pool_pid = _forksafe.pid()
             return self._pool
 
     def _answered(self, what: str, key: str | None, outcomes: Sequence[object]) -> None:
@@ -213,24 +207,30 @@ class QuorumStore(Store, ScheduledRuns):
         self._answered("acquire", key, fences)
         token = next_token([f for f in fences if isinstance(f, int)])
         lease = store_lease(ttl)
-        settled = threading.Event()  # set once this attempt has failed: late grants are undone
+        settled = False  # True once this attempt has failed: late grants are then undone
 
         def undo_late(member: Member, granted: bool) -> None:
-            if granted and settled.is_set():
+            if granted and settled:
                 self._undo(member, key, owner)
 
-        votes = self._fan_out(
-            "acquire",
-            lambda s: s.grant_fenced(key, owner, lease, token, kind),
-            within=min(ttl, ANSWER_WITHIN),
-            late=undo_late,
-        )
+        try:
+            votes = self._fan_out(
+                "acquire",
+                lambda s: s.grant_fenced(key, owner, lease, token, kind),
+                within=min(ttl, ANSWER_WITHIN),
+                late=undo_late,
+            )
+        except BaseException:  # interrupted (a cancellation): no grant may outlive the call
+            settled = True
+            with contextlib.suppress(Exception):
+                self._fan_out("release", lambda s: s.release_owned(key, owner))
+            raise
         granted = sum(v is True for v in votes)
         refused = sum(v is False for v in votes)
         verdict = grant_verdict(self.n, granted, refused, time.monotonic() - start, ttl)
         if verdict == "held":
             return token
-        settled.set()
+        settled = True
         # every store that may have granted: those that did, and those whose answer is missing
         maybe = [m for m, v in zip(self.members, votes, strict=True) if v is not False]
         if maybe:
@@ -294,12 +294,16 @@ class QuorumStore(Store, ScheduledRuns):
         return any(o is True for o in outcomes)
 
     def purge(self, older_than: float, include_once: bool) -> int:
-        raise ConfigurationError(f"purge() is not available on a quorum client{OFFERS}")
+        """Purge each store (fences survive a purge: FencedGrants); the most rows one of them
+        deleted."""
+        outcomes = self._fan_out("purge", lambda s: s.purge(older_than, include_once))
+        self._answered("purge", None, outcomes)
+        return max((o for o in outcomes if isinstance(o, int)), default=0)
 
     def close(self) -> None:
         with self._pool_lock:
             pool, self._pool = self._pool, None
-        if pool is not None:
+        if pool is not None and self._pool_pid == _forksafe.pid():
             pool.shutdown(wait=False, cancel_futures=True)
         for member in self.members:
             if member.store is not None:
@@ -331,6 +335,7 @@ def open_quorum(
     """Open a member store for each of ``urls``; one that cannot be reached now is opened
     later, but a majority must open now. A mistake in a URL raises ConfigurationError."""
     members: list[Member] = []
+    rt = THREADS if runtime is None else runtime
     try:
         for url in urls:
             try:
@@ -338,11 +343,11 @@ def open_quorum(
             except BackendError as exc:
                 log.warning("quorum store %s cannot be reached now: %s", _redacted(url), exc)
                 store = None
-            member = Member(_redacted(url), _opener(open_one, url), store)
+            member = Member(_redacted(url), _opener(open_one, url), store, rt)
             if store is None:
                 member.health.failed(time.monotonic())
             members.append(member)
-        quorum = QuorumStore(members, table, THREADS if runtime is None else runtime)
+        quorum = QuorumStore(members, table, rt)
         opened = [True if m.store else Fault("cannot connect") for m in members]
         quorum._answered("connect", None, opened)
     except BaseException:
