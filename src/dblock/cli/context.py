@@ -94,13 +94,20 @@ def _store(name: str) -> Callable[[click.Context, click.Parameter, Any], None]:
             except dblock.ConfigurationError as exc:
                 raise click.BadParameter(str(exc), ctx=ctx, param=param) from None
         if name == "url":
-            try:
-                parsed = parse_url(value)
-            except dblock.ConfigurationError as exc:
-                raise click.BadParameter(str(exc), ctx=ctx, param=param) from None
-            if not settings.warned and _has_password(parsed):
-                settings.warned = True
-                click.echo(EXPOSED_URL_WARNING, err=True)
+            if not value:
+                return
+            # --url given several times (or one value of URLs separated by spaces, as in
+            # DBLOCK_URL): the stores of a quorum, in order, before and after the command name
+            urls = [one for given in value for one in given.split()] or list(value)
+            for url in urls:
+                try:
+                    parsed = parse_url(url)
+                except dblock.ConfigurationError as exc:
+                    raise click.BadParameter(str(exc), ctx=ctx, param=param) from None
+                if not settings.warned and _has_password(parsed):
+                    settings.warned = True
+                    click.echo(EXPOSED_URL_WARNING, err=True)
+            value = " ".join(filter(None, [settings.url, *value]))
         setattr(settings, name, value)
         if name == "debug":
             enable_debug()
@@ -114,10 +121,12 @@ def common_options(fn: F) -> F:
         click.option(
             "--url",
             metavar="URL",
+            multiple=True,
             expose_value=False,
             callback=_store("url"),
             help="Database URL (default: $DBLOCK_URL, else the embedded SQLite file "
-            "~/.local/state/dblock/locks.sqlite3).",
+            "~/.local/state/dblock/locks.sqlite3). Given three or more times: a quorum of "
+            "independent stores (docs/quorum.md).",
         ),
         click.option(
             "--table",
