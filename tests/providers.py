@@ -32,6 +32,7 @@ describe the provider and what a test may do to it:
 ``blocking``   the test's clients are blocking ``dblock.Client`` objects (the ``[sync]`` runs)
 ``asyncio``    the store serves the async client (``dblock.connect_async``): the ``[async]``
                runs, and the async-only tests, need it
+``demo``       ``dblock demo`` runs on ``url`` (one store: not a quorum)
 ``exact_ttl``  a lease lasts its ttl to the millisecond, fractions of a second too (etcd's
                leases are whole seconds, at least one: a 0.3 s ttl holds for 1 s)
 
@@ -112,12 +113,13 @@ HARNESS_CAPABILITIES = frozenset(
         "blocking",
         "asyncio",
         "exact_ttl",
+        "demo",
     }
 )
 #: the client modes of every contract test: ``provider.connect`` gives a blocking client, or
 #: a blocking facade over the async client
 CLIENT_MODES = ("sync", "async")
-_SQL_STORE = frozenset({"url", "processes", "cli", "sql", "outage", "pool", "durable"})
+_SQL_STORE = frozenset({"url", "processes", "cli", "sql", "outage", "pool", "durable", "demo"})
 _SERVER = frozenset({"server", "restart"})
 
 
@@ -652,7 +654,7 @@ PROVIDERS: tuple[Entry, ...] = (
         name="redis",
         # no SQL, no file, nothing durable: a Redis without persistence forgets on a restart
         capabilities=(STORE_CAPABILITIES - {"SchemaScript", "SessionHolds"})
-        | {"url", "processes", "cli", "pool", "handover"}
+        | {"url", "processes", "cli", "pool", "handover", "demo"}
         | _SERVER,
         dialect="redis",
         url=lambda _tmp: REDIS_URL,
@@ -666,7 +668,8 @@ PROVIDERS: tuple[Entry, ...] = (
         # no SQL, no file; the store is the shared server on 127.0.0.1:2181
         # restart: a private 3-server ensemble, SIGKILLed and started again as a whole
         capabilities=frozenset({"FairQueue", "SharedHolds", "OnceRecords", "Wakeups"})
-        | {"ScheduledRuns", "QueueJoin", "LossPush", "url", "processes", "cli", "restart"},
+        | {"ScheduledRuns", "QueueJoin", "LossPush", "url", "processes", "cli", "restart"}
+        | {"demo"},
         dialect="zookeeper",
         url=lambda _tmp: ZOOKEEPER_URL,
         default_port=2181,
@@ -679,7 +682,7 @@ PROVIDERS: tuple[Entry, ...] = (
         # one node of a private 3-node cluster (tests/backends/etcd), never this shared node
         # no LossPush: a watch stream open while holding breaks gRPC in a forked child
         capabilities=frozenset({"FairQueue", "SharedHolds", "OnceRecords", "Wakeups"})
-        | {"ScheduledRuns", "url", "processes", "cli", "durable", "restart"},
+        | {"ScheduledRuns", "url", "processes", "cli", "durable", "restart", "demo"},
         dialect="etcd",
         url=lambda _tmp: ETCD_URL,
         default_port=2379,

@@ -12,7 +12,7 @@ from dblock.demo import main
 from tests.providers import Provider
 
 # the demo's workers are its own processes: no client of the test's
-pytestmark = pytest.mark.needs("processes", "blocking")
+pytestmark = pytest.mark.needs("processes", "blocking", "demo")
 
 
 def test_the_inventory_in_sqlite_the_locks_in_the_store(

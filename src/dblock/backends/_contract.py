@@ -200,6 +200,9 @@ class Subscription(ABC):
 class Wakeups(ABC):
     """The store tells waiters of releases (instead of their polling)."""
 
+    #: a release wakes waiters that keep no queue entry too (else only queued ones are told)
+    wakes_unqueued: bool = True
+
     @abstractmethod
     def subscribe(self, key: str, owner: str, queue: str | None = None) -> Subscription:
         """Register ``owner`` for release wake-ups of ``key``; ``queue``: the kind of queue

@@ -78,6 +78,9 @@ class PostgresBackend(
 ):
     """Lock table in PostgreSQL."""
 
+    #: a release rings the queue's head, or everyone only if the queue was joined meanwhile
+    wakes_unqueued = False
+
     name = dialect = "postgresql"
     sql: PostgresStatements
 

@@ -37,7 +37,7 @@ from .._engine.quorum import (
 from .._errors import BackendError, DBLockError
 from .._runtime import THREADS, Runtime
 from .._types import LockInfo
-from ._contract import FencedGrants, ScheduledRuns, Store, lacking
+from ._contract import FencedGrants, ScheduledRuns, Store, Subscription, Wakeups, lacking
 
 log = logging.getLogger("dblock")
 T = TypeVar("T")
@@ -80,7 +80,7 @@ def checked(store: Store) -> Store:
     return store
 
 
-class QuorumStore(Store, ScheduledRuns):
+class QuorumStore(Store, ScheduledRuns, Wakeups):
     """The store contract over ``members`` (at least three independent stores)."""
 
     name = "quorum"
@@ -293,6 +293,22 @@ class QuorumStore(Store, ScheduledRuns):
         self._answered("force_release", key, outcomes)
         return any(o is True for o in outcomes)
 
+    def subscribe(self, key: str, owner: str, queue: str | None = None) -> Subscription:
+        """Wake-ups from the first member that pushes them and answers: a release ends the
+        hold on every store, so any one of them tells of it. Else a plain sleep."""
+        now = time.monotonic()
+        for member in self.members:
+            if not member.health.available(now):
+                continue
+            with contextlib.suppress(DBLockError, OSError):
+                store = member.get()
+                if isinstance(store, Wakeups) and store.wakes_unqueued:
+                    subscription = store.subscribe(key, owner, None)
+                    if subscription.live:
+                        return subscription
+                    subscription.close()
+        return _Sleep(self.rt)
+
     def purge(self, older_than: float, include_once: bool) -> int:
         """Purge each store (fences survive a purge: FencedGrants); the most rows one of them
         deleted."""
@@ -308,6 +324,20 @@ class QuorumStore(Store, ScheduledRuns):
         for member in self.members:
             if member.store is not None:
                 member.store.close()
+
+
+class _Sleep(Subscription):
+    """No member pushes wake-ups now: the waiter sleeps between tries."""
+
+    def __init__(self, rt: Runtime) -> None:
+        self._rt = rt
+
+    def wait(self, timeout: float) -> bool:
+        self._rt.sleep(timeout)
+        return False
+
+    def close(self) -> None:
+        pass
 
 
 def _safe(member: Member) -> str:

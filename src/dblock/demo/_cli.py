@@ -12,7 +12,7 @@ from rich.console import Console
 
 import dblock
 
-from .._url import default_url, parse_url, redact, scrub
+from .._url import DatabaseURL, default_url, parse_url, quorum_urls, redact, scrub
 from ._report import NoProgress, PlainProgress, RichProgress, conclusion, table, to_json, verdict
 from ._runner import MAX_QTY, Demo, Result, SetupFailed, Unreachable
 from ._strategies import STRATEGIES, Strategy, parse_strategies
@@ -83,6 +83,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _single_store(given: str | None) -> DatabaseURL:
+    """The store the demo runs on (it needs one: its inventory lives there)."""
+    if quorum_urls(given) is not None:
+        raise dblock.ConfigurationError(
+            "the demo runs on one store: give a single --url (not a quorum)"
+        )
+    return parse_url(given if given is not None else default_url())
+
+
 def run(argv: list[str] | None = None) -> int:
     """Parse ``argv``, run the demo, print the results; return the exit status."""
     parser = build_parser()
@@ -91,7 +100,7 @@ def run(argv: list[str] | None = None) -> int:
     except SystemExit as exc:  # argparse has printed the usage error or the help
         return exc.code if isinstance(exc.code, int) else EX_USAGE
     try:
-        url = parse_url(args.url if args.url is not None else default_url())
+        url = _single_store(args.url)
     except dblock.ConfigurationError as exc:
         print(f"dblock demo: error: {exc}", file=sys.stderr)
         return EX_USAGE
