@@ -19,11 +19,29 @@ from dblock._url import parse_url
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 
 
+def members(url: str) -> list[str]:
+    """The stores of a quorum URL (URLs separated by spaces), or ``[url]``."""
+    parts = url.split()
+    return parts if len(parts) > 1 and all("://" in p for p in parts) else [url]
+
+
 def dialect_of(url: str) -> str:
+    if len(members(url)) > 1:
+        return "quorum"
     return parse_url(url).dialect
 
 
+def safe(url: str) -> str:
+    """The URL (each store's, for a quorum) without secrets."""
+    return " ".join(parse_url(m).safe for m in members(url))
+
+
 def check_loopback(url: str) -> None:
+    for member in members(url):
+        _check_loopback(member)
+
+
+def _check_loopback(url: str) -> None:
     parsed = parse_url(url)
     hosts = [parsed.host or "localhost"]
     if parsed.dialect == "zookeeper":  # host:port[,host:port...]
@@ -148,7 +166,7 @@ def create_tables(url: str, resource: str, audit: str, keys: int) -> None:
 def resource_url(url: str, directory: str) -> str:
     """Where the protected resource lives: the database of the locks, or for a store that is
     no SQL database (Redis) an SQLite file of the run's (fencing protects any resource)."""
-    if dialect_of(url) in ("redis", "zookeeper", "etcd"):
+    if dialect_of(url) in ("redis", "zookeeper", "etcd", "quorum"):
         return f"sqlite:///{directory}/resource.sqlite3"
     return url
 
@@ -158,6 +176,10 @@ def drop_tables(url: str, names: list[str]) -> None:
     from dblock.backends.sql.names import aux_name
 
     d = dialect_of(url)
+    if d == "quorum":
+        for member in members(url):
+            drop_tables(member, names)
+        return
     if d == "zookeeper":
         _zookeeper_drop(url, names)
     if d == "etcd":  # a table's keys (as in dblock.backends.etcd)

@@ -29,6 +29,13 @@ kind that applies once first, in random order, then at random):
     started again. That disturbs every other client of the server: never on a machine that
     others use;
 * ``filelock``: hold ``BEGIN EXCLUSIVE`` on the SQLite file for 1.5-2.5 leases — SQLite.
+* ``storekill``: for a quorum (``--url`` of several URLs separated by spaces, each store run
+  by chaos with ``--member-cmd``, once per store in the same order): SIGKILL one store's
+  server and start it again 0.5-2 s later (a Redis without persistence comes back empty).
+  One store at a time, and the next only 3 leases after the last one came back, by which
+  time every hold granted while it was down has ended or been renewed onto it again
+  (docs/quorum.md: a second store restarting empty while a hold lives on a bare majority
+  would break the guarantee).
 
 The referee (``_chaos_referee.py``) is described there. Exit status: 0 clean, 1 violations
 or hangs, 2 bad arguments, 3 the database was unreachable at the start, 130 interrupted.
@@ -66,7 +73,7 @@ import _chaos_referee as referee  # noqa: E402
 import _chaos_server as servers  # noqa: E402
 import dblock  # noqa: E402
 
-FAULTS = ("kill", "pause", "connkill", "restart", "filelock")
+FAULTS = ("kill", "pause", "connkill", "restart", "filelock", "storekill")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -88,6 +95,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help="include restarts of THIS HOST's PostgreSQL/MariaDB service (default port); "
         "it disturbs every other client of it: by hand only",
+    )
+    p.add_argument(
+        "--member-cmd",
+        metavar="CMD",
+        action="append",
+        default=[],
+        help="for a quorum --url: run each store's server as this command (once per store, "
+        "in --url's order) and include storekill faults",
     )
     p.add_argument(
         "--restart-gap",
@@ -170,14 +185,23 @@ class Soak:
             self.server = self.own_server
         elif self.dialect != "sqlite" and args.restart_server:
             self.server = servers.HostService(self.dialect)
+        #: the servers of a quorum's stores that chaos runs (--member-cmd)
+        self.members = [
+            servers.OwnServer(shlex.split(cmd), url, Path(self.dir) / f"member{i}.log")
+            for i, (cmd, url) in enumerate(zip(args.member_cmd, db.members(args.url), strict=False))
+        ]
         self.kinds = self._kinds()
         self.observer: dblock.Client | None = None
         self.last_restart = -math.inf
+        self.last_storekill = -math.inf
 
     def _kinds(self) -> list[str]:
         wanted = set(self.args.faults.split(","))
         ok = {"kill", "pause"}
-        if self.dialect == "sqlite":
+        if self.dialect == "quorum":
+            if self.members:
+                ok.add("storekill")
+        elif self.dialect == "sqlite":
             ok.add("filelock")
         elif self.dialect == "etcd":  # no server-side session kill; a restart kills one node
             if self.server is not None:
@@ -191,6 +215,9 @@ class Soak:
 
     # -- setup ------------------------------------------------------------------------------
     def setup(self) -> None:
+        for member in self.members:
+            if not member.start():
+                raise RuntimeError(f"a quorum store did not start:\n{member.log_tail()}")
         if self.own_server is not None and not self.own_server.start():
             raise RuntimeError(
                 f"the server did not start ({self.args.server_cmd}):\n{self.own_server.log_tail()}"
@@ -324,6 +351,15 @@ class Soak:
                 with contextlib.suppress(dblock.DBLockError):
                     self.observer.close()
                 self.observer = None
+        elif kind == "storekill":
+            index = self.rng.randrange(len(self.members))
+            member = self.members[index]
+            member.stop()
+            record["detail"] = f"store {index}"
+            time.sleep(self.rng.uniform(0.5, 2.0))
+            if not member.start():
+                self.crashes.append(f"quorum store {index} did not come back after a kill")
+            self.last_storekill = time.monotonic()
         elif kind == "filelock":
             conn = sqlite3.connect(
                 db.parse_url(self.worker_url).database, timeout=10, isolation_level=None
@@ -368,9 +404,13 @@ class Soak:
             kinds = self.kinds
             if time.monotonic() - self.last_restart < self.args.restart_gap:
                 kinds = [k for k in kinds if k != "restart"] or kinds
+            if time.monotonic() - self.last_storekill < 3 * self.args.ttl:
+                kinds = [k for k in kinds if k != "storekill"] or kinds
             # every kind once before any repeats: a short run still sees each of them
             done = {f["kind"] for f in self.faults}
             kind = self.rng.choice([k for k in kinds if k not in done] or kinds)
+            if kind == "storekill" and time.monotonic() - self.last_storekill < 3 * self.args.ttl:
+                continue
             if kind == "restart":
                 if time.monotonic() - self.last_restart < self.args.restart_gap:
                     continue
@@ -444,6 +484,8 @@ class Soak:
             print(f"chaos: cleanup of tables failed: {exc}", flush=True)
         if self.server is not None:
             self.server.close()
+        for member in self.members:
+            member.close()
         if self.args.keep:
             print(f"chaos: logs kept in {self.dir}", flush=True)
         else:
@@ -513,7 +555,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             soak.setup()
         except Exception as exc:  # the driver's errors too: unreachable, no privileges
-            print(f"chaos: cannot set up on {db.parse_url(args.url).safe}: {exc}", file=sys.stderr)
+            print(f"chaos: cannot set up on {db.safe(args.url)}: {exc}", file=sys.stderr)
             return 3
         print(
             f"chaos: {dialect}, {args.workers} workers, {args.keys} keys, ttl {args.ttl:g} s, "

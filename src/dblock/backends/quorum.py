@@ -246,7 +246,16 @@ class QuorumStore(Store, ScheduledRuns, Wakeups):
 
     def renew(self, key: str, owner: str, token: int, ttl: float) -> bool:
         lease = store_lease(ttl)
-        outcomes = self._fan_out("renew", lambda s: s.renew(key, owner, token, lease))
+
+        def renew_or_repair(store: Any) -> bool:
+            # A store that lost the hold (restarted empty, or it missed the grant) is given it
+            # again with the same token where it is free and fenced below it: a long hold
+            # does not stay on a bare majority, which one more restart would break.
+            return bool(store.renew(key, owner, token, lease)) or bool(
+                store.grant_fenced(key, owner, lease, token, "lock")
+            )
+
+        outcomes = self._fan_out("renew", renew_or_repair)
         return self._on_majority("renew", key, outcomes)
 
     def release(self, key: str, owner: str, token: int) -> bool:

@@ -4,14 +4,12 @@ files (made unreadable); several processes where the claim is about concurrency.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import signal
 import sqlite3
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,23 +17,10 @@ import pytest
 
 import dblock
 import dblock.fencing
-from tests._private_servers import private_redis
 from tests.providers import fresh_table
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[3]
-
-
-@pytest.fixture
-def redis_trio(tmp_path: Path) -> Iterator[list[Any]]:
-    """Three private Redis servers of this test's (nothing on disk: a restart forgets all)."""
-    with contextlib.ExitStack() as stack:
-        servers = []
-        for i in range(3):
-            root = tmp_path / f"redis{i}"
-            root.mkdir()
-            servers.append(stack.enter_context(private_redis(root)))
-        yield servers
 
 
 def _sqlite_trio(tmp_path: Path) -> list[str]:
