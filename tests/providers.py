@@ -595,7 +595,7 @@ def redis_trio(tmp: Path) -> list[Any]:
 
 
 #: what a quorum client is: lock, locked, scheduled, info, list, force_release, by URL
-_QUORUM = frozenset({"ScheduledRuns", "url", "processes", "cli"})
+_QUORUM = frozenset({"ScheduledRuns", "FairQueue", "Wakeups", "url", "processes", "cli"})
 
 PROVIDERS: tuple[Entry, ...] = (
     Entry(

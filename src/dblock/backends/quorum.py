@@ -37,7 +37,15 @@ from .._engine.quorum import (
 from .._errors import BackendError, DBLockError
 from .._runtime import THREADS, Runtime
 from .._types import LockInfo
-from ._contract import FencedGrants, ScheduledRuns, Store, Subscription, Wakeups, lacking
+from ._contract import (
+    FairQueue,
+    FencedGrants,
+    ScheduledRuns,
+    Store,
+    Subscription,
+    Wakeups,
+    lacking,
+)
 
 log = logging.getLogger("dblock")
 T = TypeVar("T")
@@ -80,11 +88,18 @@ def checked(store: Store) -> Store:
     return store
 
 
-class QuorumStore(Store, ScheduledRuns, Wakeups):
-    """The store contract over ``members`` (at least three independent stores)."""
+class QuorumStore(Store, ScheduledRuns, FairQueue, Wakeups):
+    """The store contract over ``members`` (at least three independent stores).
+
+    Waiters line up in the wait queue of one member, the first in the URLs' order that keeps
+    queues and answers (its queue orders the turns, not the grants, so a lost queue costs
+    fairness, never safety); it also wakes them.
+    """
 
     name = "quorum"
     offers = OFFERS
+    #: a try costs two round trips to every store; a look at the queue, one to one store
+    probe_before_try = True
 
     def __init__(self, members: list[Member], table: str, runtime: Runtime = THREADS) -> None:
         self.members = members
@@ -302,9 +317,62 @@ class QuorumStore(Store, ScheduledRuns, Wakeups):
         self._answered("force_release", key, outcomes)
         return any(o is True for o in outcomes)
 
+    # -- FairQueue: the turns, kept by one member (the grants stay the quorum's) -------------
+    def _queue_keeper(self) -> tuple[Member, FairQueue] | None:
+        now = time.monotonic()
+        for member in self.members:
+            if member.health.available(now) and isinstance(member.store, FairQueue):
+                return member, member.store
+        return None
+
+    def _in_queue(self, what: str, call: Callable[[FairQueue], T], failed: T) -> T:
+        """``call`` on the queue's keeper; ``failed`` if there is none or it fails."""
+        keeper = self._queue_keeper()
+        if keeper is None:
+            return failed
+        member, queue = keeper
+        try:
+            return self._ask(member, what, lambda _store: call(queue))
+        except (DBLockError, OSError):
+            return failed
+
+    def acquire_fair(self, key: str, owner: str, ttl: float, queued: bool) -> int | None:
+        _free, ahead = self.probe(key, owner)
+        if ahead > 0:
+            return None
+        token = self.acquire(key, owner, ttl, "lock")
+        if token is not None and queued:
+            self.dequeue(key, owner)
+        return token
+
+    def probe(self, key: str, owner: str) -> tuple[bool, int]:
+        return self._in_queue("probe", lambda q: q.probe(key, owner), (True, 0))
+
+    def enqueue(
+        self, key: str, owner: str, kind: str, ttl: float, lease: float | None = None
+    ) -> None:
+        # no lease: a member must never hand the lock over by itself (that grant would be
+        # on one store only)
+        self._in_queue("enqueue", lambda q: q.enqueue(key, owner, kind, ttl, None), None)
+
+    def requeue(self, key: str, owner: str, kind: str, ttl: float) -> bool:
+        return self._in_queue("requeue", lambda q: q.requeue(key, owner, kind, ttl), True)
+
+    def dequeue(self, key: str, owner: str) -> None:
+        self._in_queue("dequeue", lambda q: q.dequeue(key, owner), None)
+
+    # -- Wakeups ----------------------------------------------------------------------------
     def subscribe(self, key: str, owner: str, queue: str | None = None) -> Subscription:
-        """Wake-ups from the first member that pushes them and answers: a release ends the
-        hold on every store, so any one of them tells of it. Else a plain sleep."""
+        """Wake-ups from the queue's keeper for a queued waiter; else from the first member
+        that pushes them to any waiter and answers (a release ends the hold on every store,
+        so any one of them tells of it); else a plain sleep."""
+        keeper = self._queue_keeper() if queue is not None else None
+        if keeper is not None and isinstance(keeper[1], Wakeups):
+            with contextlib.suppress(DBLockError, OSError):
+                subscription = keeper[1].subscribe(key, owner, queue)
+                if subscription.live:
+                    return subscription
+                subscription.close()
         now = time.monotonic()
         for member in self.members:
             if not member.health.available(now):
