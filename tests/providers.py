@@ -558,7 +558,7 @@ def _quorum_pg_url(_tmp: Path) -> str:
     return " ".join(urlunsplit(base._replace(path="/" + db)) for db in QUORUM_PG_DATABASES)
 
 
-def _quorum_pg_check(_url: str | None) -> None:
+def quorum_pg_check(_url: str | None) -> None:
     require_server("postgresql", POSTGRESQL_URL)
     with _QUORUM_SETUP:
         conn = raw_connect(POSTGRESQL_URL)
@@ -632,7 +632,7 @@ PROVIDERS: tuple[Entry, ...] = (
     Entry(
         name="mysql",
         capabilities=frozenset({"FairQueue", "SharedHolds", "OnceRecords", "Wakeups"})
-        | {"ScheduledRuns", "SchemaScript"}
+        | {"ScheduledRuns", "FencedGrants", "SchemaScript"}
         | _SQL_STORE
         | _SERVER
         | {"advisory"},
@@ -703,7 +703,7 @@ PROVIDERS: tuple[Entry, ...] = (
         capabilities=_QUORUM,
         dialect=None,
         url=_quorum_pg_url,
-        check=_quorum_pg_check,
+        check=quorum_pg_check,
         exact_ttl=False,
     ),
     Entry(

@@ -40,7 +40,15 @@ from .._errors import ConfigurationError, DBLockError
 from .._runtime import THREADS, Runtime
 from .._types import Kind, LockInfo
 from .._url import MAX_URL_TIMEOUT, DatabaseURL, url_number
-from ._contract import FairQueue, OnceRecords, SchemaScript, SharedHolds, Subscription, Wakeups
+from ._contract import (
+    FairQueue,
+    FencedGrants,
+    OnceRecords,
+    SchemaScript,
+    SharedHolds,
+    Subscription,
+    Wakeups,
+)
 from ._doorbell import BELL_IDLE, Bells
 from .sql.base import MAINTENANCE_DEADLINE, Failure, Sleeper
 from .sql.holders import HoldersMixin, Rows
@@ -171,7 +179,9 @@ class _Connection(pymysql.connections.Connection):  # type: ignore[misc]
         return _Connection._preferred
 
 
-class MysqlBackend(HoldersMixin[Any], FairQueue, SharedHolds, OnceRecords, Wakeups, SchemaScript):
+class MysqlBackend(
+    HoldersMixin[Any], FairQueue, SharedHolds, OnceRecords, Wakeups, FencedGrants, SchemaScript
+):
     """Lock table in MySQL 8 or MariaDB 10.5+."""
 
     name = dialect = "mysql"
@@ -579,6 +589,40 @@ class MysqlBackend(HoldersMixin[Any], FairQueue, SharedHolds, OnceRecords, Wakeu
     def close(self) -> None:
         self._bells.close()
         super().close()
+
+    # -- FencedGrants ---------------------------------------------------------------------
+    def fence(self, key: str) -> int:
+        def op(conn: Any) -> int:
+            with conn.cursor() as cur:
+                cur.execute(self.sql.fence, {"key": key})
+                row = cur.fetchone()
+            return int(row[0]) if row is not None else 0
+
+        return self.run("reading the fence", op, key=key)
+
+    def grant_fenced(self, key: str, owner: str, ttl: float, token: int, kind: str) -> bool:
+        params = {
+            "key": key,
+            "kind": kind,
+            "owner": owner,
+            "ttl_us": round(ttl * 1_000_000),
+            "token": token,
+        }
+
+        def op(conn: Any) -> bool:
+            with conn.cursor() as cur:
+                if cur.execute(self.sql.grant_fenced_update, params) == 1:
+                    return True
+                return bool(cur.execute(self.sql.grant_fenced_insert, params) == 1)
+
+        return self.run("acquire", op, key=key)
+
+    def release_owned(self, key: str, owner: str) -> bool:
+        def op(conn: Any) -> bool:
+            with conn.cursor() as cur:
+                return bool(cur.execute(self.sql.release_owned, {"key": key, "owner": owner}) == 1)
+
+        return self.run("release", op, key=key)
 
     def claim_once(self, key: str, owner: str, ttl: float, note: str | None) -> int | None:
         params = (key, owner, round(ttl * 1_000_000), note)

@@ -37,9 +37,7 @@ def _unreadable(url: str) -> None:
                 f.write(b"not a database! " * 512)
 
 
-def _count_in_processes(
-    url: str, table: str, tmp_path: Path, procs: int = 3, each: int = 8
-) -> None:
+def count_in_processes(url: str, table: str, tmp_path: Path, procs: int = 3, each: int = 8) -> None:
     """``procs`` processes increment a file counter under the quorum's lock; the total is
     exact, no two holds overlap, and tokens increase with time."""
     counter = tmp_path / "counter"
@@ -69,7 +67,7 @@ def test_with_one_redis_killed_processes_still_take_turns_with_rising_tokens(
     table = fresh_table()
     dblock.connect(url, table=table).close()
     redis_trio[0].kill()
-    _count_in_processes(url, table, tmp_path)
+    count_in_processes(url, table, tmp_path)
 
 
 def test_with_one_sqlite_file_unreadable_processes_still_take_turns_with_rising_tokens(
@@ -80,7 +78,7 @@ def test_with_one_sqlite_file_unreadable_processes_still_take_turns_with_rising_
     with dblock.connect(urls, table=table) as client, client.lock("count"):
         pass
     _unreadable(urls[1])
-    _count_in_processes(" ".join(urls), table, tmp_path)
+    count_in_processes(" ".join(urls), table, tmp_path)
 
 
 @pytest.mark.timeout(60)  # "in bounded time": a hang fails the test

@@ -169,6 +169,39 @@ class MysqlStatements(HolderStatements):
                 f"    expires_at = IF({ours}, VALUES(expires_at), {row}expires_at)"
             )
 
+        # -- fenced grants (FencedGrants, for a quorum: docs/quorum.md)
+        # key -> the key's fence: its row's token, or the highest purged token if higher
+        self.fence = (
+            f"SELECT GREATEST(COALESCE((SELECT token FROM {t} WHERE lock_key = %(key)s), 0), "
+            f"hwm) FROM {meta} WHERE id = 1"
+        )
+        # key kind owner ttl_us token -> 1 row changed if the key's row was granted with
+        # `token`: free or expired (or owner's own) and fenced below it; or already owner's
+        # with `token` (a retry). 0: held, fenced at or above `token`, or no row (the insert
+        # below then tries). WHERE is read before SET, so the assignments' order is free.
+        self.grant_fenced_update = (
+            f"UPDATE {t} SET owner = %(owner)s, token = %(token)s, kind = %(kind)s,\n"
+            f"    acquired_at = {NOW}, state = NULL, note = NULL,\n"
+            f"    expires_at = {NOW} + INTERVAL %(ttl_us)s MICROSECOND\n"
+            "WHERE lock_key = %(key)s AND ((token < %(token)s AND ((expires_at <= "
+            f"{NOW}\n    AND kind <> 'once') OR owner = %(owner)s))\n"
+            "    OR (owner = %(owner)s AND token = %(token)s))"
+        )
+        # key kind owner ttl_us token -> 1 row inserted if the key had none and the purged
+        # tokens' mark is below `token`; 0 if a row appeared meanwhile (a lost vote)
+        self.grant_fenced_insert = (
+            f"INSERT INTO {t} (lock_key, kind, owner, token, acquired_at, expires_at)\n"
+            f"SELECT %(key)s, %(kind)s, %(owner)s, %(token)s, {NOW},\n"
+            f"    {NOW} + INTERVAL %(ttl_us)s MICROSECOND FROM {meta} m\n"
+            "WHERE m.id = 1 AND m.hwm < %(token)s\n"
+            "ON DUPLICATE KEY UPDATE lock_key = lock_key"
+        )
+        # key owner -> 1 row changed if owner's live hold (any token) was ended
+        self.release_owned = (
+            f"UPDATE {t} SET owner = NULL, expires_at = {NOW} "
+            f"WHERE lock_key = %(key)s AND owner = %(owner)s AND expires_at > {NOW}"
+        )
+
         # the statements of an acquire, tried in turn until one takes the key
         self.acquire = (update_sql(), insert_sql())
         # a newcomer's acquire: the same, only when nobody waits in the key's queue
