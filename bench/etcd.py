@@ -12,16 +12,13 @@ Targets (issue 25): (a) dblock ≥ 1.3x tooz; (b) fairness ≥ 0.9, p99 ≤ 2x i
 from __future__ import annotations
 
 import argparse
-import json
-import multiprocessing as mp
 import os
-import statistics
-import time
 import uuid
 from typing import Any
 
-HOLD = 0.005
-WORKERS = 8
+from bench._side_by_side import contended, finish, uncontended
+
+MODULE = "bench.etcd"
 
 
 def _gateway(url: str) -> str:
@@ -68,78 +65,6 @@ class _Tooz:
 CONTENDERS = {"dblock etcd": _Dblock, "tooz etcd3gw": _Tooz}
 
 
-def uncontended(name: str, url: str, ops: int) -> float:
-    c = CONTENDERS[name](url)
-    prefix = uuid.uuid4().hex[:8]
-    for i in range(20):  # warm-up: connections, leases
-        lock = c.lock(f"w-{prefix}-{i}")
-        c.take(lock)
-        lock.release()
-    started = time.perf_counter()
-    for i in range(ops):
-        lock = c.lock(f"u-{prefix}-{i}")
-        c.take(lock)
-        lock.release()
-    elapsed = time.perf_counter() - started
-    c.close()
-    return ops / elapsed
-
-
-def _worker(
-    name: str, url: str, key: str, duration: float, out: Any, inside: Any, ready: Any
-) -> None:
-    c = CONTENDERS[name](url)
-    waits: list[float] = []
-    overlaps = 0
-    lock = c.lock(key)
-    ready.wait()  # every worker connected: they start together
-    until = time.time() + duration
-    while time.time() < until:
-        asked = time.perf_counter()
-        c.take(lock)
-        waits.append(time.perf_counter() - asked)
-        with inside.get_lock():
-            inside.value += 1
-            overlaps += inside.value > 1
-        time.sleep(HOLD)
-        with inside.get_lock():
-            inside.value -= 1
-        lock.release()
-    c.close()
-    out.put((os.getpid(), waits, overlaps))
-
-
-def contended(name: str, url: str, duration: float) -> dict[str, Any]:
-    ctx = mp.get_context("spawn")
-    out = ctx.Queue()
-    inside = ctx.Value("i", 0)
-    ready = ctx.Barrier(WORKERS)
-    key = f"c-{uuid.uuid4().hex[:8]}"
-    procs = [
-        ctx.Process(target=_worker, args=(name, url, key, duration, out, inside, ready))
-        for _ in range(WORKERS)
-    ]
-    for p in procs:
-        p.start()
-    results = [out.get(timeout=duration + 120) for _ in procs]
-    for p in procs:
-        p.join(30)
-    counts = [len(w) for _, w, _ in results]
-    waits = sorted(x for _, w, _ in results for x in w[1:])  # each first wait: start-up
-    throughput = sum(counts) / duration
-    ideal = (WORKERS - 1) / throughput if throughput else float("inf")
-    p99 = waits[int(0.99 * (len(waits) - 1))] if waits else float("nan")
-    return {
-        "sections_per_s": throughput,
-        "wait_p50_ms": 1000 * statistics.median(waits) if waits else float("nan"),
-        "wait_p99_ms": 1000 * p99,
-        "ideal_wait_ms": 1000 * ideal,
-        "p99_over_ideal": p99 / ideal if ideal else float("nan"),
-        "fairness": min(counts) / max(counts) if max(counts) else 0.0,
-        "overlaps": sum(o for _, _, o in results),
-    }
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument(
@@ -151,8 +76,8 @@ def main() -> None:
     args = p.parse_args()
     report: dict[str, Any] = {}
     for name in CONTENDERS:
-        report[name] = {"uncontended_ops_per_s": uncontended(name, args.url, args.ops)}
-        report[name].update(contended(name, args.url, args.duration))
+        report[name] = {"uncontended_ops_per_s": uncontended(MODULE, name, args.url, args.ops)}
+        report[name].update(contended(MODULE, name, args.url, args.duration))
     print(
         "| contender | uncontended ops/s | sections/s | p50 wait ms | p99 wait ms | ideal ms "
         "| p99/ideal | fairness | overlaps |"
@@ -172,11 +97,7 @@ def main() -> None:
         ("(b) p99 wait ≤ 2× ideal", f"{ours['p99_over_ideal']:.2f}×", ours["p99_over_ideal"] <= 2),
         ("(b) no overlapping holds", str(ours["overlaps"]), ours["overlaps"] == 0),
     ]
-    for what, value, ok in checks:
-        print(f"{'PASS' if ok else 'FAIL'}  {what}: {value}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=2)
+    finish(checks, report, args.json)
 
 
 if __name__ == "__main__":

@@ -13,15 +13,13 @@ them at the end.
     second holder inside a section).
 Contenders: ``dblock quorum`` (3 stores), ``pottery Redlock`` (3 masters), and ``dblock
 redis`` (the first server alone: what the quorum costs).
-Targets (issue 27): (a) quorum ≥ 1.3× Redlock; (b) quorum fairness ≥ 0.9.
+Targets (issue 27): (a) quorum ≥ 1.3x Redlock; (b) quorum fairness ≥ 0.9.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import json
-import multiprocessing as mp
 import os
 import shutil
 import socket
@@ -29,12 +27,12 @@ import statistics
 import subprocess
 import tempfile
 import time
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
-HOLD = 0.005
-WORKERS = 8
+from bench._side_by_side import contended, finish, uncontended
+
+MODULE = "bench.quorum"
 TTL = 30.0
 
 
@@ -98,11 +96,12 @@ def redis_servers(n: int = 3) -> Iterator[list[str]]:
     try:
         for i in range(n):
             port = _free_port()
-            os.mkdir(os.path.join(root, str(i)))
+            data = os.path.join(root, str(i))
+            os.mkdir(data)
+            options = ["--port", str(port), "--save", "", "--appendonly", "no", "--dir", data]
             procs.append(
                 subprocess.Popen(
-                    [server, "--bind", "127.0.0.1", "--port", str(port), "--save", ""]
-                    + ["--appendonly", "no", "--dir", os.path.join(root, str(i))],
+                    [server, "--bind", "127.0.0.1", *options],
                     stdout=subprocess.DEVNULL,
                     stderr=subprocess.DEVNULL,
                 )
@@ -124,74 +123,6 @@ def redis_servers(n: int = 3) -> Iterator[list[str]]:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def uncontended(name: str, urls: list[str], ops: int) -> float:
-    c = CONTENDERS[name](urls)
-    prefix = uuid.uuid4().hex[:8]
-    for i in range(20):  # warm-up: connections, scripts
-        lock = c.lock(f"w-{prefix}-{i}")
-        c.take(lock)
-        lock.release()
-    started = time.perf_counter()
-    for i in range(ops):
-        lock = c.lock(f"u-{prefix}-{i}")
-        c.take(lock)
-        lock.release()
-    elapsed = time.perf_counter() - started
-    c.close()
-    return ops / elapsed
-
-
-def _worker(
-    name: str, urls: list[str], key: str, duration: float, out: Any, inside: Any, ready: Any
-) -> None:
-    c = CONTENDERS[name](urls)
-    waits: list[float] = []
-    overlaps = 0
-    lock = c.lock(key)
-    ready.wait()  # every worker connected: they start together
-    until = time.time() + duration
-    while time.time() < until:
-        asked = time.perf_counter()
-        c.take(lock)
-        waits.append(time.perf_counter() - asked)
-        with inside.get_lock():
-            inside.value += 1
-            overlaps += inside.value > 1
-        time.sleep(HOLD)
-        with inside.get_lock():
-            inside.value -= 1
-        lock.release()
-    c.close()
-    out.put((os.getpid(), waits, overlaps))
-
-
-def contended(name: str, urls: list[str], duration: float) -> dict[str, Any]:
-    ctx = mp.get_context("spawn")
-    out = ctx.Queue()
-    inside = ctx.Value("i", 0)
-    ready = ctx.Barrier(WORKERS)
-    key = f"c-{uuid.uuid4().hex[:8]}"
-    procs = [
-        ctx.Process(target=_worker, args=(name, urls, key, duration, out, inside, ready))
-        for _ in range(WORKERS)
-    ]
-    for p in procs:
-        p.start()
-    results = [out.get(timeout=duration + 300) for _ in procs]
-    for p in procs:
-        p.join(30)
-    counts = [len(w) for _, w, _ in results]
-    waits = sorted(x for _, w, _ in results for x in w[1:])  # each first wait: start-up
-    p99 = waits[int(0.99 * (len(waits) - 1))] if waits else float("nan")
-    return {
-        "sections_per_s": sum(counts) / duration,
-        "wait_p50_ms": 1000 * statistics.median(waits) if waits else float("nan"),
-        "wait_p99_ms": 1000 * p99,
-        "fairness": min(counts) / max(counts) if max(counts) else 0.0,
-        "overlaps": sum(o for _, _, o in results),
-    }
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--ops", type=int, default=300)
@@ -205,10 +136,10 @@ def main() -> None:
         names = list(CONTENDERS)
         for r in range(max(1, args.rounds)):  # alternate, the order rotating each round
             for name in names[r % len(names) :] + names[: r % len(names)]:
-                rates[name].append(uncontended(name, urls, args.ops))
+                rates[name].append(uncontended(MODULE, name, urls, args.ops))
         for name in CONTENDERS:
             report[name]["uncontended_ops_per_s"] = statistics.median(rates[name])
-            report[name].update(contended(name, urls, args.duration))
+            report[name].update(contended(MODULE, name, urls, args.duration))
     print(
         "| contender | uncontended ops/s | sections/s | p50 wait ms | p99 wait ms "
         "| fairness | overlaps |"
@@ -230,11 +161,7 @@ def main() -> None:
         ("(b) fairness ≥ 0.9", f"{ours['fairness']:.2f}", ours["fairness"] >= 0.9),
         ("(b) no overlapping holds", str(ours["overlaps"]), ours["overlaps"] == 0),
     ]
-    for what, value, ok in checks:
-        print(f"{'PASS' if ok else 'FAIL'}  {what}: {value}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=2)
+    finish(checks, report, args.json)
 
 
 if __name__ == "__main__":

@@ -60,6 +60,34 @@ def run_chaos(cmd: list[str]) -> tuple[int, str, str]:
     return proc.returncode, out, err
 
 
+def soak(url: str, out: Path, extra: list[str], duration: float = DURATION) -> dict[str, Any]:
+    """Run chaos.py on ``url`` (``extra``: its further options); its summary, which must show
+    no violation and no hung process."""
+    code, stdout, stderr = run_chaos(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "chaos.py"),
+            "--url",
+            url,
+            "--duration",
+            str(duration),
+            "--grace",
+            str(GRACE),
+            "--json",
+            str(out),
+            *extra,
+        ]
+    )
+    print(stdout[-6000:])
+    print(stderr[-3000:], file=sys.stderr)
+    assert out.exists(), f"no summary (exit {code}): {stderr[-2000:]}"
+    summary: dict[str, Any] = json.loads(out.read_text())
+    assert summary["violations"] == []
+    assert summary["hung"] == 0
+    assert code == 0
+    return summary
+
+
 @pytest.mark.slow
 @pytest.mark.needs("processes", "blocking")  # chaos.py's workers: no client of the test's
 @pytest.mark.timeout(CHAOS_TIMEOUT + 120)
@@ -74,28 +102,7 @@ def test_soak(provider: Provider, db_url: str, tmp_path: Path) -> None:
             private = stack.enter_context(provider.private_server(root))
             private.kill()  # from here on chaos runs it (and SIGKILLs it, and starts it again)
             url, server = private.url, ["--server-cmd", shlex.join(private.command)]
-        code, stdout, stderr = run_chaos(
-            [
-                sys.executable,
-                str(ROOT / "bench" / "chaos.py"),
-                "--url",
-                url,
-                "--duration",
-                str(DURATION),
-                "--grace",
-                str(GRACE),
-                "--json",
-                str(out),
-                *server,
-            ]
-        )
-    print(stdout[-6000:])
-    print(stderr[-3000:], file=sys.stderr)
-    assert out.exists(), f"no summary (exit {code}): {stderr[-2000:]}"
-    summary: dict[str, Any] = json.loads(out.read_text())
-    assert summary["violations"] == []
-    assert summary["hung"] == 0
-    assert code == 0
+        summary = soak(url, out, server)
     assert summary["holds"] > 0
     assert summary["accepted"] > 0
     assert sum(summary["faults"].values()) > 0
