@@ -176,7 +176,7 @@ def test_once_validates(client: dblock.Client) -> None:
 
 
 # -- scheduled ----------------------------------------------------------------------------
-@pytest.mark.needs("OnceRecords", "processes")
+@pytest.mark.needs("ScheduledRuns", "processes")
 def test_five_hosts_fire_one_runs_and_at_least_holds(
     provider: Provider, db_url: str, table: str, key: str
 ) -> None:
@@ -198,7 +198,7 @@ def test_five_hosts_fire_one_runs_and_at_least_holds(
         assert run_workers(["scheduled", db_url, table, key, "0"]) == ["ran"]
 
 
-@pytest.mark.needs("OnceRecords")
+@pytest.mark.needs("ScheduledRuns")
 def test_scheduled_released_at_once_when_at_least_is_zero(client: dblock.Client, key: str) -> None:
     calls = []
 
@@ -213,7 +213,7 @@ def test_scheduled_released_at_once_when_at_least_is_zero(client: dblock.Client,
     assert calls == [2, 3]
 
 
-@pytest.mark.needs("OnceRecords")
+@pytest.mark.needs("ScheduledRuns")
 def test_scheduled_skips_while_another_runs(client: dblock.Client, key: str) -> None:
     @client.scheduled(key, at_most=30)
     def job() -> str:
@@ -223,7 +223,7 @@ def test_scheduled_skips_while_another_runs(client: dblock.Client, key: str) -> 
         assert job() is None
 
 
-@pytest.mark.needs("OnceRecords")
+@pytest.mark.needs("ScheduledRuns")
 @pytest.mark.parametrize(("at_most", "at_least"), [(10, 11), (0, 0), (10, -1)])
 def test_scheduled_validates(client: dblock.Client, at_most: float, at_least: float) -> None:
     with pytest.raises(ValueError):
