@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 
-from ._url import DatabaseURL, default_url, parse_url, redact, scrub
+from ._url import DatabaseURL, default_url, parse_url, quorum_urls, redact, scrub
 from ._validate import MAX_TTL, check_key, check_seconds, check_table
 from .backends import ddl_for, schema_script
 from .backends.sql.schema import MissingTable
@@ -25,6 +25,7 @@ __all__ = [
     "ddl_for",
     "default_url",
     "parse_url",
+    "quorum_urls",
     "redact",
     "schema_script",
     "scrub",

@@ -34,7 +34,7 @@ from .._engine.quorum import (
     next_token,
     store_lease,
 )
-from .._errors import BackendError, DBLockError
+from .._errors import BackendError, ConfigurationError, DBLockError
 from .._runtime import THREADS, Runtime
 from .._types import LockInfo
 from ._contract import (
@@ -440,22 +440,35 @@ def open_quorum(
     urls: Sequence[str], open_one: Callable[[str], Store], table: str, runtime: Runtime | None
 ) -> QuorumStore:
     """Open a member store for each of ``urls``; one that cannot be reached now is opened
-    later, but a majority must open now. A mistake in a URL raises ConfigurationError."""
+    later, but a majority must open now. A mistake in a URL raises ConfigurationError.
+
+    With ``create_schema=False`` a member without the lock table (a Redis restarted empty)
+    costs its vote like one that is down; MissingTable only if a majority lack it (nothing
+    can be held then)."""
+    from .sql.schema import MissingTable
+
     members: list[Member] = []
+    opened: list[bool | Fault] = []
+    missing: list[MissingTable] = []
     rt = THREADS if runtime is None else runtime
     try:
         for url in urls:
+            outcome: bool | Fault = True
             try:
                 store: Store | None = checked(open_one(url))
             except BackendError as exc:
                 log.warning("quorum store %s cannot be reached now: %s", _redacted(url), exc)
-                store = None
+                store, outcome = None, Fault("cannot connect")
+            except MissingTable as exc:
+                missing.append(exc)
+                store, outcome = None, Fault("no lock table")
             member = Member(_redacted(url), _opener(open_one, url), store, rt)
             if store is None:
                 member.health.failed(time.monotonic())
             members.append(member)
+            opened.append(outcome)
+        _enough_tables(missing, len(urls))
         quorum = QuorumStore(members, table, rt)
-        opened = [True if m.store else Fault("cannot connect") for m in members]
         quorum._answered("connect", None, opened)
     except BaseException:
         for member in members:
@@ -463,6 +476,12 @@ def open_quorum(
                 member.store.close()
         raise
     return quorum
+
+
+def _enough_tables(missing: Sequence[ConfigurationError], n: int) -> None:
+    """Raise the first MissingTable if a majority of the ``n`` stores lack the table."""
+    if len(missing) >= majority(n):
+        raise missing[0]
 
 
 def _opener(open_one: Callable[[str], Store], url: str) -> Callable[[], Store]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 import dblock
-from dblock.tools import check_parameter_names, parse_url, schema_script
+from dblock.tools import check_parameter_names, parse_url, quorum_urls, schema_script
 
 from . import exit_codes
 from .context import (
@@ -163,12 +163,21 @@ Examples:
 def schema_command(ctx: click.Context, dialect: str | None) -> int:
     settings = settings_of(ctx)
     try:
-        url = parse_url(settings.effective_url())
-        # what connect() would refuse: schema connects to nothing, but a wrong URL is wrong
-        check_parameter_names(url)
+        effective = settings.effective_url()
+        urls = [parse_url(one) for one in quorum_urls(effective) or [effective]]
+        for url in urls:
+            # what connect() would refuse: schema connects to nothing, but a wrong URL is wrong
+            check_parameter_names(url)
     except dblock.ConfigurationError as exc:  # DBLOCK_URL's (--url's is parsed on entry)
         raise misconfigured(exc) from exc
-    dialect = dialect or url.dialect
+    dialects = sorted({url.dialect for url in urls})
+    if dialect is None and len(dialects) > 1:  # a quorum of different stores
+        raise misconfigured(
+            dblock.ConfigurationError(
+                f"the quorum's stores are {', '.join(dialects)}: give --dialect for each"
+            )
+        )
+    dialect = dialect or dialects[0]
     try:
         script = schema_script(dialect, settings.table)
     except ImportError as exc:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import sys
 from collections.abc import Callable
@@ -20,6 +21,7 @@ from dblock.tools import (
     check_table,
     default_url,
     parse_url,
+    quorum_urls,
     redact,
     scrub,
 )
@@ -220,13 +222,17 @@ def unavailable(url: str, exc: BaseException) -> CliError:
     """The one-line error for a database that cannot be reached; never shows the password."""
     lines = str(exc).strip().splitlines()
     detail = lines[0] if lines else type(exc).__name__
-    safe = redact(url)
+    try:
+        stores = quorum_urls(url) or [url]  # a quorum's, each
+    except dblock.ConfigurationError:
+        stores = [url]
+    safe = " ".join(redact(one) for one in stores)
     if safe not in detail:
         detail = f"{safe}: {detail}"
-    try:
-        secrets = parse_url(url).secrets
-    except dblock.ConfigurationError:
-        secrets = ()
+    secrets: list[str] = []
+    for one in stores:
+        with contextlib.suppress(dblock.ConfigurationError):
+            secrets += parse_url(one).secrets
     detail = scrub(detail, secrets)
     return CliError(f"database unavailable: {detail}", exit_codes.UNAVAILABLE)
 

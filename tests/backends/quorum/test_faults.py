@@ -121,6 +121,10 @@ def test_a_store_restarted_empty_sends_no_token_backwards_and_lets_no_one_in(
             assert not b.lock("k").acquire(blocking=False)
             info = b.info("k")
             assert info is not None and (info.owner, info.token) == (holder.owner, holder.token)
+            # a reader that creates nothing (the CLI's list and info) sees it too, though one
+            # store has no lock table any more
+            with dblock.connect(urls, table=table, create_schema=False) as reader:
+                assert reader.info("k") == info
             holder.release()
     assert tokens == sorted(set(tokens)), f"tokens went backwards: {tokens}"
 
