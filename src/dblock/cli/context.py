@@ -85,6 +85,13 @@ def _has_password(url: DatabaseURL) -> bool:
     )
 
 
+def _stores(value: str) -> list[str]:
+    """The URLs in one ``--url`` value: several separated by spaces (a quorum), or one (a
+    SQLite path may hold a space)."""
+    parts = value.split()
+    return parts if len(parts) > 1 and all("://" in p for p in parts) else [value]
+
+
 def _store(name: str) -> Callable[[click.Context, click.Parameter, Any], None]:
     def callback(ctx: click.Context, param: click.Parameter, value: Any) -> None:
         if value is None or value is False:
@@ -100,7 +107,7 @@ def _store(name: str) -> Callable[[click.Context, click.Parameter, Any], None]:
                 return
             # --url given several times (or one value of URLs separated by spaces, as in
             # DBLOCK_URL): the stores of a quorum, in order, before and after the command name
-            urls = [one for given in value for one in given.split()] or list(value)
+            urls = [one for given in value for one in _stores(given)]
             for url in urls:
                 try:
                     parsed = parse_url(url)
@@ -109,7 +116,9 @@ def _store(name: str) -> Callable[[click.Context, click.Parameter, Any], None]:
                 if not settings.warned and _has_password(parsed):
                     settings.warned = True
                     click.echo(EXPOSED_URL_WARNING, err=True)
-            value = " ".join(filter(None, [settings.url, *value]))
+            # the same URL given again (before and after the command name) is one store
+            given = [*(_stores(settings.url) if settings.url else []), *urls]
+            value = " ".join(dict.fromkeys(given))
         setattr(settings, name, value)
         if name == "debug":
             enable_debug()
