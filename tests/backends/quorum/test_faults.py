@@ -216,3 +216,28 @@ def test_dblock_url_may_name_a_quorum(tmp_path: Path, monkeypatch: pytest.Monkey
             with dblock.connect(url, table=table) as member:
                 info = member.info("k")
                 assert info is not None and info.token == lock.token
+
+
+def test_the_async_client_goes_on_with_one_store_killed_and_fails_with_two(
+    redis_trio: list[Any],
+) -> None:
+    import asyncio
+
+    urls = [s.url for s in redis_trio]
+    table = fresh_table()
+
+    async def main() -> list[int]:
+        tokens = []
+        async with await dblock.connect_async(urls, table=table) as client:
+            redis_trio[0].kill()
+            for _ in range(5):
+                async with client.lock("k", ttl=5, timeout=10) as lock:
+                    assert lock.token is not None
+                    tokens.append(lock.token)
+            redis_trio[1].kill()
+            with pytest.raises(dblock.BackendError):
+                await client.lock("k").acquire(timeout=5)
+        return tokens
+
+    tokens = asyncio.run(main())
+    assert tokens == sorted(set(tokens)) and len(tokens) == 5
