@@ -102,6 +102,12 @@ class Fault:
         return f"Fault({self.reason!r})"
 
 
+#: a member that did not answer in time (it is backed off from), and one whose answer was not
+#: awaited because the others' already decided
+TIMED_OUT = Fault("no answer in time")
+NOT_AWAITED = Fault("not awaited")
+
+
 @dataclass
 class Health:
     """What the client knows of one store's faults: when to ask it again, and whether its
