@@ -241,3 +241,25 @@ def test_the_async_client_goes_on_with_one_store_killed_and_fails_with_two(
 
     tokens = asyncio.run(main())
     assert tokens == sorted(set(tokens)) and len(tokens) == 5
+
+
+@pytest.mark.timeout(90)  # a slow store must cost a vote, not a hang
+def test_a_frozen_store_costs_its_vote_and_is_backed_off_from(redis_trio: list[Any]) -> None:
+    import os
+
+    urls = [s.url for s in redis_trio]
+    table = fresh_table()
+    tokens: list[int] = []
+    with dblock.connect(urls, table=table) as client:
+        with client.lock("k") as lock:  # connected to every store before the freeze
+            assert lock.token is not None
+        group = os.getpgid(redis_trio[2]._proc.pid)
+        os.killpg(group, signal.SIGSTOP)  # it keeps its sockets open and answers nothing
+        try:
+            for _ in range(4):
+                with client.lock("k", ttl=10, timeout=30) as lock:
+                    assert lock.token is not None
+                    tokens.append(lock.token)
+        finally:
+            os.killpg(group, signal.SIGCONT)
+    assert tokens == sorted(set(tokens)) and len(tokens) == 4
