@@ -49,7 +49,11 @@ _MYSQL_PARAMS = {
     "init_command",
 }
 #: SQLAlchemy's own PostgreSQL URL parameters, which are no libpq parameters
-_SQLA_PG_PARAMS = {"async_fallback", "prepared_statement_cache_size", "prepared_statement_name_func"}
+_SQLA_PG_PARAMS = {
+    "async_fallback",
+    "prepared_statement_cache_size",
+    "prepared_statement_name_func",
+}
 
 
 def engine_store(
