@@ -33,7 +33,7 @@ def metadata(
 
     ``dialect``: "postgresql", "sqlite", "mysql" (MySQL 8) or "mariadb". SQLite and MySQL keep
     the highest purged token in a one-row ``<table>_meta`` table: ``metadata.create_all()``
-    inserts that row; a migration inserts it itself (:func:`seed`).
+    inserts that row; a migration runs :func:`seed` for it (and for PostgreSQL's sequence).
     """
     if dialect not in DIALECTS:
         raise ConfigurationError(f"unknown dialect {dialect!r}: use {', '.join(DIALECTS)}")
@@ -49,13 +49,16 @@ def metadata(
 
 
 def seed(dialect: str, table: str = "dblock_locks") -> list[str]:
-    """The statements that fill the tables :func:`metadata` made (for a migration's
-    ``op.execute``): SQLite's and MySQL's one ``_meta`` row; nothing on PostgreSQL."""
+    """What a migration runs (``op.execute``) after creating :func:`metadata`'s tables, which
+    Alembic's autogenerate cannot express: PostgreSQL's token sequence (it leaves sequences
+    out), SQLite's and MySQL's one ``_meta`` row. Idempotent."""
     if dialect not in DIALECTS:
         raise ConfigurationError(f"unknown dialect {dialect!r}: use {', '.join(DIALECTS)}")
     schema, name = check_table(table)
     if dialect == "postgresql":
-        return []
+        from ..backends.sql.postgresql import PostgresStatements
+
+        return [PostgresStatements(schema, name).create_token_sequence]
     if dialect == "sqlite":
         from ..backends.sql.sqlite import SqliteStatements
 
