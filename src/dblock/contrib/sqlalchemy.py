@@ -10,6 +10,8 @@ dialect, column for column, as ``Table`` objects.
 
 from __future__ import annotations
 
+from typing import Any
+
 from sqlalchemy import DDL, Column, MetaData, PrimaryKeyConstraint, Sequence, Table, event, text
 from sqlalchemy.dialects import mysql, postgresql, sqlite
 
@@ -70,7 +72,8 @@ def seed(dialect: str, table: str = "dblock_locks") -> list[str]:
 
 def _seeded(table: Table, statements: list[str]) -> None:
     for statement in statements:
-        event.listen(table, "after_create", DDL(statement.replace("%", "%%")))
+        ddl = DDL(statement.replace("%", "%%"))  # type: ignore[no-untyped-call]
+        event.listen(table, "after_create", ddl)
 
 
 def _postgresql(md: MetaData, schema: str | None, name: str) -> None:
@@ -156,7 +159,11 @@ def _sqlite(md: MetaData, schema: str | None, name: str) -> None:
 
 def _mysql(md: MetaData, schema: str | None, name: str, nopad: str) -> None:
     my = mysql
-    options = {"mysql_engine": "InnoDB", "mysql_charset": "utf8mb4", "mysql_collate": "utf8mb4_bin"}
+    options: dict[str, Any] = {
+        "mysql_engine": "InnoDB",
+        "mysql_charset": "utf8mb4",
+        "mysql_collate": "utf8mb4_bin",
+    }
 
     def key() -> Column[str]:
         return Column(
