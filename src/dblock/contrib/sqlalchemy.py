@@ -10,10 +10,12 @@ dialect, column for column, as ``Table`` objects.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import DDL, Column, MetaData, PrimaryKeyConstraint, Sequence, Table, event, text
 from sqlalchemy.dialects import mysql, postgresql, sqlite
+from sqlalchemy.types import TypeEngine
 
 from .._errors import ConfigurationError
 from .._validate import check_table
@@ -76,139 +78,140 @@ def _seeded(table: Table, statements: list[str]) -> None:
         event.listen(table, "after_create", ddl)
 
 
-def _postgresql(md: MetaData, schema: str | None, name: str) -> None:
-    pg = postgresql
+@dataclass(frozen=True)
+class _Types:
+    """A dialect's column types for dblock's tables (as its DDL in backends/sql/ spells them)."""
 
-    def key() -> Column[str]:
-        return Column("lock_key", pg.TEXT(collation="C"), nullable=False)
+    key: TypeEngine[Any]
+    short: TypeEngine[Any]  # kind, state
+    owner: TypeEngine[Any]  # owner, holder
+    text: TypeEngine[Any]
+    big: TypeEngine[Any]
+    small: TypeEngine[Any]
+    time: TypeEngine[Any]
 
+
+def _tables(
+    md: MetaData,
+    schema: str | None,
+    name: str,
+    t: _Types,
+    *,
+    main_extra: list[Column[Any]],
+    holders_extra: list[Column[Any]],
+    options: dict[str, Any],
+) -> None:
+    """The lock table and its holders table, with the columns every dialect has, in order."""
     Table(
         name,
         md,
-        key(),
-        Column("kind", pg.VARCHAR(16), nullable=False, server_default=text("'lock'")),
-        Column("owner", pg.VARCHAR(255)),
-        Column("token", pg.BIGINT, nullable=False),
-        Column("acquired_at", pg.TIMESTAMP(timezone=True), nullable=False),
-        Column("expires_at", pg.TIMESTAMP(timezone=True), nullable=False),
-        Column("state", pg.VARCHAR(16)),
-        Column("note", pg.TEXT),
-        Column("joins", pg.BIGINT, nullable=False, server_default=text("0")),
+        Column("lock_key", t.key, nullable=False),
+        Column("kind", t.short, nullable=False, server_default=text("'lock'")),
+        Column("owner", t.owner),
+        Column("token", t.big, nullable=False),
+        Column("acquired_at", t.time, nullable=False),
+        Column("expires_at", t.time, nullable=False),
+        Column("state", t.short),
+        Column("note", t.text),
+        *main_extra,
         PrimaryKeyConstraint("lock_key"),
         schema=schema,
+        **options,
     )
-    Sequence(aux_name(name, "_token_seq"), schema=schema, metadata=md)
     Table(
         aux_name(name, "_holders"),
         md,
-        key(),
-        Column("holder", pg.VARCHAR(255), nullable=False),
-        Column("kind", pg.VARCHAR(16), nullable=False),
-        Column("waiting", pg.SMALLINT, nullable=False, server_default=text("0")),
-        Column("token", pg.BIGINT, nullable=False),
-        Column("acquired_at", pg.TIMESTAMP(timezone=True), nullable=False),
-        Column("expires_at", pg.TIMESTAMP(timezone=True), nullable=False),
-        Column("lease", pg.DOUBLE_PRECISION),
-        Column("channel", pg.VARCHAR(63)),
+        Column("lock_key", t.key, nullable=False),
+        Column("holder", t.owner, nullable=False),
+        Column("kind", t.short, nullable=False),
+        Column("waiting", t.small, nullable=False, server_default=text("0")),
+        Column("token", t.big, nullable=False),
+        Column("acquired_at", t.time, nullable=False),
+        Column("expires_at", t.time, nullable=False),
+        *holders_extra,
         PrimaryKeyConstraint("lock_key", "holder"),
         schema=schema,
+        **options,
     )
+
+
+def _meta(md: MetaData, schema: str | None, name: str, dialect: str, **options: Any) -> None:
+    """SQLite's and MySQL's one-row table of the highest purged token, and its row."""
+    tiny = mysql.TINYINT() if dialect == "mysql" else sqlite.INTEGER()
+    big = mysql.BIGINT() if dialect == "mysql" else sqlite.INTEGER()
+    meta = Table(
+        aux_name(name, "_meta"),
+        md,
+        Column("id", tiny, nullable=False, autoincrement=False),
+        Column("hwm", big, nullable=False),
+        PrimaryKeyConstraint("id"),
+        schema=schema,
+        **options,
+    )
+    _seeded(meta, seed(dialect, f"{schema}.{name}" if schema else name))
+
+
+def _postgresql(md: MetaData, schema: str | None, name: str) -> None:
+    pg = postgresql
+    types = _Types(
+        key=pg.TEXT(collation="C"),
+        short=pg.VARCHAR(16),
+        owner=pg.VARCHAR(255),
+        text=pg.TEXT(),
+        big=pg.BIGINT(),
+        small=pg.SMALLINT(),
+        time=pg.TIMESTAMP(timezone=True),
+    )
+    _tables(
+        md,
+        schema,
+        name,
+        types,
+        main_extra=[Column("joins", pg.BIGINT(), nullable=False, server_default=text("0"))],
+        holders_extra=[
+            Column("lease", pg.DOUBLE_PRECISION()),
+            Column("channel", pg.VARCHAR(63)),
+        ],
+        options={},
+    )
+    Sequence(aux_name(name, "_token_seq"), schema=schema, metadata=md)
 
 
 def _sqlite(md: MetaData, schema: str | None, name: str) -> None:
     lite = sqlite
-    Table(
-        name,
-        md,
-        Column("lock_key", lite.TEXT, nullable=False),
-        Column("kind", lite.TEXT, nullable=False, server_default=text("'lock'")),
-        Column("owner", lite.TEXT),
-        Column("token", lite.INTEGER, nullable=False),
-        Column("acquired_at", lite.REAL, nullable=False),
-        Column("expires_at", lite.REAL, nullable=False),
-        Column("state", lite.TEXT),
-        Column("note", lite.TEXT),
-        PrimaryKeyConstraint("lock_key"),
-        schema=schema,
-        sqlite_with_rowid=False,
+    types = _Types(
+        key=lite.TEXT(),
+        short=lite.TEXT(),
+        owner=lite.TEXT(),
+        text=lite.TEXT(),
+        big=lite.INTEGER(),
+        small=lite.INTEGER(),
+        time=lite.REAL(),
     )
-    meta = Table(
-        aux_name(name, "_meta"),
-        md,
-        Column("id", lite.INTEGER, nullable=False, autoincrement=False),
-        Column("hwm", lite.INTEGER, nullable=False),
-        PrimaryKeyConstraint("id"),
-        schema=schema,
-    )
-    _seeded(meta, seed("sqlite", f"{schema}.{name}" if schema else name))
-    Table(
-        aux_name(name, "_holders"),
-        md,
-        Column("lock_key", lite.TEXT, nullable=False),
-        Column("holder", lite.TEXT, nullable=False),
-        Column("kind", lite.TEXT, nullable=False),
-        Column("waiting", lite.INTEGER, nullable=False, server_default=text("0")),
-        Column("token", lite.INTEGER, nullable=False),
-        Column("acquired_at", lite.REAL, nullable=False),
-        Column("expires_at", lite.REAL, nullable=False),
-        PrimaryKeyConstraint("lock_key", "holder"),
-        schema=schema,
-        sqlite_with_rowid=False,
-    )
+    options = {"sqlite_with_rowid": False}
+    _tables(md, schema, name, types, main_extra=[], holders_extra=[], options=options)
+    _meta(md, schema, name, "sqlite")
 
 
 def _mysql(md: MetaData, schema: str | None, name: str, nopad: str) -> None:
     my = mysql
-    options: dict[str, Any] = {
-        "mysql_engine": "InnoDB",
-        "mysql_charset": "utf8mb4",
-        "mysql_collate": "utf8mb4_bin",
-    }
-
-    def key() -> Column[str]:
-        return Column(
-            "lock_key", my.VARCHAR(255, charset="utf8mb4", collation=nopad), nullable=False
-        )
-
-    Table(
+    types = _Types(
+        key=my.VARCHAR(255, charset="utf8mb4", collation=nopad),
+        short=my.VARCHAR(16),
+        owner=my.VARCHAR(255),
+        text=my.TEXT(),
+        big=my.BIGINT(),
+        small=my.SMALLINT(),
+        time=my.DATETIME(fsp=6),
+    )
+    options = {"mysql_engine": "InnoDB", "mysql_charset": "utf8mb4", "mysql_collate": "utf8mb4_bin"}
+    _tables(
+        md,
+        schema,
         name,
-        md,
-        key(),
-        Column("kind", my.VARCHAR(16), nullable=False, server_default=text("'lock'")),
-        Column("owner", my.VARCHAR(255)),
-        Column("token", my.BIGINT, nullable=False),
-        Column("acquired_at", my.DATETIME(fsp=6), nullable=False),
-        Column("expires_at", my.DATETIME(fsp=6), nullable=False),
-        Column("state", my.VARCHAR(16)),
-        Column("note", my.TEXT),
-        Column("queued_until", my.DATETIME(fsp=6)),
-        PrimaryKeyConstraint("lock_key"),
-        schema=schema,
-        **options,
+        types,
+        main_extra=[Column("queued_until", my.DATETIME(fsp=6))],
+        holders_extra=[Column("lease", my.DOUBLE()), Column("bell", my.BIGINT())],
+        options=options,
     )
-    meta = Table(
-        aux_name(name, "_meta"),
-        md,
-        Column("id", my.TINYINT, nullable=False, autoincrement=False),
-        Column("hwm", my.BIGINT, nullable=False),
-        PrimaryKeyConstraint("id"),
-        schema=schema,
-        mysql_engine="InnoDB",
-    )
-    _seeded(meta, seed("mysql", f"{schema}.{name}" if schema else name))
-    Table(
-        aux_name(name, "_holders"),
-        md,
-        key(),
-        Column("holder", my.VARCHAR(255), nullable=False),
-        Column("kind", my.VARCHAR(16), nullable=False),
-        Column("waiting", my.SMALLINT, nullable=False, server_default=text("0")),
-        Column("token", my.BIGINT, nullable=False),
-        Column("acquired_at", my.DATETIME(fsp=6), nullable=False),
-        Column("expires_at", my.DATETIME(fsp=6), nullable=False),
-        Column("lease", my.DOUBLE),
-        Column("bell", my.BIGINT),
-        PrimaryKeyConstraint("lock_key", "holder"),
-        schema=schema,
-        **options,
-    )
+    _meta(md, schema, name, "mysql", mysql_engine="InnoDB")

@@ -9,7 +9,6 @@ import os
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,18 +23,6 @@ sa = pytest.importorskip("sqlalchemy")
 
 #: dialects whose engine lends its pooled connections to dblock (the others: see docs)
 LENDING = {"sqlite", "postgresql"}
-
-
-@pytest.fixture(params=["sqlite", "postgresql", "mysql"])
-def where(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, str, str]]:
-    """(dialect, the tmp dir of a SQLite file, a fresh table name); the table dropped after."""
-    dialect = str(request.param)
-    url = dblock_url(dialect, str(tmp_path))
-    if dialect != "sqlite":
-        require_server(dialect, url)
-    table = "t_" + uuid.uuid4().hex[:16]
-    yield dialect, str(tmp_path), table
-    drop_tables(url, table)
 
 
 def _resource(conn: Any, dialect: str, name: str) -> None:
