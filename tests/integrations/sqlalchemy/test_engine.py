@@ -264,3 +264,21 @@ def test_wrong_engines_are_refused_clearly(tmp_path: Path) -> None:
         asyncio.run(dblock.connect_async(sync_engine))
     with pytest.raises(dblock.ConfigurationError, match="URL or a SQLAlchemy Engine"):
         dblock.connect(sa.MetaData())  # type: ignore[arg-type]
+
+
+def test_a_missing_driver_of_dblocks_is_named() -> None:
+    """An engine on psycopg2 where dblock's own driver (psycopg 3) is not installed: the
+    message names the extra to install, and no password."""
+    pytest.importorskip("psycopg2")
+    code = (
+        "import sys; sys.modules['psycopg'] = None\n"  # as if it were not installed
+        "import sqlalchemy as sa, dblock\n"
+        "engine = sa.create_engine('postgresql+psycopg2://app:s3cret@127.0.0.1:1/db')\n"
+        "try:\n"
+        "    dblock.connect(engine)\n"
+        "except dblock.ConfigurationError as exc:\n"
+        "    print(exc)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert "pip install 'dblock[postgresql]'" in out.stdout
+    assert "s3cret" not in out.stdout + out.stderr
