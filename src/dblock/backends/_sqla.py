@@ -121,14 +121,17 @@ def dblock_url(url: URL, dialect: str) -> DatabaseURL:
     query = {k: v if isinstance(v, str) else v[-1] for k, v in url.query.items() if v}
     if dialect == "sqlite":
         path = url.database or ""
-        if path in ("", ":memory:") or path.startswith("file:"):
+        if path in ("", ":memory:"):
             raise ConfigurationError(
                 "an in-memory SQLite engine cannot hold dblock's locks (no other process, nor "
                 "dblock's own connections, would see them): use a file"
             )
-        timeout = {"timeout": query["timeout"]} if "timeout" in query else {}
-        rendered = "sqlite:///" + path + ("?timeout=" + timeout["timeout"] if timeout else "")
-        return parse_url(rendered)
+        if path.startswith("file:"):
+            raise ConfigurationError(
+                "dblock takes a SQLite engine on a file path, not a URI filename ('file:...')"
+            )
+        timeout = f"?timeout={query['timeout']}" if "timeout" in query else ""
+        return parse_url(f"sqlite:///{path}{timeout}")
     if dialect == "mysql":
         query = {k: v for k, v in query.items() if k in _MYSQL_PARAMS}
     else:
