@@ -175,6 +175,10 @@ class MysqlBackend(HoldersMixin[Any], FairQueue, SharedHolds, OnceRecords, Wakeu
     """Lock table in MySQL 8 or MariaDB 10.5+."""
 
     name = dialect = "mysql"
+
+    @staticmethod
+    def _row_info(row: Any) -> LockInfo:
+        return _info(row)
     sql: MysqlStatements
 
     #: the async client's connection class (None: PyMySQL's blocking connections)

@@ -77,6 +77,10 @@ class PostgresBackend(
     """Lock table in PostgreSQL."""
 
     name = dialect = "postgresql"
+
+    @staticmethod
+    def _row_info(row: Any) -> LockInfo:
+        return _info(row)
     sql: PostgresStatements
 
     def __init__(self, url: DatabaseURL, schema: str | None, table: str) -> None:

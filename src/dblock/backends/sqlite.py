@@ -111,6 +111,10 @@ class SqliteBackend(
     """Lock table in a SQLite file."""
 
     name = dialect = "sqlite"
+
+    @staticmethod
+    def _row_info(row: Any) -> LockInfo:
+        return _info(row)
     blocking_driver = True  # the async client runs each operation on a worker thread
     probe_before_try = True  # local reads cost microseconds; writers queue for one file lock
     poll_cap = 0.1  # a local file: polling is cheap, and hand-off latency is bounded by this
