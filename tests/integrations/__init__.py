@@ -1,0 +1,1 @@
+"""Tests of dblock.contrib: each integration with its real framework."""
