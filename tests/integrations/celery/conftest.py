@@ -38,8 +38,11 @@ class Workers:
 
 @pytest.fixture(scope="module")
 def broker() -> Iterator[None]:
-    """The Redis broker, reachable; afterwards this test process's keys there are deleted."""
-    require_server("redis", tasks.BROKER)
+    """The broker and Redis, reachable; afterwards this test process's keys are deleted."""
+    require_server("redis", tasks.RESULTS)
+    if tasks.BROKER.startswith("amqp"):
+        with tasks.app.connection_for_write() as connection:
+            connection.ensure_connection(max_retries=1)
     yield
     for name in tasks.records.scan_iter(match=tasks.PREFIX + "*", count=1000):
         tasks.records.delete(name)
@@ -55,7 +58,7 @@ def workers(
     if store != "sqlite":
         require_server(store, url)
     table = "t_celery_" + uuid.uuid4().hex[:12]
-    queues = (f"{store}-a", f"{store}-b")
+    queues = (f"{tasks.PREFIX}{store}-a", f"{tasks.PREFIX}{store}-b")
     env = {
         **os.environ,
         "DBLOCK_CELERY_PREFIX": tasks.PREFIX,
@@ -71,8 +74,8 @@ def workers(
             _wait_ready(process, log)
         yield Workers(url, table, queues, logs)
     finally:
-        for process in started:
-            _stop(process)
+        _stop(started)
+        _delete_queues(queues)
         if store == "postgresql":
             drop_tables(POSTGRESQL_URL, table)
 
@@ -98,12 +101,22 @@ def _wait_ready(process: subprocess.Popen[bytes], log: Path) -> None:
     pytest.fail(f"the Celery worker did not start; its log:\n{log.read_text(errors='replace')}")
 
 
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    """Warm shutdown (the running task finishes), then a kill if it takes too long."""
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
+def _stop(processes: list[subprocess.Popen[bytes]]) -> None:
+    """Warm shutdown (a running task finishes), then a kill if it takes too long."""
+    for process in processes:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+    for process in processes:
         try:
             process.wait(timeout=tasks.GATE_SECONDS + 5)
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+def _delete_queues(queues: tuple[str, str]) -> None:
+    """RabbitMQ keeps a queue after its consumers leave (on Redis its keys go with the rest)."""
+    if tasks.BROKER.startswith("amqp"):
+        with tasks.app.connection_for_write() as connection:
+            for queue in queues:
+                connection.default_channel.queue_delete(queue)

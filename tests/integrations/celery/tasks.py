@@ -1,9 +1,9 @@
 """The Celery app the test workers run, and the tests send to.
 
-Every Redis key the app writes (broker queues, results, the tasks' own records) starts with
-``PREFIX``, random per test process unless DBLOCK_CELERY_PREFIX is set (the workers get the
-test process's). The worker learns its dblock URL and table from DBLOCK_CELERY_URL and
-DBLOCK_CELERY_TABLE.
+Every Redis key the app writes (broker queues, results, the tasks' own records) and every
+queue's name starts with ``PREFIX``, random per test process unless DBLOCK_CELERY_PREFIX is
+set (the workers get the test process's). The worker learns its dblock URL and table from
+DBLOCK_CELERY_URL and DBLOCK_CELERY_TABLE.
 
 Each task records ``start`` (with its fencing token and process id) on the run's events list,
 waits for one entry on the run's gate list, records ``end`` and returns its token: the test
@@ -22,11 +22,14 @@ from celery import Celery
 
 from dblock.contrib.celery import LockedTask
 
+#: the broker: Redis by default, or RabbitMQ (amqp://guest:guest@127.0.0.1:5672//) if given
 BROKER = os.environ.get("DBLOCK_TEST_CELERY_BROKER", "redis://127.0.0.1:6379/9")
+#: results and the tasks' records: always Redis
+RESULTS = os.environ.get("DBLOCK_TEST_CELERY_RESULTS", "redis://127.0.0.1:6379/9")
 PREFIX = os.environ.get("DBLOCK_CELERY_PREFIX") or f"dblock_celery_{uuid.uuid4().hex[:12]}:"
 GATE_SECONDS = 30  # a body left waiting ends by itself, so a worker always stops
 
-app = Celery("dblock_celery_test", broker=BROKER, backend=BROKER)
+app = Celery("dblock_celery_test", broker=BROKER, backend=RESULTS)
 app.conf.update(
     broker_transport_options={"global_keyprefix": PREFIX},
     result_backend_transport_options={"global_keyprefix": PREFIX},
@@ -38,7 +41,7 @@ app.conf.update(
     dblock_url=os.environ.get("DBLOCK_CELERY_URL"),
     dblock_table=os.environ.get("DBLOCK_CELERY_TABLE"),
 )
-records = redis.Redis.from_url(BROKER, decode_responses=True)
+records = redis.Redis.from_url(RESULTS, decode_responses=True)
 
 
 def events_key(run: str) -> str:
