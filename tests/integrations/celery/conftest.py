@@ -1,5 +1,7 @@
-"""Real Celery workers for the tests: two per store (SQLite, PostgreSQL), each a separate
-process (``--pool=solo``) consuming its own queue, so a test decides which worker runs a call.
+"""Real Celery workers for the tests: two per store (SQLite, PostgreSQL), each consuming its
+own queue, so a test decides which worker runs a call. The first runs tasks in its own process
+(``--pool=solo``), the second in two forked children (``--pool=prefork``, Celery's default:
+each child opens its dblock client after the fork).
 They are stopped, and the broker's keys of this test process deleted, when the module ends."""
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from tests._servers import POSTGRESQL_URL, drop_tables, require_server, server_u
 from . import tasks
 
 ROOT = Path(__file__).resolve().parents[3]
+POOLS = (("--pool=solo",), ("--pool=prefork", "--concurrency=2"))
 READY_SECONDS = 60  # a worker's start on a busy machine (imports, broker connection)
 
 
@@ -68,8 +71,8 @@ def workers(
     started: list[subprocess.Popen[bytes]] = []
     logs = (tmp / f"{queues[0]}.log", tmp / f"{queues[1]}.log")
     try:
-        for queue, log in zip(queues, logs, strict=True):
-            started.append(_start_worker(queue, log, env))
+        for queue, log, pool in zip(queues, logs, POOLS, strict=True):
+            started.append(_start_worker(queue, log, env, pool))
         for process, log in zip(started, logs, strict=True):
             _wait_ready(process, log)
         yield Workers(url, table, queues, logs)
@@ -80,10 +83,12 @@ def workers(
             drop_tables(POSTGRESQL_URL, table)
 
 
-def _start_worker(queue: str, log: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
+def _start_worker(
+    queue: str, log: Path, env: dict[str, str], pool: tuple[str, ...]
+) -> subprocess.Popen[bytes]:
     command = [
         sys.executable, "-m", "celery", "-A", "tests.integrations.celery.tasks", "worker",
-        "-Q", queue, "-n", f"{queue}@%h", "--pool=solo", "--concurrency=1",
+        "-Q", queue, "-n", f"{queue}@%h", *pool,
         "--without-gossip", "--without-mingle", "--without-heartbeat", "--loglevel=INFO",
     ]  # fmt: skip
     with log.open("wb") as out:

@@ -94,3 +94,15 @@ def hold_or_give_up(run: str, item: str, dblock_token: int | None = None) -> int
 def pay_once(self: Any, run: str, item: str, dblock_token: int | None = None) -> int | None:
     assert self.request.id  # a bound task gets its request as usual
     return _hold(run, item, dblock_token)
+
+
+@app.task(
+    base=LockedTask,
+    dblock_once=True,
+    dblock_busy="retry",
+    dblock_countdown=0.2,
+    max_retries=None,
+    dblock_key="refund:{run}:{item}",
+)
+def refund_once(run: str, item: str, dblock_token: int | None = None) -> int | None:
+    return _hold(run, item, dblock_token)

@@ -164,3 +164,19 @@ def test_a_once_task_runs_again_after_a_failure(workers: Workers) -> None:
     tokens = [e[2] for e in _events(run) if e[0] == "start"]
     assert tokens == [tokens[0], token]
     assert token > tokens[0]
+
+
+def test_a_once_duplicate_that_retries_finds_the_run_done(workers: Workers) -> None:
+    run = _run()
+    first = _send(tasks.refund_once, workers, 0, run, "order-9")
+    _started(run)
+    duplicate = _send(tasks.refund_once, workers, 1, run, "order-9")
+    _wait_for("the duplicate to retry", lambda: duplicate.state == "RETRY")
+    _open_gate(run)
+    assert isinstance(first.get(timeout=RESULT_SECONDS), int)
+    assert duplicate.get(timeout=RESULT_SECONDS) == {
+        "dblock": "skipped",
+        "key": f"refund:{run}:order-9",
+        "reason": "done",
+    }
+    assert _starts(run) == 1
