@@ -83,29 +83,28 @@ def test_a_call_that_finds_the_key_held_skips(workers: Workers) -> None:
     assert [e[1] for e in _events(run) if e[0] == "start"] == ["sku-42", "sku-43", "sku-42"]
 
 
-def test_a_call_that_finds_the_key_held_retries_until_it_is_free(workers: Workers) -> None:
-    run = _run()
-    first = _send(tasks.hold_or_retry, workers, 0, run, "sku-42")
-    _started(run)
-    second = _send(tasks.hold_or_retry, workers, 1, run, "sku-42")
-    _wait_for("the second call to retry", lambda: second.state == "RETRY")
-    assert _starts(run) == 1
-    _open_gate(run, 2)
-    assert second.get(timeout=RESULT_SECONDS) > first.get(timeout=RESULT_SECONDS)
-    assert len(_in_turn(run)) == 2
+def _retrying(workers: Workers, run: str, second: AsyncResult) -> bool:
+    return bool(second.state == "RETRY")
 
 
-def test_a_call_that_finds_the_key_held_waits_for_it(workers: Workers) -> None:
+def _waiting(workers: Workers, run: str, second: AsyncResult) -> bool:
+    lines = workers.logs[1].read_text().splitlines()
+    return any(run in line and "waiting for it" in line for line in lines)
+
+
+@pytest.mark.parametrize(
+    ("task", "holding_back"),
+    [(tasks.hold_or_retry, _retrying), (tasks.hold_or_wait, _waiting)],
+    ids=["retry", "wait"],
+)
+def test_a_call_that_finds_the_key_held_runs_after_it_is_free(
+    workers: Workers, task: Any, holding_back: Any
+) -> None:
     run = _run()
-    first = _send(tasks.hold_or_wait, workers, 0, run, "sku-42")
+    first = _send(task, workers, 0, run, "sku-42")
     _started(run)
-    second = _send(tasks.hold_or_wait, workers, 1, run, "sku-42")
-    _wait_for(
-        "the second worker to wait for the key",
-        lambda: (
-            run in workers.logs[1].read_text() and "waiting for it" in workers.logs[1].read_text()
-        ),
-    )
+    second = _send(task, workers, 1, run, "sku-42")
+    _wait_for("the second call to retry or wait", lambda: holding_back(workers, run, second))
     assert _starts(run) == 1
     _open_gate(run, 2)
     assert second.get(timeout=RESULT_SECONDS) > first.get(timeout=RESULT_SECONDS)
