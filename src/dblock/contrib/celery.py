@@ -75,7 +75,6 @@ class LockedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
     """Base class for tasks that run under a dblock lock; options as task options
     (``@app.task(base=LockedTask, dblock_busy="wait", dblock_timeout=30)``)."""
 
-    abstract = True
     #: None (the call's arguments), a template such as "order:{order_id}", or a function
     #: taking the task's arguments and returning the key
     dblock_key: str | Callable[..., str] | None = None
@@ -88,17 +87,22 @@ class LockedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
     dblock_once: bool = False
     dblock_client: dblock.Client | None = None
 
+    #: (task name, call arguments) -> key, made from the options when the task is defined
+    _dblock_keys: Callable[..., str]
+
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        if "run" in cls.__dict__:  # a task's class, made by @app.task: check its options now
-            cls._dblock_key_of = staticmethod(_check_options(cls))
+        if "run" in cls.__dict__:  # a task's class (@app.task makes one): check its options
+            cls._dblock_keys = staticmethod(_check_options(cls))
 
-    _dblock_key_of: Callable[..., str]
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    def dblock_key_for(self, *args: Any, **kwargs: Any) -> str:
+        """The lock key of a call with these arguments (e.g. for ``client.state(...)``)."""
         if TOKEN_PARAMETER in kwargs:
             raise TypeError(f"{self.name}: {TOKEN_PARAMETER} is given by dblock, not the caller")
-        key = self._dblock_key_of(*args, **kwargs)
+        return self._dblock_keys(self.name, *args, **kwargs)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        key = self.dblock_key_for(*args, **kwargs)
         client = self.dblock_client or _app_client(self.app)
         if self.dblock_once:
             return self._run_once(client, key, args, kwargs)
@@ -150,7 +154,8 @@ class LockedTask(Task):  # type: ignore[misc]  # celery ships no type informatio
 
 
 def _check_options(cls: type[LockedTask]) -> Callable[..., str]:
-    """The task's options, checked when the task is defined; gives its arguments -> key."""
+    """The task's options, checked when the task is defined; gives (its name, a call's
+    arguments) -> the call's key."""
     name = cls.__dict__.get("name") or cls.__name__
     if cls.dblock_busy not in _BUSY:
         raise dblock.ConfigurationError(
@@ -168,12 +173,12 @@ def _check_options(cls: type[LockedTask]) -> Callable[..., str]:
     signature = _arguments_signature(cls.__dict__["run"])
     key = cls.dblock_key
     if key is None:
-        return functools.partial(_default_key, name, signature)
+        return functools.partial(_default_key, signature)
     if isinstance(key, str):
-        shape = _with_signature(name, signature)
-        return key_template(key, cls.dblock_ttl)(shape)
+        key_of = key_template(key, cls.dblock_ttl)(_with_signature(name, signature))
+        return lambda _name, *args, **kwargs: key_of(*args, **kwargs)
     if callable(key):
-        return lambda *args, **kwargs: check_key(key(*args, **kwargs))
+        return lambda _name, *args, **kwargs: check_key(key(*args, **kwargs))
     raise TypeError(
         f"task {name}: dblock_key must be None, a template str or a function, not "
         f"{type(key).__name__}"
@@ -201,7 +206,7 @@ def _with_signature(name: str, signature: inspect.Signature) -> Callable[..., An
     return stand_in
 
 
-def _default_key(name: str, signature: inspect.Signature, *args: Any, **kwargs: Any) -> str:
+def _default_key(signature: inspect.Signature, name: str, *args: Any, **kwargs: Any) -> str:
     """``celery:<name>:<arguments as JSON>``: positional or keyword, the same call gives the
     same key. Longer than a key may be: the arguments (then the name) as a SHA-256 digest."""
     bound = signature.bind(*args, **kwargs)

@@ -32,7 +32,7 @@ def app() -> Celery:
 
 
 def _define(app: Celery, fn: Any, **options: Any) -> Any:
-    task = app.task(base=LockedTask, **options)(fn)
+    task = app.task(base=LockedTask, shared=False, **options)(fn)  # this app only
     assert task.name  # a lazily made task is made (and its options checked) here
     return task
 
@@ -49,30 +49,30 @@ def test_the_same_call_gives_the_same_key_however_its_arguments_are_passed(app: 
     def settle(order_id: int, amount: float = 1.0, dblock_token: int | None = None) -> None: ...
 
     task = _define(app, settle)
-    key = task._dblock_key_of(42)
-    assert key == task._dblock_key_of(order_id=42) == task._dblock_key_of(42, 1.0)
+    key = task.dblock_key_for(42)
+    assert key == task.dblock_key_for(order_id=42) == task.dblock_key_for(42, 1.0)
     assert key == f'celery:{task.name}:{{"amount": 1.0, "order_id": 42}}'
-    assert task._dblock_key_of(43) != key
-    assert task._dblock_key_of(42, 2.0) != key
-    long = task._dblock_key_of("x" * 1000)
+    assert task.dblock_key_for(43) != key
+    assert task.dblock_key_for(42, 2.0) != key
+    long = task.dblock_key_for("x" * 1000)
     assert len(long) <= 255
     assert long.startswith(f"celery:{task.name}:sha256:")
-    assert task._dblock_key_of("x" * 1001) != long
+    assert task.dblock_key_for("x" * 1001) != long
 
 
 def test_a_template_or_a_function_makes_the_key(app: Celery) -> None:
     def settle(order_id: int, amount: float) -> None: ...
 
     by_template = _define(app, settle, name="t1", dblock_key="settle:{order_id}")
-    assert by_template._dblock_key_of(7, 1.0) == by_template._dblock_key_of(7, amount=2.0)
-    assert by_template._dblock_key_of(7, 1.0) == "settle:7"
+    assert by_template.dblock_key_for(7, 1.0) == by_template.dblock_key_for(7, amount=2.0)
+    assert by_template.dblock_key_for(7, 1.0) == "settle:7"
     by_function = _define(
         app, settle, name="t2", dblock_key=lambda order_id, amount: f"o{order_id}"
     )
-    assert by_function._dblock_key_of(7, amount=1.0) == "o7"
+    assert by_function.dblock_key_for(7, amount=1.0) == "o7"
     not_text = _define(app, settle, name="t3", dblock_key=lambda order_id, amount: order_id)
     with pytest.raises(TypeError, match="lock key must be a str"):
-        not_text._dblock_key_of(7, 1.0)
+        not_text.dblock_key_for(7, 1.0)
 
 
 @pytest.mark.parametrize(
@@ -123,3 +123,36 @@ def test_a_body_without_the_token_parameter_runs_without_it(
     task = _define(app, settle, dblock_client=client)
     assert task(21) == 42
     assert client.list() == []  # released after the call
+
+
+def test_a_task_class_with_its_own_run_is_checked_and_locks_the_same(
+    app: Celery, client: dblock.Client
+) -> None:
+    class Settle(LockedTask):  # type: ignore[misc]
+        dblock_key = "settle:{order_id}"
+
+        def run(self, order_id: int, dblock_token: int | None = None) -> int | None:
+            return dblock_token
+
+    Settle.dblock_client = client
+    task = app.register_task(Settle())
+    assert task.dblock_key_for(order_id=3) == "settle:3"
+    assert isinstance(task(3), int)
+    with client.lock("settle:3", ttl=30):
+        assert skipped(task(3))
+    with pytest.raises(dblock.ConfigurationError, match="names"):
+
+        class Wrong(LockedTask):  # type: ignore[misc]
+            dblock_key = "settle:{order}"
+
+            def run(self, order_id: int) -> None: ...
+
+
+def test_a_task_without_a_key_of_its_own_is_keyed_by_its_registered_name(app: Celery) -> None:
+    class Report(LockedTask):  # type: ignore[misc]
+        name = "reports.nightly"
+
+        def run(self, day: str) -> None: ...
+
+    task = app.register_task(Report())
+    assert task.dblock_key_for("2026-11-26") == 'celery:reports.nightly:{"day": "2026-11-26"}'

@@ -126,7 +126,8 @@ def test_a_wait_that_times_out_fails_the_call_without_running_it(workers: Worker
 
 def test_a_once_task_succeeds_once_across_duplicates(workers: Workers) -> None:
     run = _run()
-    key = f"payout:{run}:order-7"
+    key = tasks.pay_once.dblock_key_for(run, "order-7")
+    assert key == f"payout:{run}:order-7"
     first = _send(tasks.pay_once, workers, 0, run, "order-7")
     _started(run)
     duplicate = _send(tasks.pay_once, workers, 1, run, "order-7")
