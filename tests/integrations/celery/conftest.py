@@ -1,7 +1,7 @@
 """Real Celery workers for the tests: two per store (SQLite, PostgreSQL), each consuming its
-own queue, so a test decides which worker runs a call. The first runs tasks in its own process
-(``--pool=solo``), the second in two forked children (``--pool=prefork``, Celery's default:
-each child opens its dblock client after the fork).
+own queue, so a test decides which worker runs a call. The first runs tasks on two threads of
+its process (``--pool=threads``: one client, two holders), the second in two forked children
+(``--pool=prefork``, Celery's default: each child opens its dblock client after the fork).
 They are stopped, and the broker's keys of this test process deleted, when the module ends."""
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from tests._servers import POSTGRESQL_URL, drop_tables, require_server, server_u
 from . import tasks
 
 ROOT = Path(__file__).resolve().parents[3]
-POOLS = (("--pool=solo",), ("--pool=prefork", "--concurrency=2"))
+POOLS = (("--pool=threads", "--concurrency=2"), ("--pool=prefork", "--concurrency=2"))
 READY_SECONDS = 60  # a worker's start on a busy machine (imports, broker connection)
 
 

@@ -83,6 +83,17 @@ def test_a_call_that_finds_the_key_held_skips(workers: Workers) -> None:
     assert [e[1] for e in _events(run) if e[0] == "start"] == ["sku-42", "sku-43", "sku-42"]
 
 
+def test_two_threads_of_one_worker_contend_like_two_workers(workers: Workers) -> None:
+    run = _run()
+    first = _send(tasks.hold_or_skip, workers, 0, run, "sku-42")
+    _started(run)
+    second = _send(tasks.hold_or_skip, workers, 0, run, "sku-42")  # the worker's other thread
+    assert second.get(timeout=RESULT_SECONDS)["reason"] == "busy"
+    _open_gate(run)
+    assert isinstance(first.get(timeout=RESULT_SECONDS), int)
+    assert _starts(run) == 1
+
+
 def _retrying(workers: Workers, run: str, second: AsyncResult) -> bool:
     return bool(second.state == "RETRY")
 
