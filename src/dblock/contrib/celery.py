@@ -41,9 +41,15 @@ import weakref
 from collections.abc import Callable
 from typing import Any, Final, Literal, TypedDict
 
-from celery import Celery, Task, signals
-
 import dblock
+
+try:
+    from celery import Celery, Task, signals
+except ImportError as exc:  # pragma: no cover - depends on the extras installed
+    raise dblock.ConfigurationError(
+        "dblock.contrib.celery needs Celery: pip install 'dblock[celery]'"
+    ) from exc
+
 from dblock._patterns import key_template
 from dblock.tools import MAX_TTL, check_key, check_seconds
 

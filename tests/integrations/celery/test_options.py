@@ -45,6 +45,18 @@ def test_importing_dblock_and_its_contrib_package_loads_no_celery() -> None:
     assert out.stdout.strip() == "[]"
 
 
+def test_without_celery_the_module_says_which_extra_to_install() -> None:
+    code = (
+        "import sys; sys.modules['celery'] = None\n"
+        "try:\n    import dblock.contrib.celery\n"
+        "except Exception as exc:\n    print(type(exc).__name__, exc)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == (
+        "ConfigurationError dblock.contrib.celery needs Celery: pip install 'dblock[celery]'"
+    )
+
+
 def test_the_same_call_gives_the_same_key_however_its_arguments_are_passed(app: Celery) -> None:
     def settle(order_id: int, amount: float = 1.0, dblock_token: int | None = None) -> None: ...
 
