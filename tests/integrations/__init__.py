@@ -1,1 +1,1 @@
-"""Tests of dblock.contrib: each integration with its real framework."""
+"""Tests of dblock inside the frameworks applications use (dblock.contrib)."""
