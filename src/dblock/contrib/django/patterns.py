@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any, ParamSpec, TypeVar
 
 from django.db.models import Q, QuerySet
@@ -26,39 +27,30 @@ def lock(key: str, **options: Any) -> dblock.Lock:
     return get_client().lock(key, **options)
 
 
-def once(key: str, *, ttl: float = 30.0, note: str | None = None, auto_renew: bool = True) -> Any:
+def once(key: str, **options: Any) -> AbstractContextManager[dblock.Lock]:
     """``client.once(key, ...)``: the block runs at most once successfully per key; otherwise
     ``dblock.InProgress`` (someone runs it now) or ``dblock.AlreadyDone``."""
-    return get_client().once(key, ttl=ttl, note=note, auto_renew=auto_renew)
+    return get_client().once(key, **options)
 
 
-def locked(
-    template: str,
-    *,
-    ttl: float = 30.0,
-    timeout: float | None = None,
-    reentrant: bool = True,
-    auto_renew: bool = False,
-) -> Callable[[Callable[P, R]], Callable[P, R]]:
-    """``client.locked(...)``: hold ``template.format(**call arguments)`` during each call (a
-    view's URL arguments, a command's options); busy past ``timeout`` -> ``dblock.LockTimeout``.
+def locked(template: str, **options: Any) -> Callable[[Callable[P, R]], Callable[P, R]]:
+    """``client.locked(template, ...)``: hold ``template.format(**call arguments)`` during each
+    call (a view's URL arguments, a command's options); busy past ``timeout`` ->
+    ``dblock.LockTimeout``. The options and their defaults are the client's (one place).
 
     >>> @locked("invoice:{pk}", ttl=60, timeout=0)
     ... def regenerate(request, pk): ...
     """
 
     def decorate(fn: Callable[P, R]) -> Callable[P, R]:
-        made: dict[int, Callable[P, R]] = {}  # id(client) -> fn wrapped by its locked()
+        made: list[Any] = [None, fn]  # the client, and fn wrapped by its locked()
 
         @functools.wraps(fn)
         def call(*args: P.args, **kwargs: P.kwargs) -> R:
             client = get_client()
-            wrapped = made.get(id(client))
-            if wrapped is None:
-                made.clear()  # a closed client's wrapper is of no use
-                wrapped = made[id(client)] = client.locked(
-                    template, ttl=ttl, timeout=timeout, reentrant=reentrant, auto_renew=auto_renew
-                )(fn)
+            if made[0] is not client:  # the first call, or the client was closed and made anew
+                made[:] = [client, client.locked(template, **options)(fn)]
+            wrapped: Callable[P, R] = made[1]
             return wrapped(*args, **kwargs)
 
         return call
