@@ -130,5 +130,6 @@ def postgres_database() -> Iterator[PostgresDatabase]:
     try:
         yield PostgresDatabase(name, settings, parts._replace(path=f"/{name}").geturl())
     finally:
-        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        for made in (name, f"test_{name}"):  # and Django's test database, if a run left it
+            admin.execute(f'DROP DATABASE IF EXISTS "{made}" WITH (FORCE)')
         admin.close()

@@ -12,7 +12,7 @@ import pytest
 
 import dblock
 from dblock.tools import ddl_for
-from tests._servers import raw_connect
+from tests._servers import POSTGRESQL_URL, raw_connect
 
 from ._project import Site, open_gate, wait_for
 
@@ -119,3 +119,23 @@ def test_purge_removes_the_rows_of_released_locks_and_keeps_once_records(site: S
     assert left[0] == 0
     # once records stay: the payout cannot run again by accident
     assert site.run("payout", "b2").stdout.strip() == "already done"
+
+
+def test_manage_py_test_runs_the_projects_tests_on_its_test_database(site: Site) -> None:
+    if _dialect(site) == "sqlite":  # Django's default test database is in memory
+        site.databases["default"]["TEST"] = {"NAME": str(site.tmp / "test-shop.sqlite3")}
+    try:
+        done = site.run("test", "shop", "--no-input", status=None)
+    finally:
+        site.databases["default"].pop("TEST", None)
+    # dblock's runner closed the client's connections, so Django could drop its test database
+    # (PostgreSQL refuses while others are connected: the run would end in an error)
+    assert done.returncode == 0, done.stderr
+    assert "Ran 1 test" in done.stderr
+    if _dialect(site) == "sqlite":
+        assert not (site.tmp / "test-shop.sqlite3").exists()
+    else:
+        test_db = "test_" + site.databases["default"]["NAME"]
+        with raw_connect(POSTGRESQL_URL) as conn:
+            found = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [test_db])
+            assert found.fetchone() is None

@@ -16,4 +16,5 @@ ROOT_URLCONF = "shopsite.urls"
 DATABASES = json.loads(os.environ["SHOP_DATABASES"])
 if "SHOP_DBLOCK" in os.environ:
     DBLOCK = json.loads(os.environ["SHOP_DBLOCK"])
+TEST_RUNNER = "dblock.contrib.django.testing.DiscoverRunner"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
