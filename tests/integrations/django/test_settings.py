@@ -3,6 +3,7 @@ character and is never shown, and what dblock cannot use is a clear error."""
 
 from __future__ import annotations
 
+import sqlite3
 import subprocess
 import sys
 from typing import Any
@@ -124,3 +125,21 @@ def test_using_locks_before_migrating_says_to_migrate(tmp_path: Any) -> None:
     done = site.run("payout", "b1", status=None)
     assert done.returncode == 1
     assert "run `python manage.py migrate dblock --database default`" in done.stderr
+
+
+def test_a_named_database_keeps_the_locks_and_only_it_gets_the_tables(tmp_path: Any) -> None:
+    site = sqlite_site(tmp_path)
+    locks = tmp_path / "locks.sqlite3"
+    site.databases["locks"] = {"ENGINE": "django.db.backends.sqlite3", "NAME": str(locks)}
+    site.dblock = {"DATABASE": "locks", "TABLE": "app_locks"}
+    site.run("migrate", "--no-input")  # the default database: no lock table there
+    site.run("migrate", "--no-input", "--database", "locks")
+    with sqlite3.connect(tmp_path / "shop.sqlite3") as default, sqlite3.connect(locks) as other:
+        tables = "SELECT name FROM sqlite_master WHERE type = 'table' AND name LIKE '%locks%'"
+        assert default.execute(tables).fetchall() == []
+        assert sorted(r[0] for r in other.execute(tables)) == [
+            "app_locks", "app_locks_holders", "app_locks_meta",
+        ]  # fmt: skip
+    site.run("payout", "p1")
+    held = site.run("dblock", "purge", "--include-once").stdout
+    assert held == "purged 1 row\n"  # the payout's once record, in app_locks of `locks`

@@ -5,6 +5,7 @@ command line). Output and exit statuses are the CLI's (docs/cli.md)."""
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import sys
 from typing import Any
@@ -18,9 +19,23 @@ from dblock.cli.context import Settings
 from dblock.cli.exit_codes import USAGE
 from dblock.contrib.django.config import ImproperlyConfigured, target
 
+
+def _on_settings(command: click.Command) -> click.Command:
+    """``command`` with ``--url`` hidden from its help: the database is settings.DBLOCK's."""
+    params = [copy.copy(p) for p in command.params]
+    for param in params:
+        if param.name == "url" and isinstance(param, click.Option):
+            param.hidden = True
+    shown = copy.copy(command)
+    shown.params = params
+    return shown
+
+
 GROUP = click.Group(
     "dblock",
-    commands=[list_command, info_command, release_command, purge_command],
+    commands=[
+        _on_settings(c) for c in (list_command, info_command, release_command, purge_command)
+    ],
     help="Inspect and maintain the locks of settings.DBLOCK's database (docs/cli.md).",
     context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
 )
