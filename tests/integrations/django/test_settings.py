@@ -6,12 +6,16 @@ from __future__ import annotations
 import sqlite3
 import subprocess
 import sys
+import uuid
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 
+import dblock
 from dblock.tools import parse_url
 from tests._private_servers import free_ports
+from tests._servers import MYSQL_URL, REQUIRE_SERVERS, raw_connect
 
 from ._project import sqlite_site
 
@@ -143,3 +147,38 @@ def test_a_named_database_keeps_the_locks_and_only_it_gets_the_tables(tmp_path: 
     site.run("payout", "p1")
     held = site.run("dblock", "purge", "--include-once").stdout
     assert held == "purged 1 row\n"  # the payout's once record, in app_locks of `locks`
+
+
+def test_on_mysql_migrate_makes_the_tables_a_client_then_uses(tmp_path: Any) -> None:
+    """The MySQL DDL through Django's schema editor (PyMySQL standing in for mysqlclient)."""
+    pytest.importorskip("pymysql")
+    try:
+        admin = raw_connect(MYSQL_URL)
+    except Exception as exc:
+        if REQUIRE_SERVERS:
+            raise
+        pytest.skip(f"MySQL not reachable: {exc}")
+    name = f"q1_django_{uuid.uuid4().hex[:10]}"
+    admin.cursor().execute(f"CREATE DATABASE `{name}`")
+    try:
+        parts = urlsplit(MYSQL_URL)
+        site = sqlite_site(tmp_path)
+        site.databases["default"] = {
+            "ENGINE": "django.db.backends.mysql",
+            "NAME": name,
+            "USER": parts.username or "",
+            "PASSWORD": parts.password or "",
+            "HOST": parts.hostname,
+            "PORT": str(parts.port or ""),
+        }
+        site.run("migrate", "--no-input")
+        url = parts._replace(path=f"/{name}").geturl()
+        with dblock.connect(url, create_schema=False) as client, client.lock("m") as held:
+            assert client.info("m") is not None
+            assert held.token is not None
+        assert site.run("dblock", "list").stdout == "no locks held\n"
+        assert site.run("payout", "m1").stdout.strip() == "ran"
+        assert site.run("payout", "m1").stdout.strip() == "already done"
+    finally:
+        admin.cursor().execute(f"DROP DATABASE IF EXISTS `{name}`")
+        admin.close()
