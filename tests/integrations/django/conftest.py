@@ -7,8 +7,6 @@ import pytest
 
 from ._project import Site, postgres_database, sqlite_site
 
-pytest.importorskip("django")
-
 
 @pytest.fixture(scope="module", params=["sqlite", "postgresql"])
 def site(

@@ -16,6 +16,7 @@ from tests._servers import POSTGRESQL_URL, raw_connect
 
 from ._project import Site, open_gate, wait_for
 
+pytest.importorskip("django")
 pytestmark = pytest.mark.slow  # a Django process per step: about a second each
 
 
@@ -139,3 +140,8 @@ def test_manage_py_test_runs_the_projects_tests_on_its_test_database(site: Site)
         with raw_connect(POSTGRESQL_URL) as conn:
             found = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [test_db])
             assert found.fetchone() is None
+
+
+def test_a_forked_child_locks_with_the_client_its_parent_made(site: Site) -> None:
+    # the child sees the parent's hold as someone else's, and takes a key of its own
+    assert site.run("forked").stdout.strip() == "child exited 0"
