@@ -132,7 +132,7 @@ def test_manage_py_test_runs_the_projects_tests_on_its_test_database(site: Site)
     # dblock's runner closed the client's connections, so Django could drop its test database
     # (PostgreSQL refuses while others are connected: the run would end in an error)
     assert done.returncode == 0, done.stderr
-    assert "Ran 1 test" in done.stderr
+    assert "Ran 2 tests" in done.stderr
     if _dialect(site) == "sqlite":
         assert not (site.tmp / "test-shop.sqlite3").exists()
     else:
