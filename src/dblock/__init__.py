@@ -27,13 +27,15 @@ from ._lock import Lock
 from ._types import LockInfo
 
 if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncEngine
+
     from ._async_client import AsyncClient
 
 __version__ = "0.1.0.dev0"
 
 
 async def connect_async(
-    url: str | None = None,
+    url: str | AsyncEngine | None = None,
     *,
     table: str = "dblock_locks",
     create_schema: bool = True,
@@ -43,7 +45,8 @@ async def connect_async(
 
     Every call that touches the database is awaited, every context manager is ``async with``;
     the owner for re-entrancy is the asyncio task. Needs greenlet (``dblock[asyncio]``), and
-    for MySQL aiomysql (``dblock[mysql-async]``).
+    for MySQL aiomysql (``dblock[mysql-async]``). A SQLAlchemy ``AsyncEngine`` in place of
+    ``url`` uses that engine's pool and dialect (docs/sqlalchemy.md).
     """
     try:
         from ._async_client import open_client

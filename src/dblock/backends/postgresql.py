@@ -477,7 +477,9 @@ class _Listener(Listener):
         pause = 0.1
         while not self._stopped.is_set():
             try:
-                conn = self._backend._connect()
+                # a connection of its own (not a statement connection, which may be borrowed
+                # from a SQLAlchemy engine's pool: see backends/_sqla.py)
+                conn = self._backend._open_connection()
                 self._conn = conn
                 conn.execute(self._backend.sql.listen(self.channel))
                 self._ready.set()

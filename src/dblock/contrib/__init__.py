@@ -1,4 +1,1 @@
-"""Integrations with frameworks users already run; each is an optional extra, and
-``import dblock`` loads none of them."""
-
-from __future__ import annotations
+"""Integrations with the frameworks applications already use (each an optional extra)."""
