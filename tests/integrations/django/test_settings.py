@@ -21,7 +21,7 @@ from ._project import sqlite_site
 
 pytest.importorskip("django")
 
-from dblock.contrib.django.config import ImproperlyConfigured, database_url
+from dblock.contrib.django.config import ImproperlyConfigured, Target, database_url
 
 PASSWORD = "p@ss:w/rd?#%&= é"  # noqa: S105 - a test value, to show it is never shown
 
@@ -44,6 +44,12 @@ def test_postgresql_maps_every_field_and_keeps_the_password_exact() -> None:
     # libpq's parameters pass; Django's own session setting does not reach libpq
     assert url.query == {"sslmode": "require", "connect_timeout": "5"}
     assert PASSWORD not in url.safe
+
+
+def test_the_target_does_not_show_its_url() -> None:
+    where = Target("default", database_url("default", "postgresql", _pg()), "dblock_locks", None)
+    assert PASSWORD not in repr(where)
+    assert "p%40ss" not in repr(where)
 
 
 def test_a_socket_directory_is_libpqs_host_parameter() -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 from urllib.parse import quote, urlencode
 
@@ -55,7 +55,7 @@ class Target:
     """Where the locks live: the ``DATABASES`` alias, its dblock URL and the lock table."""
 
     alias: str
-    url: str
+    url: str = field(repr=False)  # it holds the password
     table: str
     max_connections: int | None
 
