@@ -57,7 +57,9 @@ class _Counted:
     def __init__(self, store: Any) -> None:
         self.counts = {"connections": 0, "operations": 0}
         self._lock = threading.Lock()  # connections are opened on worker threads too
-        connect, run = store._connect, store.run
+        # SQLite opens every connection (pooled, or a waiter's change watch) in _open_file
+        opener = "_open_file" if hasattr(store, "_open_file") else "_connect"
+        connect, run = getattr(store, opener), store.run
 
         def counted_connect() -> Any:
             self._add("connections")
@@ -67,7 +69,8 @@ class _Counted:
             self._add("operations")
             return run(*args, **kwargs)
 
-        store._connect, store.run = counted_connect, counted_run
+        setattr(store, opener, counted_connect)
+        store.run = counted_run
 
     def _add(self, what: str) -> None:
         with self._lock:

@@ -35,6 +35,7 @@ class Targets:
     mysql: str = "mysql://root@127.0.0.1:3306/test"
     redis: str = "redis://127.0.0.1:6379/0"
     zookeeper: str = "zookeeper://127.0.0.1:2181/dblock_bench"
+    etcd: str = "etcd://127.0.0.1:2379"
     sqlite_dir: str = "."
     table: str = "dblock_bench_locks"
     floor_table: str = "dblock_bench_floor"
@@ -58,7 +59,7 @@ Factory = Callable[[Targets, str], LockAdapter]
 class Contender:
     """One line of the tables: a lock implementation on one backend."""
 
-    backend: str  # postgresql | mysql | sqlite | redis | zookeeper | local
+    backend: str  # postgresql | mysql | sqlite | redis | zookeeper | etcd | local
     name: str
     kind: str  # dblock | floor | peer | broken
     factory: Factory
@@ -215,8 +216,18 @@ class Kazoo:
         self.zk.close()
 
 
+def etcd_client(url: str) -> Any:
+    """An etcd client (the driver dblock uses) of the URL's first endpoint."""
+    from bench._chaos_db import connect
+
+    return connect(url, autocommit=True)
+
+
 def _select1(backend: str, trips: int) -> Factory:
     def make(t: Targets, key: str) -> LockAdapter:
+        if backend == "etcd":
+            e = etcd_client(t.etcd)
+            return RoundTrips(lambda: e.get(b"dblock-bench-floor"), e.close, trips)
         if backend == "zookeeper":
             k = Kazoo(t.zookeeper)
             return RoundTrips(lambda: k.zk.exists("/"), k.close, trips)
@@ -429,6 +440,10 @@ def _tooz(backend: str, wait: float | None = None) -> Factory:
             url = "kazoo://" + urlsplit(url).netloc.split(",")[0]
         if backend == "redis":
             url = url.rsplit("/", 1)[0] if url.count("/") > 2 else url
+        if backend == "etcd":  # tooz's etcd3gw driver, through etcd's HTTP gateway
+            from urllib.parse import urlsplit
+
+            url = "etcd3+http://" + urlsplit(url).netloc.split(",")[0]
         return ToozAdapter(url, key, wait)
 
     return make
@@ -547,9 +562,9 @@ class NoLock:
 
 
 # -- the registry -----------------------------------------------------------------------------
-BACKENDS = ("postgresql", "mysql", "sqlite", "redis", "zookeeper")
+BACKENDS = ("postgresql", "mysql", "sqlite", "redis", "zookeeper", "etcd")
 #: the round trip each backend's floors are made of
-TRIP = {"redis": "PING", "zookeeper": "exists"}
+TRIP = {"redis": "PING", "zookeeper": "exists", "etcd": "get"}
 
 
 def all_contenders() -> list[Contender]:
@@ -618,6 +633,7 @@ def all_contenders() -> list[Contender]:
     c.append(Contender("redis", "redis-py Lock", "peer", RedisPyAdapter, note="polls every 0.1 s"))
     c.append(Contender("zookeeper", "kazoo Lock", "peer", KazooLockAdapter, note="kazoo recipe"))
     c.append(Contender("zookeeper", "tooz", "peer", _tooz("zookeeper"), note="kazoo Lock inside"))
+    c.append(Contender("etcd", "tooz", "peer", _tooz("etcd"), note="etcd3gw (HTTP gateway)"))
     c.append(Contender("local", "broken (no lock)", "broken", NoLock))
     return c
 

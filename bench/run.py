@@ -734,7 +734,7 @@ def evaluate_targets(res: dict[str, Any], contenders: list[Contender]) -> list[d
         out.append({"target": target, "measured": measured, "met": met})
 
     peers = {c.id for c in contenders if c.kind == "peer"}
-    for backend in ("postgresql", "mysql", "sqlite", "redis", "zookeeper"):
+    for backend in ("postgresql", "mysql", "sqlite", "redis", "zookeeper", "etcd"):
         me = f"{backend}/dblock"
         a = res.get("a", {})
         if me in a and not math.isnan(a[me].get("pairs_per_s", math.nan)):
@@ -860,6 +860,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--mysql-url", default=os.environ.get("DBLOCK_TEST_MYSQL_URL"))
     p.add_argument("--redis-url", default=os.environ.get("DBLOCK_BENCH_REDIS_URL"))
     p.add_argument("--zookeeper-url", default=os.environ.get("DBLOCK_BENCH_ZOOKEEPER_URL"))
+    p.add_argument("--etcd-url", default=os.environ.get("DBLOCK_BENCH_ETCD_URL"))
     p.add_argument("--json", help="where to write the JSON (default bench/results/<time>.json)")
     p.add_argument("--markdown", help="also write the markdown table to this file")
     return p.parse_args(argv)
@@ -903,6 +904,7 @@ def main(argv: list[str] | None = None) -> int:
         mysql=args.mysql_url or defaults.mysql,
         redis=args.redis_url or defaults.redis,
         zookeeper=args.zookeeper_url or defaults.zookeeper,
+        etcd=args.etcd_url or defaults.etcd,
         sqlite_dir=tmp,
         table=f"dblock_bench_{run_id}",
         floor_table=f"dblock_bench_floor_{run_id}",
@@ -1046,6 +1048,9 @@ def _meta(
         "sherlock",
         "python-redis-lock",
         "SQLAlchemy",
+        "kazoo",
+        "etcd-sdk-python",
+        "etcd3gw",
     ):
         try:
             versions[dist] = md.version(dist)

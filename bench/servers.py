@@ -6,7 +6,15 @@ import contextlib
 import sqlite3
 from typing import Any
 
-from bench.contenders import Kazoo, Targets, _my_connect, _pg_connect, _redis_client, floor_ddl
+from bench.contenders import (
+    Kazoo,
+    Targets,
+    _my_connect,
+    _pg_connect,
+    _redis_client,
+    etcd_client,
+    floor_ddl,
+)
 
 
 def raw(t: Targets, backend: str) -> Any:
@@ -18,6 +26,8 @@ def raw(t: Targets, backend: str) -> Any:
         return sqlite3.connect(t.sqlite_path, isolation_level=None, timeout=30)
     if backend == "zookeeper":
         return Kazoo(t.zookeeper)
+    if backend == "etcd":
+        return etcd_client(t.etcd)
     return _redis_client(t.redis)
 
 
@@ -41,6 +51,8 @@ def version(t: Targets, backend: str) -> str:
                 return "Redis " + str(conn.info("server")["redis_version"])
             if backend == "zookeeper":
                 return "ZooKeeper " + ".".join(map(str, conn.zk.server_version()))
+            if backend == "etcd":
+                return "etcd " + str(conn.status().version)
             if backend == "sqlite":
                 return "SQLite " + sqlite3.sqlite_version
             cur = conn.cursor()
@@ -79,6 +91,12 @@ def drop_dblock_tables(t: Targets, backend: str, table: str) -> None:
                     k.zk.delete(path, recursive=True)
             finally:
                 k.close()
+        return
+    if backend == "etcd":  # its keys, as in dblock.backends.etcd
+        with contextlib.suppress(Exception):
+            from bench._chaos_db import drop_tables
+
+            drop_tables(t.etcd, [table])
         return
     if backend == "redis":  # its keys: dblock:{<table>}:*
         with contextlib.suppress(Exception):

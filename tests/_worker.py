@@ -165,6 +165,28 @@ def fence(url: str, table: str, key: str, n: str, record: str) -> None:
                 leave_fenced(record, lock.token)
 
 
+def fence_through_faults(
+    url: str, table: str, key: str, ttl: str, seconds: str, record: str
+) -> None:
+    """``fence`` for ``seconds`` while the servers fail under it: a BackendError or LockLost
+    (a call stuck on a stopped node) is counted and the loop goes on; a second holder inside,
+    or a token not above every earlier one, fails the shared record's check (exit 1). Prints
+    ``{"sections": n, "faults": m}``."""
+    sections = faults = 0
+    until = time.monotonic() + float(seconds)
+    with dblock.connect(url, table=table) as client:
+        while time.monotonic() < until:
+            try:
+                with client.lock(key, ttl=float(ttl), timeout=30) as lock:
+                    enter_fenced(record, lock.token)
+                    time.sleep(0.002)  # widen the race window
+                    leave_fenced(record, lock.token)
+                sections += 1
+            except (dblock.BackendError, dblock.LockLost):
+                faults += 1
+    print(json.dumps({"sections": sections, "faults": faults}), flush=True)
+
+
 def session_fence(url: str, table: str, key: str, n: str, record: str, mix: str) -> None:
     """``fence`` with session holds (ttl=None); ``mix`` "1": every other hold a lease."""
     with connect(url, table=table) as client:
@@ -214,6 +236,7 @@ if __name__ == "__main__":
         "sem": sem,
         "sem_hold": sem_hold,
         "fence": fence,
+        "fence_through_faults": fence_through_faults,
         "session_fence": session_fence,
         "session_hold": session_hold,
     }

@@ -83,7 +83,8 @@ def test_import_loads_no_driver_and_no_cli_toolkit() -> None:
     # nor asyncio: the blocking client must not pay for the event loop it does not use
     code = (
         "import sys, dblock; "
-        "heavy = {'psycopg', 'pymysql', 'click', 'rich', 'asyncio', 'greenlet', 'aiomysql'}"
+        "heavy = {'psycopg', 'pymysql', 'click', 'rich', 'asyncio', 'greenlet', 'aiomysql',"
+        " 'sqlalchemy'}"
         " & set(sys.modules); "
         "print(sorted(heavy))"
     )

@@ -28,13 +28,15 @@ from ._lock import Lock
 from ._types import LockInfo
 
 if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncEngine
+
     from ._async_client import AsyncClient
 
 __version__ = "0.1.0.dev0"
 
 
 async def connect_async(
-    url: str | Sequence[str] | None = None,
+    url: str | Sequence[str] | AsyncEngine | None = None,
     *,
     table: str = "dblock_locks",
     create_schema: bool = True,
@@ -43,9 +45,10 @@ async def connect_async(
     """Open an async client (see ``connect``): ``client = await dblock.connect_async(url)``.
 
     Every call that touches the database is awaited, every context manager is ``async with``;
-    the owner for re-entrancy is the asyncio task. A list of three or more URLs opens a quorum
-    client (docs/quorum.md). Needs greenlet (``dblock[asyncio]``), and
-    for MySQL aiomysql (``dblock[mysql-async]``).
+    the owner for re-entrancy is the asyncio task. Needs greenlet (``dblock[asyncio]``), and
+    for MySQL aiomysql (``dblock[mysql-async]``). A SQLAlchemy ``AsyncEngine`` in place of
+    ``url`` uses that engine's pool and dialect (docs/sqlalchemy.md). A list of three or more
+    URLs opens a quorum client (docs/quorum.md).
     """
     try:
         from ._async_client import open_client

@@ -25,7 +25,7 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from types import TracebackType
-from typing import Any, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from ._client import Client, open_store
 from ._green import spawn
@@ -36,6 +36,9 @@ from ._rwlock import RWLock
 from ._types import LockInfo, State
 from ._validate import check_timeout
 
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncEngine
+
 log = logging.getLogger("dblock")
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -43,7 +46,10 @@ OnLost = Callable[["AsyncLock"], object]
 
 
 async def open_client(
-    url: str | Sequence[str] | None, table: str, create_schema: bool, max_connections: int | None
+    url: str | Sequence[str] | AsyncEngine | None,
+    table: str,
+    create_schema: bool,
+    max_connections: int | None,
 ) -> AsyncClient:
     """What :func:`dblock.connect_async` does once greenlet is known to import: the store,
     opened on this loop's runtime, behind an async client."""

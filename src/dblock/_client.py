@@ -7,7 +7,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from types import TracebackType
-from typing import ParamSpec, TypeVar
+from typing import TYPE_CHECKING, ParamSpec, TypeVar
 
 from ._core import Core
 from ._lock import Lock
@@ -17,8 +17,12 @@ from ._rwlock import RWLock, Semaphore
 from ._types import LockInfo, State
 from ._url import parse_url, quorum_urls
 from ._validate import MAX_PURGE_AGE, check_key, check_max_connections, check_table
-from .backends import open_backend
+from .backends import is_engine, open_backend
 from .backends._contract import OnceRecords, Store, lacking
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Engine
+    from sqlalchemy.ext.asyncio import AsyncEngine
 
 log = logging.getLogger("dblock")
 P = ParamSpec("P")
@@ -26,7 +30,7 @@ R = TypeVar("R")
 
 
 def connect(
-    url: str | Sequence[str] | None = None,
+    url: str | Sequence[str] | Engine | None = None,
     *,
     table: str = "dblock_locks",
     create_schema: bool = True,
@@ -51,6 +55,9 @@ def connect(
     ``lock``, ``locked``, ``scheduled``, ``info``, ``list`` and ``force_release``
     (docs/quorum.md).
 
+    A SQLAlchemy ``Engine`` in place of ``url`` uses that engine's pool and dialect: its
+    statements run on connections borrowed from the engine's pool (docs/sqlalchemy.md).
+
     >>> with dblock.connect("postgresql://app@db/app") as client:
     ...     with client.lock("nightly-report", ttl=60):
     ...         run_report()
@@ -59,15 +66,16 @@ def connect(
 
 
 def open_store(
-    url: str | Sequence[str] | None,
+    url: str | Sequence[str] | Engine | AsyncEngine | None,
     table: str,
     create_schema: bool,
     max_connections: int | None,
     runtime: Runtime | None = None,
 ) -> Store:
-    """The store for a client: URL and options checked, its tables made or checked."""
+    """The store for a client: URL (or SQLAlchemy engine) and options checked, its tables made
+    or checked."""
     schema, name = check_table(table)
-    urls = quorum_urls(url)
+    urls = quorum_urls(url)  # a list of URLs, or several in one string: a quorum
     if urls is not None:
         from .backends.quorum import open_quorum  # its thread pool only where it is used
 
@@ -77,10 +85,16 @@ def open_store(
             table,
             runtime,
         )
-    parsed = parse_url(url)  # type: ignore[arg-type]  # it refuses what is not a str
-    if max_connections is not None:
-        parsed = replace(parsed, max_connections=check_max_connections(max_connections))
-    backend = open_backend(parsed, schema, name, runtime)
+    pool = None if max_connections is None else check_max_connections(max_connections)
+    if is_engine(url):
+        from .backends._sqla import engine_store
+
+        backend = engine_store(url, schema, name, pool, runtime)
+    else:
+        parsed = parse_url(url)  # type: ignore[arg-type]  # anything else is refused there
+        if pool is not None:
+            parsed = replace(parsed, max_connections=pool)
+        backend = open_backend(parsed, schema, name, runtime)
     try:
         backend.ensure_schema(create=bool(create_schema))
     except BaseException:

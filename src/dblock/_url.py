@@ -6,7 +6,7 @@ import contextlib
 import math
 import os
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
@@ -80,7 +80,7 @@ def default_url() -> str:
     return embedded_url()
 
 
-def quorum_urls(url: str | Sequence[str] | None) -> list[str] | None:
+def quorum_urls(url: object) -> list[str] | None:
     """The member URLs of a quorum client, or None for a single store.
 
     A quorum is a list (or tuple) of URLs, or a string of URLs separated by whitespace (so
@@ -92,6 +92,7 @@ def quorum_urls(url: str | Sequence[str] | None) -> list[str] | None:
         url = os.environ.get("DBLOCK_URL") or None
         if url is None:
             return None
+    urls: list[str]
     if isinstance(url, str):
         parts = url.split()
         if len(parts) < 2 or not all("://" in p for p in parts):
@@ -102,7 +103,7 @@ def quorum_urls(url: str | Sequence[str] | None) -> list[str] | None:
             raise TypeError("a quorum's URLs must be str")
         urls = [u.strip() for u in url]
     else:
-        return None  # a SQLAlchemy engine, or a type parse_url refuses
+        return None  # a SQLAlchemy engine, or a type that parse_url refuses
     if len(urls) < 3:
         raise ConfigurationError(
             f"a quorum needs at least three store URLs, got {len(urls)}: "

@@ -140,6 +140,20 @@ sys.exit(os.waitstatus_to_exitcode(status) % 256)
 """
 
 
+_TERMINALS: list[Terminal] = []
+
+
+@pytest.fixture(autouse=True)
+def _no_terminal_left() -> Iterator[None]:
+    """A test that failed before its terminal's command ended leaves none running."""
+    yield
+    while _TERMINALS:
+        term = _TERMINALS.pop()
+        if term.process.poll() is None:
+            term.process.kill()
+            term.wait()
+
+
 class Terminal:
     """A command run as the foreground job of a fresh pseudo-terminal, under a shell that
     is the session leader (so the terminal's hang-up at the end signals nobody else)."""
@@ -160,6 +174,7 @@ class Terminal:
         os.close(replica)
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
+        _TERMINALS.append(self)
 
     def _read(self) -> None:
         with contextlib.suppress(OSError):  # EIO once every process has closed the terminal

@@ -49,6 +49,29 @@ def test_reentry_after_force_release_does_not_trust_memory(
             lock.release()  # the first, lost hold still reports itself
 
 
+def test_a_stale_release_after_a_purge_leaves_the_next_holder_alone(
+    provider: Provider, table: str, key: str
+) -> None:
+    """A hold forced away, the key purged, the key taken anew: the stale holder's release is
+    LockLost and ends nothing (a store that names holds by a counter restarted by the purge
+    would find the new holder's hold under the old name)."""
+    with (
+        provider.connect(table=table) as client,
+        provider.connect(table=table) as operator,
+    ):
+        stale = client.lock(key, ttl=60, reentrant=False)
+        assert stale.acquire(blocking=False)
+        assert operator.force_release(key)
+        operator.purge()
+        fresh = operator.lock(key, ttl=60)
+        assert fresh.acquire(blocking=False)
+        with pytest.raises(dblock.LockLost):
+            stale.release()
+        info = operator.info(key)
+        assert info is not None and (info.owner, info.token) == (fresh.owner, fresh.token)
+        fresh.release()
+
+
 def test_reentry_confirms_and_renews_a_live_hold(client: dblock.Client, key: str) -> None:
     lock = client.lock(key, ttl=1.0)
     with lock:

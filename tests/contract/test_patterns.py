@@ -188,11 +188,14 @@ def test_five_hosts_fire_one_runs_and_at_least_holds(
     outs = run_workers(*runs)
     assert sorted(outs) == ["ran"] + ["skipped"] * 4
     with provider.connect(table=table) as client:
-        info = client.info(key)
-        assert info is not None and info.kind == "scheduled" and info.key == key
-        assert [i.kind for i in client.list(key)] == ["scheduled"]
-        # a second firing within at_least (8 s from the start): nobody runs
-        assert run_workers(["scheduled", db_url, table, key, "0"]) == ["skipped"]
+        # within at_least (8 s from the start; the next worker takes a few seconds to start):
+        # the record holds and a second firing skips. A machine so loaded that the workers
+        # took most of the window cannot show that, and ends the test at the check below.
+        if time.time() < start + 8 - 4:
+            info = client.info(key)
+            assert info is not None and info.kind == "scheduled" and info.key == key
+            assert [i.kind for i in client.list(key)] == ["scheduled"]
+            assert run_workers(["scheduled", db_url, table, key, "0"]) == ["skipped"]
         while client.info(key) is not None:
             time.sleep(0.1)
         assert run_workers(["scheduled", db_url, table, key, "0"]) == ["ran"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -58,6 +59,40 @@ def test_a_hold_appears_its_lease_shrinks_and_it_vanishes(
         page.wait_for_selector(kit.row(key), state="detached", timeout=2000)
         assert _post(base + "/api/release", {"key": key}, {}) == 404  # no force-release here
         assert "dblock_store_holds" in httpx.get(base + "/metrics").text
+
+
+def test_a_waiter_appears_while_it_waits(client: dblock.Client, tmp_path: Path) -> None:
+    """Who waits for a held key shows under Waiters (the SQL stores list their wait queue),
+    and leaves that table when it gets the lock."""
+    key = "payout:" + uuid.uuid4().hex[:8]
+    waiting = f'#waiters tr[data-key="{key}"]'
+    with (
+        dblock.connect(client.url, table=client.table) as other,
+        kit.open_dashboard(client, failure_shot=tmp_path / "failure.png") as (page, _base),
+    ):
+        holder = client.lock(key, ttl=30)
+        assert kit.off_loop(holder.acquire)
+        waiter = other.lock(key, ttl=30)
+        result: list[tuple[bool, str]] = []
+
+        def wait() -> None:
+            got = waiter.acquire(timeout=20)
+            result.append((got, waiter.owner))
+            if got:
+                waiter.release()
+
+        thread = threading.Thread(target=wait)
+        thread.start()
+        try:
+            page.wait_for_selector(waiting, timeout=4000)
+            cells = page.locator(waiting + " td").all_inner_texts()
+            assert cells[:2] == [key, "lock"]
+            seen_owner = cells[2]
+            kit.off_loop(holder.release)
+            page.wait_for_selector(waiting, state="detached", timeout=4000)
+        finally:
+            thread.join(30)
+        assert result == [(True, seen_owner)]  # the waiter shown was this acquisition
 
 
 def test_force_release_needs_the_secret(client: dblock.Client, tmp_path: Path) -> None:

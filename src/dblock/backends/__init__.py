@@ -23,6 +23,11 @@ BACKENDS: dict[str, tuple[str, str, str | None]] = {
 }
 
 
+def is_engine(candidate: object) -> bool:
+    """True for a SQLAlchemy object (an Engine, an AsyncEngine), without importing SQLAlchemy."""
+    return type(candidate).__module__.startswith("sqlalchemy.")
+
+
 def open_backend(
     url: DatabaseURL, schema: str | None, table: str, runtime: Runtime | None = None
 ) -> Store:
@@ -56,6 +61,7 @@ __all__ = [
     "Subscription",
     "capabilities",
     "ddl_for",
+    "is_engine",
     "open_backend",
     "schema_script",
 ]

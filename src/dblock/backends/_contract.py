@@ -221,6 +221,17 @@ class QueueJoin(ABC):
         """Take the lock like a newcomer (its token), or else join its queue (None)."""
 
 
+class QueueView(ABC):
+    """The store can list who waits (its wait queue's live entries), for the dashboard."""
+
+    @abstractmethod
+    def waiters(self, prefix: str) -> list[LockInfo]:
+        """The live queue entries of the keys ``prefix`` starts (all, for ""), by key and
+        place in the queue: ``owner`` is the waiter, ``acquired_at`` when it took its place,
+        ``expires_at`` when the entry ends unless refreshed, ``kind`` what it waits to take
+        (``token`` 0: it has none yet)."""
+
+
 class LossPush(ABC):
     """The store tells a holder's client at once when its hold is force-released."""
 

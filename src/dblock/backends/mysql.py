@@ -185,6 +185,11 @@ class MysqlBackend(
     """Lock table in MySQL 8 or MariaDB 10.5+."""
 
     name = dialect = "mysql"
+
+    @staticmethod
+    def _row_info(row: Any) -> LockInfo:
+        return _info(row)
+
     sql: MysqlStatements
 
     #: the async client's connection class (None: PyMySQL's blocking connections)

@@ -82,6 +82,11 @@ class PostgresBackend(
     wakes_unqueued = False
 
     name = dialect = "postgresql"
+
+    @staticmethod
+    def _row_info(row: Any) -> LockInfo:
+        return _info(row)
+
     sql: PostgresStatements
 
     def __init__(self, url: DatabaseURL, schema: str | None, table: str) -> None:
@@ -506,7 +511,9 @@ class _Listener(Listener):
         pause = 0.1
         while not self._stopped.is_set():
             try:
-                conn = self._backend._connect()
+                # a connection of its own (not a statement connection, which may be borrowed
+                # from a SQLAlchemy engine's pool: see backends/_sqla.py)
+                conn = self._backend._open_connection()
                 self._conn = conn
                 conn.execute(self._backend.sql.listen(self.channel))
                 self._ready.set()

@@ -99,6 +99,11 @@ class _ChangeWatch(Subscription):
         self._done.release()
 
 
+def _close_quietly(conn: sqlite3.Connection) -> None:
+    with contextlib.suppress(sqlite3.Error):
+        conn.close()
+
+
 def _ts(value: float) -> datetime:
     return datetime.fromtimestamp(value, tz=timezone.utc)
 
@@ -115,6 +120,11 @@ class SqliteBackend(
     """Lock table in a SQLite file."""
 
     name = dialect = "sqlite"
+
+    @staticmethod
+    def _row_info(row: Any) -> LockInfo:
+        return _info(row)
+
     blocking_driver = True  # the async client runs each operation on a worker thread
     probe_before_try = True  # local reads cost microseconds; writers queue for one file lock
     poll_cap = 0.1  # a local file: polling is cheap, and hand-off latency is bounded by this
@@ -170,6 +180,11 @@ class SqliteBackend(
         self._prepared = True
 
     def _connect(self) -> sqlite3.Connection:
+        return self._open_file()
+
+    def _open_file(self) -> sqlite3.Connection:
+        """A connection of dblock's own to the file (a waiter's change watch always has one,
+        even where statement connections are borrowed: see backends/_sqla.py)."""
         if not self._prepared:
             self._prepare()
         # set-up waits the busy timeout (many processes may open the file at once), but no
@@ -221,8 +236,7 @@ class SqliteBackend(
                 return
 
     def _close_connection(self, conn: sqlite3.Connection) -> None:
-        with contextlib.suppress(sqlite3.Error):
-            conn.close()
+        _close_quietly(conn)
 
     def _classify(self, exc: BaseException) -> Failure | None:
         if not isinstance(exc, sqlite3.Error):
@@ -430,13 +444,13 @@ class SqliteBackend(
             return Sleeper(self.rt.event())  # max_connections waiters watch already: it polls
         conn = None
         try:
-            conn = self.rt.offload(self._connect, discard=self._close_connection)
+            conn = self.rt.offload(self._open_file, discard=_close_quietly)
             return _ChangeWatch(conn, self._watches, self.rt)
         except BaseException as exc:
             # a cancellation too: the watch was never handed out, so nobody else would
             # close its connection or give its place back
             if conn is not None:
-                self._close_connection(conn)
+                _close_quietly(conn)
             self._watches.release()
             if isinstance(exc, (sqlite3.Error, DeadlinePassed)):
                 return Sleeper(self.rt.event())

@@ -2,7 +2,8 @@
 
 Layout under ``/<chroot>/<table>``: one persistent node per key, ``k/<key, %-encoded>``,
 whose children are the key's contenders, ephemeral sequential nodes named after their kind
-(``lock-``, ``write-``, ``read-``, ``sem-``, ``once-``; ``sched-`` nodes are persistent, so
+and a random part, never reused (``lock-<12 hex>-<seq>``; kinds ``lock-``, ``write-``,
+``read-``, ``sem-``, ``once-``; ``sched-`` nodes are persistent, so
 that ``at_least`` outlives the process). Their data (JSON) holds the owner, the kind, the
 lease in ms (``t``), whether the node holds (``h``; a fair waiter's queue entry does not yet)
 and, for semaphores, the permits. The key node's child ``record`` is its ``once`` record
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -421,7 +423,10 @@ class ZookeeperBackend(Store, FairQueue, SharedHolds, OnceRecords, Wakeups, Queu
         kind = str(data["k"])
         sent = time.monotonic()
         path, stat = zk.create(
-            f"{self._kpath(key)}/{PREFIX[kind]}",
+            # a random part, as Curator's protected mode has: a purge may delete the key node
+            # and its sequence restarts with the next, so a sequence number alone would name
+            # a later contender's node, and a stale release or renewal would hit it
+            f"{self._kpath(key)}/{PREFIX[kind]}{secrets.token_hex(6)}-",
             _dump(data),
             ephemeral=kind != "scheduled",
             sequence=True,

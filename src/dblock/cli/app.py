@@ -75,15 +75,24 @@ def _failure(exc: dblock.DBLockError, settings: Settings) -> CliError:
     return CliError(_one_line(exc))
 
 
-def run_main(argv: Sequence[str] | None) -> int:
-    """Parse and run; map every failure to one stderr line and an exit status."""
-    settings = Settings()
+def run_main(
+    argv: Sequence[str] | None,
+    *,
+    settings: Settings | None = None,
+    group: click.Group = cli,
+    prog_name: str = "dblock",
+) -> int:
+    """Parse and run; map every failure to one stderr line and an exit status.
+
+    ``settings``, ``group`` and ``prog_name``: for a host that runs some of the commands on
+    a database it configured (Django's ``manage.py dblock``)."""
+    settings = settings or Settings()
     Logging.install()
     try:
         try:
-            result = cli.main(
+            result = group.main(
                 args=list(argv) if argv is not None else None,
-                prog_name="dblock",
+                prog_name=prog_name,
                 standalone_mode=False,
                 obj=settings,
             )

@@ -1,8 +1,9 @@
 """``dblock dashboard``: a live web page of the current holds (the ``dashboard`` extra).
 
 One page (``page.html``) polls ``/api/state`` every second; ``/metrics`` serves what the store
-holds now in the Prometheus text format. Everything comes from the public client API
-(``list``, ``state``, ``force_release``). Read-only unless started with
+holds now in the Prometheus text format. Holds and once-records come from the public client
+API (``list``, ``state``, ``force_release``); waiters from the store's wait queue where it
+keeps one that can be listed (the SQL stores: ``QueueView``). Read-only unless started with
 ``allow_force_release``: then ``POST /api/release`` frees a hold, given the one-time secret.
 """
 
@@ -20,6 +21,7 @@ from typing import Any
 
 from .._errors import ConfigurationError
 from .._types import LockInfo
+from ..backends._contract import QueueView
 from ..observability import key_prefix
 
 try:
@@ -108,7 +110,24 @@ def snapshot(client: Any, seen: _Onces) -> dict[str, Any]:
             }
         )
     onces = seen.states(holds, client.state)
-    return {"now": now.isoformat(), "holds": rows, "once": onces}
+    return {"now": now.isoformat(), "holds": rows, "once": onces, "waiters": waiters(client, now)}
+
+
+def waiters(client: Any, now: datetime) -> list[dict[str, Any]] | None:
+    """Who waits for which key, in queue order; None where the store cannot list them."""
+    store = getattr(client, "_store", None)
+    if not isinstance(store, QueueView):
+        return None
+    return [
+        {
+            "key": entry.key,
+            "prefix": key_prefix(entry.key),
+            "kind": entry.kind,
+            "owner": entry.owner,
+            "waiting_for": round(max(0.0, -(_seconds(entry.acquired_at, now) or 0.0)), 3),
+        }
+        for entry in store.waiters("")
+    ]
 
 
 class _StoreCollector:

@@ -28,7 +28,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, Generic, TypeVar
 
-from .base import SqlBackend
+from ..._types import LockInfo
+from .._contract import QueueView
+from .base import MAINTENANCE_DEADLINE, SqlBackend
 
 C = TypeVar("C")
 Rows = list[Any]  # a name for backends whose method `list` shadows the builtin
@@ -200,6 +202,17 @@ class HolderStatements(ABC):
             sql += f" AND {self.prefix_match}"
         return sql + " ORDER BY lock_key, acquired_at, holder"
 
+    def waiting(self, *, by_prefix: bool = False) -> str:
+        """Live queue entries, shaped as live_holds' rows (token 0), of the keys %(prefix)s
+        (of length %(n)s) starts, or all; by key and place in the queue."""
+        sql = (
+            "SELECT lock_key, holder, 0, acquired_at, expires_at, kind FROM "
+            f"{self.holders} WHERE waiting = 1 AND expires_at > {self.now}"
+        )
+        if by_prefix:
+            sql += f" AND {self.prefix_match}"
+        return sql + " ORDER BY lock_key, acquired_at, holder"
+
     def no_live_holders(self, main_alias: str) -> str:
         """SQL: the main-table row ``main_alias`` has no live holder rows (keep its parent)."""
         return (
@@ -208,10 +221,23 @@ class HolderStatements(ABC):
         )
 
 
-class HoldersMixin(SqlBackend[C], Generic[C]):
+class HoldersMixin(SqlBackend[C], QueueView, Generic[C]):
     """Generic semaphore / rwlock / queue operations over dialect hooks."""
 
     sql: HolderStatements
+
+    @staticmethod
+    @abstractmethod
+    def _row_info(row: Any) -> LockInfo:
+        """A (key, owner, token, acquired_at, expires_at, kind) row as the dialect returns it."""
+
+    def waiters(self, prefix: str) -> list[LockInfo]:
+        params: dict[str, Any] = {"n": len(prefix), "prefix": prefix} if prefix else {}
+        sql = self.sql.waiting(by_prefix=bool(prefix))
+        rows = self.run(
+            "list", lambda conn: self._exec(conn, sql, params)[1], deadline=MAINTENANCE_DEADLINE
+        )
+        return [self._row_info(row) for row in rows]
 
     @abstractmethod
     def _exec(self, conn: C, sql: str, params: dict[str, Any]) -> tuple[int, list[Any]]:

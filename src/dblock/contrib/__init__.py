@@ -1,0 +1,1 @@
+"""Integrations with the frameworks applications already use (each an optional extra)."""

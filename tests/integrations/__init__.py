@@ -1,0 +1,1 @@
+"""Tests of dblock inside the frameworks applications use (dblock.contrib)."""

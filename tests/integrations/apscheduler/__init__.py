@@ -1,0 +1,1 @@
+"""APScheduler jobs wrapped in client.scheduled (docs/celery.md, "APScheduler")."""

@@ -1,0 +1,1 @@
+"""dblock.contrib.celery with real Celery workers (a Redis broker and result backend)."""

@@ -1,0 +1,1 @@
+"""dblock on a SQLAlchemy engine: the pool lent, the lock tables as metadata."""
