@@ -16,7 +16,7 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any, TypeVar
 
-from ._engine.quorum import NOT_AWAITED, TIMED_OUT, Fault
+from ._engine.quorum import TIMED_OUT, Fault
 from ._green import await_, bridged, cleaning_up, spawn
 from ._renewer import Job
 from ._runtime import Event, Jobs, Worker, next_serial
@@ -224,21 +224,18 @@ def fan_out_on_loop(
     within: float,
     late: Callable[[int, T], None] | None,
     keep: set[Any],
-    *,
-    enough: Callable[[list[Any]], bool] | None = None,
 ) -> list[Any]:
     """Run ``jobs`` at once, each in a greenlet of its own (a quorum asking its stores), and
-    wait up to ``within`` s, or until the values so far satisfy ``enough``; their values in
-    order, a ``Fault`` for each failed or unfinished one. Unfinished ones go on: ``late`` gets
-    their values (run in a greenlet of its own); ``keep`` holds their tasks meanwhile."""
+    wait up to ``within`` s; their values in order, a ``Fault`` for each failed or unfinished
+    one. Unfinished ones go on: ``late`` gets their values (run in a greenlet of its own);
+    ``keep`` holds their tasks meanwhile."""
     loop: asyncio.AbstractEventLoop = rt.loop
     tasks = [loop.create_task(spawn(job)) for job in jobs]
     for task in tasks:
         task.add_done_callback(_retrieved)
-    timed_out = False
     if tasks:
         try:
-            timed_out = await_(_wait(tasks, within, enough))
+            await_(asyncio.wait(tasks, timeout=within))
         except BaseException:
             # interrupted (a cancellation): the calls in flight finish first, so the caller's
             # cleanup sees what they did (this wait is shielded: dblock._green)
@@ -247,7 +244,7 @@ def fan_out_on_loop(
     out: list[Any] = []
     for i, task in enumerate(tasks):
         if not task.done():
-            out.append(TIMED_OUT if timed_out else NOT_AWAITED)
+            out.append(TIMED_OUT)
             if late is not None:
                 keep.add(task)
                 task.add_done_callback(_later(i, late, keep))
@@ -258,28 +255,6 @@ def fan_out_on_loop(
         else:
             out.append(task.result())
     return out
-
-
-async def _wait(
-    tasks: list[asyncio.Task[Any]], within: float, enough: Callable[[list[Any]], bool] | None
-) -> bool:
-    """Until every task is done (False), ``enough`` of them are (False), or ``within`` s have
-    passed (True: timed out)."""
-    deadline = time.monotonic() + within
-    pending = set(tasks)
-    while pending:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            return True
-        _done, pending = await asyncio.wait(
-            pending, timeout=left, return_when=asyncio.FIRST_COMPLETED
-        )
-        values = [
-            t.result() for t in tasks if t.done() and not t.cancelled() and t.exception() is None
-        ]
-        if enough is not None and pending and enough(values):
-            return False
-    return False
 
 
 def _retrieved(task: asyncio.Task[Any]) -> None:

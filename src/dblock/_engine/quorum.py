@@ -102,10 +102,8 @@ class Fault:
         return f"Fault({self.reason!r})"
 
 
-#: a member that did not answer in time (it is backed off from), and one whose answer was not
-#: awaited because the others' already decided
+#: a member that did not answer in time (it is then backed off from, like a failed one)
 TIMED_OUT = Fault("no answer in time")
-NOT_AWAITED = Fault("not awaited")
 
 
 @dataclass

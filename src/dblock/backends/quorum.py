@@ -19,13 +19,12 @@ import contextvars
 import logging
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor
+from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 from typing import Any, TypeVar
 
 from .. import _forksafe
 from .._engine.quorum import (
-    NOT_AWAITED,
     TIMED_OUT,
     Fault,
     Health,
@@ -136,13 +135,15 @@ class QuorumStore(Store, ScheduledRuns, FairQueue, Wakeups):
         within: float = ANSWER_WITHIN,
         members: Sequence[Member] | None = None,
         late: Callable[[Member, T], None] | None = None,
-        enough: Callable[[list[Any]], bool] | None = None,
     ) -> list[T | Fault]:
         """``call(store)`` on every member at once; the answers in members' order, a Fault for
         each that failed, was not asked (backing off) or did not answer ``within`` s (it is
-        then backed off from like a failed one). ``enough``: stop waiting as soon as the
-        answers so far satisfy it (the others go on, unawaited). ``late`` gets the answers
-        that came after the wait."""
+        then backed off from like a failed one). ``late`` gets the answers that came after
+        that.
+
+        It waits for every store that answers in time, though a majority would do for
+        safety: a hold that stands on every store survives one of them restarting empty, one
+        on a bare majority does not, and ``info`` right after a renewal agrees with it."""
         members = self.members if members is None else members
         now = time.monotonic()
         out: list[T | Fault] = [Fault("backing off") for _ in members]
@@ -150,11 +151,11 @@ class QuorumStore(Store, ScheduledRuns, FairQueue, Wakeups):
         jobs = [self._job(members[i], what, call) for i in asked]
         later = late and _late_for(late, members, asked)
         if self.rt is THREADS:
-            outcomes = self._run_threads(jobs, within, later, enough)
+            outcomes = self._run_threads(jobs, within, later)
         else:
             from .._loop_runtime import fan_out_on_loop
 
-            outcomes = fan_out_on_loop(self.rt, jobs, within, later, self._late, enough=enough)
+            outcomes = fan_out_on_loop(self.rt, jobs, within, later, self._late)
         for i, outcome in zip(asked, outcomes, strict=True):
             out[i] = outcome
             if outcome is TIMED_OUT and members[i].health.failed(time.monotonic()):
@@ -174,26 +175,21 @@ class QuorumStore(Store, ScheduledRuns, FairQueue, Wakeups):
         jobs: list[Callable[[], T]],
         within: float,
         late: Callable[[int, T], None] | None,
-        enough: Callable[[list[Any]], bool] | None,
     ) -> list[T | Fault]:
         pool = self._executor()
         # each job sees the caller's context (its deadline for statements: dblock._timing)
         futures = [pool.submit(contextvars.copy_context().run, job) for job in jobs]
         deadline = time.monotonic() + within
         pending = set(futures)
-        timed_out = False
-        while pending:  # until all answered, enough did, or the time is up
+        while pending:  # until all answered, or the time is up
             left = deadline - time.monotonic()
             if left <= 0:
-                timed_out = True
                 break
-            _done, pending = wait_futures(pending, timeout=left, return_when=FIRST_COMPLETED)
-            if enough is not None and pending and enough(_values(futures)):
-                break
+            _done, pending = wait_futures(pending, timeout=left, return_when=FIRST_EXCEPTION)
         out: list[T | Fault] = []
         for i, future in enumerate(futures):
             if not future.done():
-                out.append(TIMED_OUT if timed_out else NOT_AWAITED)
+                out.append(TIMED_OUT)
                 if late is not None:
                     future.add_done_callback(_after(i, late))
             elif future.exception() is not None:
@@ -211,9 +207,6 @@ class QuorumStore(Store, ScheduledRuns, FairQueue, Wakeups):
                 )
                 self._pool_pid = _forksafe.pid()
             return self._pool
-
-    def _majority_true(self, values: list[Any]) -> bool:
-        return sum(v is True for v in values) >= majority(self.n)
 
     def _answered(self, what: str, key: str | None, outcomes: Sequence[object]) -> None:
         """Raise BackendError unless a majority answered."""
@@ -236,10 +229,7 @@ class QuorumStore(Store, ScheduledRuns, FairQueue, Wakeups):
         """Each member's tables are made or checked when it is opened."""
 
     def acquire(self, key: str, owner: str, ttl: float, kind: str) -> int | None:
-        # Every step waits for every store that answers in time, though a majority would do
-        # for safety: a T above every fence is granted everywhere, and a hold that stands on
-        # every store survives one of them restarting empty; one on a bare majority does not
-        # (docs/quorum.md).
+        # T above every fence read is granted on every store that answers (see _fan_out)
         start = time.monotonic()
         fences = self._fan_out("reading the fence", lambda s: s.fence(key))
         self._answered("acquire", key, fences)
@@ -293,7 +283,7 @@ class QuorumStore(Store, ScheduledRuns, FairQueue, Wakeups):
                 store.grant_fenced(key, owner, lease, token, "lock")
             )
 
-        outcomes = self._fan_out("renew", renew_or_repair, enough=self._majority_true)
+        outcomes = self._fan_out("renew", renew_or_repair)
         return self._on_majority("renew", key, outcomes)
 
     def release(self, key: str, owner: str, token: int) -> bool:
@@ -442,11 +432,6 @@ class _Sleep(Subscription):
 
 def _safe(member: Member) -> str:
     return member.store.safe_url if member.store is not None else member.url
-
-
-def _values(futures: Sequence[Future[Any]]) -> list[Any]:
-    """The values of the futures that are done and did not fail."""
-    return [f.result() for f in futures if f.done() and f.exception() is None]
 
 
 def _late_for(
