@@ -13,7 +13,7 @@ attributes (``extra=``).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from .._observe import LockEvent, Observer, Outcome, add, remove
 from ._prefix import key_prefix
@@ -75,7 +75,7 @@ def enable_tracing(tracer_provider: Any = None) -> Tracing:
 
     tracing = Tracing(tracer_provider)
     if tracing.enabled:
-        add(tracing)
+        add(cast("Observer", tracing))  # it leaves out the hooks it has no use for
     return tracing
 
 

@@ -31,6 +31,8 @@ except ImportError as exc:  # pragma: no cover - depends on the extras installed
 #: lock waits and holds range from milliseconds to many minutes
 BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0)
 LABELS = ["backend", "prefix", "kind"]
+#: keys whose series the metrics remember by key (beyond it they start over)
+_KEYS_REMEMBERED = 4096
 
 
 class _Histogram:
@@ -84,6 +86,7 @@ class PrometheusMetrics:
     def __init__(self, registry: Any, prefix: Callable[[str], str]) -> None:
         self._prefix = prefix
         self._series: dict[tuple[str, str, str], _Series] = {}
+        self._by_key: dict[tuple[str, str, str], _Series] = {}
         self._registry = REGISTRY if registry is None else registry
         self._registry.register(self)
 
@@ -91,10 +94,17 @@ class PrometheusMetrics:
         self._registry.unregister(self)
 
     def _of(self, event: LockEvent) -> _Series:
+        # by (backend, key, kind) first: a key's prefix is worked out once, not per event
+        found = self._by_key.get((event.backend, event.key, event.kind))
+        if found is not None:
+            return found
         labels = (event.backend, self._prefix(event.key), event.kind)
         series = self._series.get(labels)
         if series is None:
             series = self._series.setdefault(labels, _Series())
+        if len(self._by_key) >= _KEYS_REMEMBERED:
+            self._by_key.clear()  # many keys: start over (the series stay)
+        self._by_key[(event.backend, event.key, event.kind)] = series
         return series
 
     # -- the hooks ------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """OpenTelemetry spans of this process's locks, through the API only (no SDK needed).
 
 A span ``dblock.acquire`` covers each acquire call, the wait included; it is started with the
-call's start time when the call ends, so an acquire costs nothing extra while it waits. A
+call's start time when the call ends, so an acquire costs nothing extra while it waits, and
+its attributes are made only for a span that records (an SDK is installed and samples it). A
 lease loss becomes a span ``dblock.lease_lost`` with a ``lease lost`` event, linked to the span
 of the acquire that granted the hold.
 """
@@ -45,21 +46,19 @@ class Tracing:
             attributes["dblock.token"] = event.token
         return attributes
 
-    def acquiring(self, event: LockEvent) -> None:
-        pass
-
     def acquired(
         self, event: LockEvent, outcome: Outcome, wait: float, error: BaseException | None
     ) -> None:
         end = time.time_ns()
+        span = self._tracer.start_span("dblock.acquire", start_time=end - int(wait * 1e9))
+        if not span.is_recording():
+            return  # no SDK, or not sampled: nothing would keep what follows
         attributes = self._attributes(event)
         attributes["dblock.outcome"] = outcome
         attributes["dblock.wait_seconds"] = wait
         if event.reentry:
             attributes["dblock.reentry"] = True
-        span = self._tracer.start_span(
-            "dblock.acquire", attributes=attributes, start_time=end - int(wait * 1e9)
-        )
+        span.set_attributes(attributes)
         if error is not None and outcome == "error":
             span.record_exception(error)
             span.set_status(trace.StatusCode.ERROR, str(error))
@@ -71,6 +70,8 @@ class Tracing:
                 self._grants[(event.key, event.owner or "", event.token)] = span.get_span_context()
 
     def _forget(self, event: LockEvent) -> Any:
+        if not self._grants:  # nothing recorded (no SDK): no lock to take
+            return None
         with self._mutex:
             return self._grants.pop((event.key, event.owner or "", event.token or 0), None)
 
@@ -87,6 +88,3 @@ class Tracing:
         ) as span:
             span.add_event("lease lost", attributes=attributes)
             span.set_status(trace.StatusCode.ERROR, "lease lost")
-
-    def renewal_failed(self, event: LockEvent, error: BaseException) -> None:
-        pass
