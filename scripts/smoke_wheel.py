@@ -13,6 +13,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import NoReturn
 
 HEAVY = {"psycopg", "pymysql", "click", "rich", "greenlet", "aiomysql", "redis", "kazoo", "grpc"}
 
@@ -33,9 +34,55 @@ MODULES = {
 }
 
 
-def fail(why: str) -> None:
+def fail(why: str) -> NoReturn:
     print(f"smoke FAILED: {why}")
     sys.exit(1)
+
+
+def sqlite_lock(url: str) -> list[int]:
+    """Two holds of one key on a fresh file: their fencing tokens, which must increase."""
+    import dblock
+
+    tokens: list[int] = []
+    with dblock.connect(url) as client:
+        for _ in range(2):
+            with client.lock("smoke", ttl=10, timeout=5) as lock:
+                if lock.token is None or [i.key for i in client.list()] != ["smoke"]:
+                    fail("a held lock has no token, or list() does not show it")
+                tokens.append(lock.token)
+    if tokens[1] <= tokens[0]:
+        fail(f"fencing tokens did not increase: {tokens}")
+    return tokens
+
+
+def the_extra(extra: str) -> None:
+    """The extra's modules import and do their first job."""
+    for name in MODULES[extra]:
+        importlib.import_module(name)
+    if extra in ("prometheus", "dashboard"):
+        from dblock.observability import enable_metrics
+
+        enable_metrics()
+    if extra == "otel":
+        from dblock.observability import enable_tracing
+
+        enable_tracing()
+
+
+def the_command(extra: str, version: str) -> None:
+    """The installed ``dblock`` command answers."""
+    command = str(Path(sys.executable).parent / "dblock")
+    argvs = [["--help"], ["--version"], ["schema", "--dialect", "sqlite"]]
+    if extra == "dashboard":
+        argvs.append(["dashboard", "--help"])
+    for argv in argvs:
+        out = subprocess.run(  # noqa: S603 - the installed command, fixed arguments
+            [command, *argv], capture_output=True, text=True, check=False
+        )
+        if out.returncode != 0:
+            fail(f"dblock {' '.join(argv)} exited {out.returncode}: {out.stderr.strip()}")
+        if argv == ["--version"] and version not in out.stdout:
+            fail(f"dblock --version printed {out.stdout.strip()!r}")
 
 
 def main(extra: str) -> None:
@@ -48,41 +95,15 @@ def main(extra: str) -> None:
         fail(f"dblock imported from {dblock.__file__}, not the installed wheel")
     with tempfile.TemporaryDirectory() as tmp:
         url = f"sqlite:///{Path(tmp) / 'locks.db'}"
-        with dblock.connect(url) as client:
-            tokens = []
-            for _ in range(2):
-                with client.lock("smoke", ttl=10, timeout=5) as lock:
-                    tokens.append(lock.token)
-                    if [i.key for i in client.list()] != ["smoke"]:
-                        fail("list() does not show the held lock")
-            if not (tokens[0] is not None and tokens[1] is not None and tokens[1] > tokens[0]):
-                fail(f"fencing tokens did not increase: {tokens}")
+        tokens = sqlite_lock(url)
         if extra in ("asyncio", "mysql-async", "all"):
             asyncio.run(async_lock(url))
-    for name in MODULES[extra]:
-        importlib.import_module(name)
-    if extra in ("prometheus", "dashboard"):
-        from dblock.observability import enable_metrics
-
-        enable_metrics()
-    if extra == "otel":
-        from dblock.observability import enable_tracing
-
-        enable_tracing()
-    command = str(Path(sys.executable).parent / "dblock")
-    argvs = [["--help"], ["--version"], ["schema", "--dialect", "sqlite"]]
-    if extra == "dashboard":
-        argvs.append(["dashboard", "--help"])
-    for argv in argvs:
-        out = subprocess.run(  # noqa: S603 - the installed command, fixed arguments
-            [command, *argv], capture_output=True, text=True, check=False
-        )
-        if out.returncode != 0:
-            fail(f"dblock {' '.join(argv)} exited {out.returncode}: {out.stderr.strip()}")
-        if argv == ["--version"] and dblock.__version__ not in out.stdout:
-            fail(f"dblock --version printed {out.stdout.strip()!r}")
-    print(f"smoke ok: dblock {dblock.__version__} [{extra or 'no extra'}] on Python "
-          f"{sys.version.split()[0]}: tokens {tokens}")
+    the_extra(extra)
+    the_command(extra, dblock.__version__)
+    print(
+        f"smoke ok: dblock {dblock.__version__} [{extra or 'no extra'}] on Python "
+        f"{sys.version.split()[0]}: tokens {tokens}"
+    )
 
 
 async def async_lock(url: str) -> None:
