@@ -88,7 +88,7 @@ def test_a_certificate_the_ca_did_not_sign_is_refused(
     lock taken in the clear."""
     port, _ca = tls_node
     _key, stranger = _self_signed(tmp_path)
-    with pytest.raises(dblock.BackendError, match="(?i)tls handshake"):
+    with pytest.raises(dblock.BackendError, match=r"(?i)tls handshake"):
         with dblock.connect(_url(port, stranger) + "&connect_timeout=3", table="t_tls") as c:
             c.lock("k", ttl=5).acquire(timeout=1)
 
