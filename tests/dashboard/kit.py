@@ -133,6 +133,10 @@ def demo_screenshot(path: Path) -> Path:
             done = client.once("withdraw-retry:serial-0093", ttl=60, note="retry payout")
             running = client.once("payout:batch-" + uuid.uuid4().hex[:6], ttl=120)
             settings = dashboard.Settings(allow_force_release=True, poll_ms=250)
+            # another host waits for the payout lock (the Waiters table)
+            other = dblock.connect(url)
+            waiting = threading.Thread(target=_wait_a_while, args=(other, "payout:order-1842"))
+            waiting.start()
             with open_dashboard(client, settings) as (page, _):
                 off_loop(readers[0].acquire)
                 off_loop(done.__enter__)
@@ -149,7 +153,16 @@ def demo_screenshot(path: Path) -> Path:
                         off_loop(locks[1].acquire)
                 shoot(page, path)
             off_loop(running.__exit__, None, None, None)
+            off_loop(locks[2].release)
+            waiting.join(30)
+            other.close()
     return path
+
+
+def _wait_a_while(client: dblock.Client, key: str) -> None:
+    lock = client.lock(key, ttl=30)
+    if lock.acquire(timeout=30):
+        lock.release()
 
 
 if __name__ == "__main__":
