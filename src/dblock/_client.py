@@ -47,7 +47,8 @@ def connect(
 
     ``max_connections`` bounds the client's pool of statement connections (default: the URL's
     ``?max_connections=``, else 10); a thread that finds them all in use waits for one, within
-    its acquire's timeout. Waiting threads may use a few more (see the README, "Connections").
+    its acquire's timeout. Waiting threads may use a few more (docs/configuration.md,
+    "Connections").
 
     A list of at least three URLs (or a string of them separated by spaces, as in
     ``DBLOCK_URL``) opens a quorum client: a hold exists while a majority of these
