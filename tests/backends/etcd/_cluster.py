@@ -92,14 +92,21 @@ class Cluster:
         raise AssertionError("the private etcd cluster elected no leader")
 
 
-@contextlib.contextmanager
-def private_cluster(size: int = 3) -> Iterator[Cluster]:
-    """A fresh ``size``-node cluster, removed afterwards."""
+def etcd_binary() -> str:
+    """The etcd server's path; the test fails without it under DBLOCK_REQUIRE_SERVERS=1, else
+    it is skipped."""
     binary = shutil.which("etcd")
     if binary is None:
         if REQUIRE_SERVERS:
-            pytest.fail("a private etcd cluster needs etcd (DBLOCK_REQUIRE_SERVERS=1)")
-        pytest.skip("a private etcd cluster needs etcd")
+            pytest.fail("a private etcd server needs etcd (DBLOCK_REQUIRE_SERVERS=1)")
+        pytest.skip("a private etcd server needs etcd")
+    return binary
+
+
+@contextlib.contextmanager
+def private_cluster(size: int = 3) -> Iterator[Cluster]:
+    """A fresh ``size``-node cluster, removed afterwards."""
+    binary = etcd_binary()
     root = Path(tempfile.mkdtemp(prefix="dblock-etcd-"))
     ports = free_ports(2 * size)
     names = [f"n{i}" for i in range(size)]

@@ -14,18 +14,13 @@ import pytest
 
 import dblock
 from tests._private_servers import _self_signed, free_ports
-from tests._servers import REQUIRE_SERVERS
-from tests.backends.etcd._cluster import TIMING, Node
+from tests.backends.etcd._cluster import TIMING, Node, etcd_binary
 
 
 @pytest.fixture(scope="module")
 def tls_node() -> Iterator[tuple[int, Path]]:
     """(client port, CA certificate) of a private etcd node that speaks TLS to clients."""
-    binary = shutil.which("etcd")
-    if binary is None:
-        if REQUIRE_SERVERS:
-            pytest.fail("a private etcd node needs etcd (DBLOCK_REQUIRE_SERVERS=1)")
-        pytest.skip("a private etcd node needs etcd")
+    binary = etcd_binary()
     root = Path(tempfile.mkdtemp(prefix="dblock-etcd-tls-"))
     key, cert = _self_signed(root)
     client, peer = free_ports(2)
