@@ -47,6 +47,7 @@ from ._contract import (
     Wakeups,
     lacking,
 )
+from .sql.base import Sleeper
 
 log = logging.getLogger("dblock")
 T = TypeVar("T")
@@ -397,7 +398,7 @@ class QuorumStore(Store, ScheduledRuns, FairQueue, Wakeups):
                     if subscription.live:
                         return subscription
                     subscription.close()
-        return _Sleep(self.rt)
+        return Sleeper(self.rt.event())  # no member pushes wake-ups now: sleep between tries
 
     def purge(self, older_than: float, include_once: bool) -> int:
         """Purge each store (fences survive a purge: FencedGrants); the most rows one of them
@@ -414,20 +415,6 @@ class QuorumStore(Store, ScheduledRuns, FairQueue, Wakeups):
         for member in self.members:
             if member.store is not None:
                 member.store.close()
-
-
-class _Sleep(Subscription):
-    """No member pushes wake-ups now: the waiter sleeps between tries."""
-
-    def __init__(self, rt: Runtime) -> None:
-        self._rt = rt
-
-    def wait(self, timeout: float) -> bool:
-        self._rt.sleep(timeout)
-        return False
-
-    def close(self) -> None:
-        pass
 
 
 def _safe(member: Member) -> str:
