@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import subprocess
 import sys
 import time
+from pathlib import Path
 
 import dblock
 
@@ -14,6 +16,21 @@ if os.environ.get("DBLOCK_TEST_CLIENT") == "async":  # the contract suite's [asy
     from tests._async_facade import connect
 else:
     connect = dblock.connect
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def start(*args: str, stdin: int | None = None, stderr: int | None = None) -> subprocess.Popen[str]:
+    """``python -m tests._worker *args`` from the repository's root, its stdout piped (text)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests._worker", *args],
+        cwd=ROOT,
+        stdin=stdin,
+        stdout=subprocess.PIPE,
+        stderr=stderr,
+        text=True,
+    )
 
 
 def count(url: str, table: str, key: str, n: str, counter: str, log: str) -> None:

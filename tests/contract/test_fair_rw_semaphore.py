@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -15,19 +14,14 @@ from dblock._engine import QUEUE_TTL
 from dblock.backends.sql.names import aux_name
 from tests._internals import store_call
 from tests._waiting import until
+from tests._worker import start
 from tests.providers import Provider
 
 pytestmark = pytest.mark.slow
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def spawn(*args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "tests._worker", *args],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    return start(*args)
 
 
 def finish(procs: list[subprocess.Popen[str]], timeout: float = 120) -> list[str]:

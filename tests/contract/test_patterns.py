@@ -12,21 +12,14 @@ from pathlib import Path
 import pytest
 
 import dblock
+from tests._worker import start
 from tests.providers import Provider
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def run_workers(*commands: list[str], timeout: float = 90) -> list[str]:
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-m", "tests._worker", *cmd],
-            cwd=ROOT,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        for cmd in commands
-    ]
+    procs = [start(*cmd) for cmd in commands]
     outs = [p.communicate(timeout=timeout)[0].strip() for p in procs]
     assert [p.returncode for p in procs] == [0] * len(procs), outs
     return outs

@@ -8,7 +8,6 @@ import os
 import select
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -16,6 +15,7 @@ import pytest
 
 import dblock
 from tests._internals import store_call
+from tests._worker import start as start_worker
 from tests.providers import Provider
 
 pytestmark = [pytest.mark.slow, pytest.mark.needs("processes")]
@@ -23,13 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def worker(*args: str, stdin: int | None = None) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "tests._worker", *args],
-        cwd=ROOT,
-        stdin=stdin,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    return start_worker(*args, stdin=stdin)
 
 
 def finish(proc: subprocess.Popen[str]) -> None:

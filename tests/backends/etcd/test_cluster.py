@@ -17,6 +17,7 @@ import pytest
 
 import dblock
 import dblock.fencing
+from tests._worker import start
 from tests.backends.etcd._cluster import Cluster
 
 TTL = 2.0
@@ -130,28 +131,8 @@ def test_node_stopped_and_back_no_overlap(cluster: Cluster, tmp_path: Path) -> N
     sees two holders at once, nor a token that is not above every earlier one."""
     record = tmp_path / "record"
     record.write_text("0 0")
-    root = Path(__file__).resolve().parents[3]
-    workers = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "tests._worker",
-                "fence_through_faults",
-                cluster.url,
-                "t_partition",
-                "k",
-                str(TTL),
-                "9",
-                str(record),
-            ],
-            cwd=root,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for _ in range(3)
-    ]
+    args = ["fence_through_faults", cluster.url, "t_partition", "k", str(TTL), "9", str(record)]
+    workers = [start(*args, stderr=subprocess.PIPE) for _ in range(3)]
     try:
         leader = cluster.leader()
         follower = next(n for n in cluster.nodes if n is not leader)
