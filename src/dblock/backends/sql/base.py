@@ -292,9 +292,8 @@ class SqlBackend(Store, Generic[C]):
             except BaseException as exc:
                 self._watchdog.done(ident)
                 interruption = _interruption(exc)
-                if interruption is not None and (
-                    interruption is not earlier or self._classify(exc) is None
-                ):
+                failure = self._classify(exc)
+                if interruption is not None and (interruption is not earlier or failure is None):
                     # a cancellation or Ctrl-C, maybe followed by a driver error in the
                     # statement's own cleanup (a rollback on the interrupted connection):
                     # never retried, and the interruption is what propagates
@@ -303,7 +302,6 @@ class SqlBackend(Store, Generic[C]):
                     if interruption is exc:
                         raise
                     raise interruption from exc
-                failure = self._classify(exc)
                 if watch.aborted:
                     self._discard(conn)
                     raise BackendError(
