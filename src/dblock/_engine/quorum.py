@@ -21,6 +21,17 @@ FAULT_BACKOFF = 0.05
 FAULT_BACKOFF_CAP = 2.0
 
 
+#: rounds of one acquire while its votes split (it won some stores, none won a majority)
+SPLIT_ROUNDS = 6
+#: the longest random pause before the first retry after a split, seconds; doubled each round
+SPLIT_PAUSE = 0.01
+
+
+def split_pause(round_: int) -> float:
+    """The longest random pause after the ``round_``-th split vote (0: the first)."""
+    return SPLIT_PAUSE * 2**round_
+
+
 def majority(n: int) -> int:
     """The smallest number of stores that any two such sets share one of."""
     return n // 2 + 1

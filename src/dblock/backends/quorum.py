@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import logging
+import random
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor
@@ -25,6 +26,7 @@ from typing import Any, TypeVar
 
 from .. import _forksafe
 from .._engine.quorum import (
+    SPLIT_ROUNDS,
     TIMED_OUT,
     Fault,
     Health,
@@ -33,6 +35,7 @@ from .._engine.quorum import (
     held_on_majority,
     majority,
     next_token,
+    split_pause,
     store_lease,
 )
 from .._errors import BackendError, ConfigurationError, DBLockError
@@ -230,6 +233,23 @@ class QuorumStore(Store, ScheduledRuns, FairQueue, Wakeups):
         """Each member's tables are made or checked when it is opened."""
 
     def acquire(self, key: str, owner: str, ttl: float, kind: str) -> int | None:
+        for round_ in range(SPLIT_ROUNDS):
+            token, split = self._acquire_round(key, owner, ttl, kind)
+            if token is not None or not split or round_ + 1 == SPLIT_ROUNDS:
+                return token
+            # A split vote: contenders that came at once each won some stores and none a
+            # majority, so each gave its grants back. Nobody holds the key, and "busy" would
+            # be false (a `scheduled` job fired on every host at once would run nowhere).
+            # Each such contender tries again after its own random pause; the first to come
+            # back finds the stores free (and fenced above the last round's token).
+            self.rt.sleep(random.uniform(0, split_pause(round_)))
+        return None
+
+    def _acquire_round(
+        self, key: str, owner: str, ttl: float, kind: str
+    ) -> tuple[int | None, bool]:
+        """One round of fenced grants: (the token if held, whether it failed by a split vote,
+        that is this contender won some stores but not a majority)."""
         # T above every fence read is granted on every store that answers (see _fan_out)
         start = time.monotonic()
         fences = self._fan_out("reading the fence", lambda s: s.fence(key))
@@ -258,7 +278,7 @@ class QuorumStore(Store, ScheduledRuns, FairQueue, Wakeups):
         refused = sum(v is False for v in votes)
         verdict = grant_verdict(self.n, granted, refused, time.monotonic() - start, ttl)
         if verdict == "held":
-            return token
+            return token, False
         settled = True
         # every store that may have granted: those that did, and those whose answer is missing
         maybe = [m for m, v in zip(self.members, votes, strict=True) if v is not False]
@@ -266,7 +286,7 @@ class QuorumStore(Store, ScheduledRuns, FairQueue, Wakeups):
             self._fan_out("release", lambda s: s.release_owned(key, owner), members=maybe)
         if verdict == "unreachable":
             self._answered("acquire", key, votes)
-        return None
+        return None, granted > 0
 
     def _undo(self, member: Member, key: str, owner: str) -> None:
         # a failure was logged by _ask; the grant's lease ends it then
