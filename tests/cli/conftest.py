@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -35,6 +36,7 @@ class Dblock:
         self.work = work
         self.env = {k: v for k, v in os.environ.items() if k != "DBLOCK_URL"}
         self.env["PYTHONUNBUFFERED"] = "1"
+        self.env["PYTHONFAULTHANDLER"] = "1"  # a stack dump on SIGABRT (see finish)
         self._started: list[subprocess.Popen[bytes]] = []
         self.stderr_of: dict[int, Path] = {}
 
@@ -116,8 +118,14 @@ def finish(
     try:
         proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+        # SIGABRT first: faulthandler (PYTHONFAULTHANDLER in its environment) writes every
+        # thread's stack to its stderr, which tells where it hung
+        proc.send_signal(signal.SIGABRT)
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
         pytest.fail(f"dblock did not exit within {timeout:g} s; stderr: {cli.stderr(proc)}")
     return proc.returncode, cli.stdout(proc), cli.stderr(proc)
 
