@@ -35,6 +35,7 @@ from functools import partial
 from typing import Any
 
 from .. import _forksafe
+from .._errors import BackendError
 from .sql.base import Failure
 from .sql.mysql import session_lock_name
 from .sql.watchdog import Watchdog
@@ -83,6 +84,11 @@ class MysqlSessions:
 
     def name(self, key: str) -> str:
         return session_lock_name(self.scope, key)
+
+    @property
+    def gate(self) -> str:
+        """The GET_LOCK held while the sequence is made durable (a name no key has)."""
+        return session_lock_name(self.scope, "") + ":d"
 
     # -- connections ----------------------------------------------------------------------
     def _checkout(self) -> tuple[Any, bool]:
@@ -162,7 +168,13 @@ class MysqlSessions:
         lock is given back)."""
         sql = self.store.sql
         wait = _FOREVER if math.isinf(timeout) else max(0.0, timeout)
-        params = {"key": key, "owner": owner, "sname": self.name(key), "s": wait}
+        params = {
+            "key": key,
+            "owner": owner,
+            "sname": self.name(key),
+            "s": wait,
+            "gate": self.gate,
+        }
         store = self.store
         ident, _ = store._watchdog.watch(wait + _GRANT_SLACK, partial(store._abort, conn))
         try:
@@ -172,18 +184,30 @@ class MysqlSessions:
                 row = _last_row(conn, sql.session_grant_new_row, params, sql.session_result)
         finally:
             store._watchdog.done(ident)
-        got, _exists, busy, from_sequence, token = row
+        got, _exists, busy, from_sequence, token, reserved, durable = row
         if got != 1:
             return None  # timed out (0), or the wait was ended (NULL)
         if busy or token is None:
             with conn.cursor() as cur:
                 cur.execute(sql.session_unlock, params)
             return None
-        if from_sequence is None or int(token) > int(from_sequence):
-            # the row's token was ahead of the sequence (tokens a quorum chose, or from before
-            # the sequence): later lease tokens, drawn from it, must exceed this one
-            with conn.cursor() as cur:
+        with conn.cursor() as cur:
+            if from_sequence is None or int(token) > int(from_sequence):
+                # the row's token was ahead of the sequence (tokens a quorum chose, or from
+                # before the sequence): later tokens, drawn from it, must exceed this one
                 cur.execute(sql.push_sequence(int(token)))
+                cur.execute(sql.sequence_reserved)
+                reserved, durable = cur.fetchone()[0], 0
+            if durable != 1:
+                # the sequence's cache was refilled since the last commit on disk: one now
+                # (see MysqlStatements._build_sessions), before the token is handed out
+                done = _last_row(conn, sql.make_durable, {"gate": self.gate, "n": reserved}, 0)
+                if done[0] != 1:
+                    raise BackendError(
+                        f"session acquire on {self.store.safe_url} (key {key!r}, table "
+                        f"{self.store.table}): the token sequence's gate stayed taken for 10 s",
+                        key=key,
+                    )
         return int(token)
 
     def check_session(self, key: str, owner: str, token: int) -> bool:
@@ -288,7 +312,7 @@ def _last_row(conn: Any, sql: str, params: dict[str, Any], index: int) -> Any:
             if not cur.nextset():
                 break
     if found is None:
-        raise RuntimeError("a session grant returned no row")  # never: the SELECT has one
+        raise BackendError("a session grant returned no row")  # never: the SELECT has one
     return found
 
 

@@ -474,26 +474,52 @@ class MysqlStatements(HolderStatements):
         """Session holds (ttl=None): GET_LOCK on a connection set aside for the hold; see
         backends/mysql_session.py. Each statement is a transaction of its own (autocommit);
         user variables carry results from one to the next within the packet."""
-        # key -> locking read of the key's row (it waits for a lease being taken or released,
-        # and reads what that committed): whether it exists, is held, and its token; with
-        # the sequence's next value if the row exists and is free (a NULL token: no grant)
+        # A sequence's values are not durable: after a crash it restarts from what the log
+        # had on disk, and a value handed out from a cache refilled since comes again. So a
+        # session token is handed out only once a commit that waits for the disk came after
+        # the refill of its cache: meta row 2 keeps how far the sequence had reserved
+        # (next_not_cached_value) at the last such commit (make_durable). A grant that finds
+        # its value's cache past that mark makes it durable itself (once per cache, 1000
+        # values); else it passes the gate first (gate: a GET_LOCK the writer of the mark
+        # holds until its commit is on disk, as InnoDB shows a commit before it is).
+        reserved = f"SELECT next_not_cached_value FROM {self.seq}"
+        # key gate -> locking read of the key's row (it waits for a lease being taken or
+        # released, and reads what that committed): whether it exists, is held, and its
+        # token; with the sequence's next value if the row exists and is free (a NULL token:
+        # no grant), how far the sequence has reserved and how far that is on disk
         look = (
             "SELECT COUNT(*), COALESCE(MAX(expires_at > " + NOW + "), 0), MAX(token)\n"
             "INTO @dblock_n, @dblock_b, @dblock_r\n"
             f"FROM {t} WHERE @dblock_s = 1 AND lock_key = %(key)s LOCK IN SHARE MODE;\n"
             f"SELECT IF(@dblock_n = 1 AND @dblock_b = 0, NEXTVAL({self.seq}), NULL)\n"
             "INTO @dblock_v;\n"
+            f"SELECT ({reserved}), (SELECT COALESCE(MAX(hwm), 0) FROM {meta} WHERE id = 2)\n"
+            "INTO @dblock_c, @dblock_d;\n"
+            "SELECT IF(@dblock_v IS NOT NULL AND @dblock_d >= @dblock_c,\n"
+            "    IF(GET_LOCK(%(gate)s, 5) = 1, RELEASE_LOCK(%(gate)s), 0), 0) INTO @dblock_g;\n"
             # who holds it, for info() and list()
             f"INSERT INTO {sessions} (lock_key, lock_name, conn, owner, token, acquired_at)\n"
             "SELECT %(key)s, %(sname)s, CONNECTION_ID(), %(owner)s,\n"
             f"    GREATEST(@dblock_v, @dblock_r + 1), {NOW} FROM DUAL WHERE @dblock_v IS NOT NULL\n"
             "ON DUPLICATE KEY UPDATE lock_name = VALUES(lock_name), conn = VALUES(conn),\n"
             "    owner = VALUES(owner), token = VALUES(token), acquired_at = VALUES(acquired_at);\n"
-            "SELECT @dblock_s, @dblock_n, @dblock_b, @dblock_v, GREATEST(@dblock_v, @dblock_r + 1)"
+            "SELECT @dblock_s, @dblock_n, @dblock_b, @dblock_v,\n"
+            "    GREATEST(@dblock_v, @dblock_r + 1), @dblock_c, @dblock_g"
         )
         #: the statement of the grants below whose row is (had the lock, the key has a row,
-        #: a lease holds it, the sequence's value, the token)
-        self.session_result = 4
+        #: a lease holds it, the sequence's value, the token, how far the sequence has
+        #: reserved, 1 if that is on disk)
+        self.session_result = 6
+        # -> how far the sequence has reserved
+        self.sequence_reserved = reserved
+        # gate n -> marks the sequence durable up to n, with a commit that waits for the disk
+        # (and so writes the sequence's refills before it), holding the gate until it has
+        self.make_durable = (
+            "SELECT GET_LOCK(%(gate)s, 10);\n"
+            f"INSERT INTO {meta} (id, hwm) VALUES (2, %(n)s)\n"
+            "ON DUPLICATE KEY UPDATE hwm = GREATEST(hwm, VALUES(hwm));\n"
+            "DO RELEASE_LOCK(%(gate)s)"
+        )
         # sname s key owner -> waits up to `s` s in the server's queue for the key's GET_LOCK
         # (the queue is first come, first served); then the look above
         self.session_grant = f"SELECT GET_LOCK(%(sname)s, %(s)s) INTO @dblock_s;\n{look}"
