@@ -823,6 +823,65 @@ def evaluate_targets(res: dict[str, Any], contenders: list[Contender]) -> list[d
                 f"{q:.1f}/s",
                 q <= 10 if backend == "postgresql" else None,
             )
+    out += _session_targets(res)
+    return out
+
+
+#: the server's own lock, raw, per backend: what a session hold is measured against
+_RAW_LOCK = {"postgresql": "pg_advisory_lock", "mysql": "GET_LOCK"}
+
+
+def _session_targets(res: dict[str, Any]) -> list[dict[str, Any]]:
+    """Issue 28's targets for ``ttl=None`` (the server's own lock): against the raw lock and
+    the best tooz driver of the store, uncontended (a) and 8 processes on one key (b)."""
+    out: list[dict[str, Any]] = []
+
+    def add(target: str, measured: str, met: bool | None) -> None:
+        out.append({"target": target, "measured": measured, "met": met})
+
+    for backend, raw in _RAW_LOCK.items():
+        me = f"{backend}/dblock session"
+        a, b = res.get("a", {}), res.get("b", {})
+        tooz = [p for p in sorted({*a, *b}) if p.startswith(f"{backend}/tooz")]
+        if me in a and not math.isnan(a[me].get("pairs_per_s", math.nan)):
+            rate = a[me]["pairs_per_s"]
+            best = max((a[p]["pairs_per_s"] for p in tooz if p in a), default=None)
+            if best:
+                add(
+                    f"(a) {backend} session: ≥ 1.3× tooz", f"{rate / best:.2f}×", rate / best >= 1.3
+                )
+        if me in b and b[me].get("repeats"):
+            v = b[me]
+            add(
+                f"(b) {backend} session: zero lost updates",
+                f"{v['lost_updates']} lost, {v['overlaps']} overlaps",
+                v["exclusive"],
+            )
+            add(
+                f"(b) {backend} session: fairness ≥ 0.9",
+                f"{v['fairness']:.2f}",
+                v["fairness"] >= 0.9,
+            )
+            add(
+                f"(b) {backend} session: p99 wait ≤ 2× ideal FIFO wait",
+                f"{v['p99_over_ideal']:.1f}×",
+                v["p99_over_ideal"] <= 2.0,
+            )
+            rate = v["throughput"]
+            best = max(
+                (b[p]["throughput"] for p in tooz if p in b and b[p].get("exclusive")), default=None
+            )
+            if best:
+                add(
+                    f"(b) {backend} session: ≥ 1.3× tooz", f"{rate / best:.2f}×", rate / best >= 1.3
+                )
+            floor = b.get(f"{backend}/{raw}", {}).get("throughput")
+            if floor:
+                add(
+                    f"(b) {backend} session: ≥ 0.8× raw {raw}",
+                    f"{rate / floor:.2f}×",
+                    rate / floor >= 0.8,
+                )
     return out
 
 
