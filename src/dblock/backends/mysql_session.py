@@ -34,6 +34,8 @@ import time
 from functools import partial
 from typing import Any
 
+import pymysql
+
 from .. import _forksafe
 from .._errors import BackendError
 from .sql.base import Failure
@@ -49,6 +51,8 @@ CHECK_DEADLINE = 2.0
 #: the server closes a session connection idle this long (``wait_timeout``), which frees its
 #: lock; a hold's checks (every second) keep it busy
 SERVER_IDLE = 30
+#: "the table is full": the sessions table (MEMORY) reached max_heap_table_size
+_TABLE_FULL = 1114
 #: a GET_LOCK wait without a timeout: a year (the server takes no "forever")
 _FOREVER = 365 * 24 * 3600
 #: the watchdog's margin over a grant's own wait
@@ -81,6 +85,9 @@ class MysqlSessions:
         self._idle: list[tuple[Any, float]] = []
         #: (key, owner, token) -> the hold's connection
         self._conns: dict[tuple[str, str, int], Any] = {}
+        #: the highest mark of the token sequence this client knows to be on disk: a value
+        #: below it is safe to hand out (see MysqlStatements._build_sessions)
+        self._durable = 0
 
     def name(self, key: str) -> str:
         return session_lock_name(self.scope, key)
@@ -168,47 +175,69 @@ class MysqlSessions:
         lock is given back)."""
         sql = self.store.sql
         wait = _FOREVER if math.isinf(timeout) else max(0.0, timeout)
-        params = {
-            "key": key,
-            "owner": owner,
-            "sname": self.name(key),
-            "s": wait,
-            "gate": self.gate,
-        }
+        params = {"key": key, "owner": owner, "sname": self.name(key), "s": wait}
         store = self.store
         ident, _ = store._watchdog.watch(wait + _GRANT_SLACK, partial(store._abort, conn))
         try:
-            row = _last_row(conn, sql.session_grant, params, sql.session_result)
-            if row[0] == 1 and not row[1]:
+            status, value, token = self._look(conn, sql.session_grant, params)
+            if status == 1:
                 # no row for the key: one is made, and the look runs again, lock in hand
-                row = _last_row(conn, sql.session_grant_new_row, params, sql.session_result)
+                status, value, token = self._look(conn, sql.session_grant_new_row, params)
         finally:
             store._watchdog.done(ident)
-        got, _exists, busy, from_sequence, token, reserved, durable = row
-        if got != 1:
-            return None  # timed out (0), or the wait was ended (NULL)
-        if busy or token is None:
+        if status == 0:
+            return None  # timed out, or the wait was ended
+        if status != 3:  # a live lease holds the key
             with conn.cursor() as cur:
                 cur.execute(sql.session_unlock, params)
             return None
+        token, value = int(token), int(value)
+        if token > value:
+            # the row's token was ahead of the sequence (tokens a quorum chose, or from before
+            # the sequence): later tokens, drawn from it, must exceed this one
+            with conn.cursor() as cur:
+                cur.execute(sql.push_sequence(token))
+            self._make_durable(conn, key)
+        elif value >= self._durable:
+            self._make_durable(conn, key, value)
+        return token
+
+    def _look(self, conn: Any, grant: str, params: dict[str, Any]) -> Any:
+        """Run a grant's statements; their result row (status, sequence value, token)."""
+        sql = self.store.sql
+        try:
+            return _last_row(conn, grant, params, sql.session_result)
+        except pymysql.err.MySQLError as exc:
+            if not exc.args or exc.args[0] != _TABLE_FULL:
+                raise
+        # the sessions table is full of rows of holds that ended: they go, and the look runs
+        # again (GET_LOCK, if it was in the statements, was had: the look came after it)
         with conn.cursor() as cur:
-            if from_sequence is None or int(token) > int(from_sequence):
-                # the row's token was ahead of the sequence (tokens a quorum chose, or from
-                # before the sequence): later tokens, drawn from it, must exceed this one
-                cur.execute(sql.push_sequence(int(token)))
-                cur.execute(sql.sequence_reserved)
-                reserved, durable = cur.fetchone()[0], 0
-            if durable != 1:
-                # the sequence's cache was refilled since the last commit on disk: one now
-                # (see MysqlStatements._build_sessions), before the token is handed out
-                done = _last_row(conn, sql.make_durable, {"gate": self.gate, "n": reserved}, 0)
-                if done[0] != 1:
-                    raise BackendError(
-                        f"session acquire on {self.store.safe_url} (key {key!r}, table "
-                        f"{self.store.table}): the token sequence's gate stayed taken for 10 s",
-                        key=key,
-                    )
-        return int(token)
+            cur.execute(sql.session_purge)
+        return _last_row(conn, sql.session_look, params, 1)
+
+    def _make_durable(self, conn: Any, key: str, value: int | None = None) -> None:
+        """Make sure the sequence is on disk past ``value`` (None: past where it is now) before
+        a token drawn from it is handed out: by the table's mark, if it is past ``value`` and
+        on disk, else by a new mark (see MysqlStatements._build_sessions)."""
+        sql = self.store.sql
+        gate = {"gate": self.gate}
+        with conn.cursor() as cur:
+            if value is not None:
+                cur.execute(sql.session_mark, gate)
+                mark, on_disk = cur.fetchone()
+                if on_disk == 1 and int(mark) > value:
+                    self._durable = max(self._durable, int(mark))
+                    return
+            cur.execute(sql.sequence_reserved)
+            reserved = int(cur.fetchone()[0])
+        if _last_row(conn, sql.make_durable, {**gate, "n": reserved}, 0)[0] != 1:
+            raise BackendError(
+                f"session acquire on {self.store.safe_url} (key {key!r}, table "
+                f"{self.store.table}): the token sequence's gate stayed taken for 10 s",
+                key=key,
+            )
+        self._durable = max(self._durable, reserved)
 
     def check_session(self, key: str, owner: str, token: int) -> bool:
         with self.store._pool_lock:

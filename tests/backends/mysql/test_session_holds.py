@@ -136,19 +136,29 @@ def test_a_lease_inserting_a_new_row_and_a_session_taking_its_key_meanwhile_excl
             )
             leaser.start()
             time.sleep(0.5)  # the lease looked (no session) and waits for the meta row
-            session = other.lock("new", ttl=None)
             had: list[bool] = []
-            taker = threading.Thread(target=lambda: had.append(session.acquire(timeout=0)))
+            done = threading.Event()
+
+            def take() -> None:
+                session = other.lock("new", ttl=None)
+                had.append(session.acquire(timeout=0))
+                done.wait(10)
+                if had[0]:
+                    session.release()
+
+            taker = threading.Thread(target=take)
             taker.start()
             time.sleep(0.5)
             blocker.commit()
             leaser.join(10)
-            taker.join(10)
+            until = time.monotonic() + 10
+            while not had and time.monotonic() < until:
+                time.sleep(0.01)
             assert leased and had, "both ended"
             assert not (leased[0] is not None and had[0]), "a lease and a session both hold"
             assert leased[0] is not None or had[0], "one of them holds"
-            if had[0]:
-                session.release()
+            done.set()
+            taker.join(10)
         finally:
             blocker.close()
 
@@ -230,7 +240,7 @@ def test_a_table_made_before_session_holds_gets_them_with_a_sequence_above_its_t
             assert session.token is not None and session.token > 9001
 
 
-def test_list_shows_current_session_holds_and_not_a_dead_holders_row(
+def test_list_shows_current_session_holds_not_ended_or_dead_holders_rows(
     table: str, raw: Any
 ) -> None:
     with dblock.connect(MYSQL_URL, table=table) as client:
@@ -241,20 +251,21 @@ def test_list_shows_current_session_holds_and_not_a_dead_holders_row(
             ("s-a", a.token, "session", None),
             ("s-b", b.token, "session", None),
         ]
-        b.release()
-        # a holder whose connection died leaves its row; the lock is free, so it is no hold
+        b.release()  # its row stays, no longer a hold (the key's next grant replaces it)
+        assert [i.key for i in client.list("s-")] == ["s-a"]
+        # a holder whose connection died leaves its row too
         backend = _backend(client)
         held = next(iter(backend._sessions._conns.values()))
         held.close()
         raw.execute(f"SELECT count(*) FROM `{aux_name(table, '_sessions')}`")
-        assert raw.fetchone()[0] == 1
+        assert raw.fetchone()[0] == 2
         until = time.monotonic() + 5
         while client.list("s-") and time.monotonic() < until:
             time.sleep(0.05)
         assert client.list("s-") == []
         client.purge(older_than=0)
         raw.execute(f"SELECT count(*) FROM `{aux_name(table, '_sessions')}`")
-        assert raw.fetchone()[0] == 0, "purge forgets the rows of dead holders"
+        assert raw.fetchone()[0] == 0, "purge forgets the rows of holds that ended"
         with pytest.raises(dblock.LockLost):
             a.release()
 
@@ -272,3 +283,19 @@ def test_a_holds_connection_is_its_own_with_keepalives_and_a_server_idle_timeout
         sock = backend._socket_of(conn)
         assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
         assert lock.held
+
+
+def test_a_full_sessions_table_sheds_the_rows_of_holds_that_ended(table: str, raw: Any) -> None:
+    """The sessions table is MEMORY, bounded by max_heap_table_size: a grant that finds it full
+    deletes the rows of holds that ended, and goes on."""
+    with dblock.connect(MYSQL_URL, table=table) as client:
+        ddl = _backend(client).sql.create_sessions_table
+    raw.execute(f"DROP TABLE `{aux_name(table, '_sessions')}`")
+    raw.execute("SET SESSION max_heap_table_size = 16384")  # the least: a few rows
+    raw.execute(ddl)
+    with dblock.connect(MYSQL_URL, table=table) as client:
+        for i in range(60):  # each leaves its row behind
+            with client.lock(f"many-{i}", ttl=None) as lock:
+                assert lock.token is not None
+                info = client.info(f"many-{i}")
+                assert info is not None and info.token == lock.token

@@ -476,40 +476,42 @@ class MysqlStatements(HolderStatements):
         user variables carry results from one to the next within the packet."""
         # A sequence's values are not durable: after a crash it restarts from what the log
         # had on disk, and a value handed out from a cache refilled since comes again. So a
-        # session token is handed out only once a commit that waits for the disk came after
-        # the refill of its cache: meta row 2 keeps how far the sequence had reserved
-        # (next_not_cached_value) at the last such commit (make_durable). A grant that finds
-        # its value's cache past that mark makes it durable itself (once per cache, 1000
-        # values); else it passes the gate first (gate: a GET_LOCK the writer of the mark
-        # holds until its commit is on disk, as InnoDB shows a commit before it is).
+        # session token is handed out only below a mark, in meta row 2, of how far the
+        # sequence had reserved (next_not_cached_value) when a commit that waits for the disk,
+        # and so writes every refill before it, was made (make_durable). Marks only grow, and
+        # a value below one comes from a refill made before it: on disk. A client keeps the
+        # highest mark it knows to be on disk and reads the table's only for a value past it;
+        # a value past the table's mark too makes a new one (once per cache, 1000 values).
+        # InnoDB shows a commit before it is on disk: a mark read is trusted once the gate (a
+        # GET_LOCK its writer holds until its commit has returned) is seen free or passed.
         reserved = f"SELECT next_not_cached_value FROM {self.seq}"
-        # key gate -> locking read of the key's row (it waits for a lease being taken or
-        # released, and reads what that committed): whether it exists, is held, and its
-        # token; with the sequence's next value if the row exists and is free (a NULL token:
-        # no grant), how far the sequence has reserved and how far that is on disk
+        # key owner sname -> if the key's row is free, a row of the sessions table saying who
+        # holds it (info, list) with the token: the sequence's next value, or the row's next
+        # if that is higher. Its read of the key's row is a locking one (an INSERT ... SELECT
+        # under REPEATABLE READ), so it waits for a lease being taken or released, and reads
+        # what that committed. Then one result: (0 not had, 1 the key has no row, 2 a lease
+        # holds it, 3 granted; the sequence's value; the token).
         look = (
-            "SELECT COUNT(*), COALESCE(MAX(expires_at > " + NOW + "), 0), MAX(token)\n"
-            "INTO @dblock_n, @dblock_b, @dblock_r\n"
-            f"FROM {t} WHERE @dblock_s = 1 AND lock_key = %(key)s LOCK IN SHARE MODE;\n"
-            f"SELECT IF(@dblock_n = 1 AND @dblock_b = 0, NEXTVAL({self.seq}), NULL)\n"
-            "INTO @dblock_v;\n"
-            f"SELECT ({reserved}), (SELECT COALESCE(MAX(hwm), 0) FROM {meta} WHERE id = 2)\n"
-            "INTO @dblock_c, @dblock_d;\n"
-            "SELECT IF(@dblock_v IS NOT NULL AND @dblock_d >= @dblock_c,\n"
-            "    IF(GET_LOCK(%(gate)s, 5) = 1, RELEASE_LOCK(%(gate)s), 0), 0) INTO @dblock_g;\n"
-            # who holds it, for info() and list()
             f"INSERT INTO {sessions} (lock_key, lock_name, conn, owner, token, acquired_at)\n"
-            "SELECT %(key)s, %(sname)s, CONNECTION_ID(), %(owner)s,\n"
-            f"    GREATEST(@dblock_v, @dblock_r + 1), {NOW} FROM DUAL WHERE @dblock_v IS NOT NULL\n"
+            "SELECT r.lock_key, %(sname)s, CONNECTION_ID(), %(owner)s,\n"
+            f"    @dblock_t := GREATEST(@dblock_v := NEXTVAL({self.seq}), r.token + 1), {NOW}\n"
+            f"FROM {t} r WHERE @dblock_s = 1 AND r.lock_key = %(key)s AND r.expires_at <= {NOW}\n"
+            "LOCK IN SHARE MODE\n"
             "ON DUPLICATE KEY UPDATE lock_name = VALUES(lock_name), conn = VALUES(conn),\n"
             "    owner = VALUES(owner), token = VALUES(token), acquired_at = VALUES(acquired_at);\n"
-            "SELECT @dblock_s, @dblock_n, @dblock_b, @dblock_v,\n"
-            "    GREATEST(@dblock_v, @dblock_r + 1), @dblock_c, @dblock_g"
+            "SELECT IF(@dblock_s = 1, IF(ROW_COUNT() > 0, 3,\n"
+            f"    IF(EXISTS (SELECT 1 FROM {t} WHERE lock_key = %(key)s), 2, 1)), 0),\n"
+            "    @dblock_v, @dblock_t"
         )
-        #: the statement of the grants below whose row is (had the lock, the key has a row,
-        #: a lease holds it, the sequence's value, the token, how far the sequence has
-        #: reserved, 1 if that is on disk)
-        self.session_result = 6
+        #: the statement of the grants below whose row is the look's result (@dblock_v and
+        #: @dblock_t are this grant's where it says 3: set by its INSERT)
+        self.session_result = 2
+        # gate -> (the table's mark, 1 if it is on disk)
+        self.session_mark = (
+            f"SELECT COALESCE(MAX(hwm), 0), IS_FREE_LOCK(%(gate)s) = 1\n"
+            f"    OR IF(GET_LOCK(%(gate)s, 5) = 1, RELEASE_LOCK(%(gate)s), 0) FROM {meta} "
+            "WHERE id = 2"
+        )
         # -> how far the sequence has reserved
         self.sequence_reserved = reserved
         # gate n -> marks the sequence durable up to n, with a commit that waits for the disk
@@ -522,24 +524,27 @@ class MysqlStatements(HolderStatements):
         )
         # sname s key owner -> waits up to `s` s in the server's queue for the key's GET_LOCK
         # (the queue is first come, first served); then the look above
-        self.session_grant = f"SELECT GET_LOCK(%(sname)s, %(s)s) INTO @dblock_s;\n{look}"
+        self.session_grant = (
+            f"SELECT GET_LOCK(%(sname)s, %(s)s) INTO @dblock_s;\n{look}"
+        )
+        # key owner sname -> the look again, the lock in hand (its result is the second)
+        self.session_look = look
         # key owner sname -> the key had no row: a free one is made (which waits for a row
         # being inserted by a lease, and a lease that comes later finds it, and the session,
-        # when it locks it), then the look again, with the lock still held
+        # when it locks it), then the look again, with the lock still held. Its token is the
+        # purged tokens' mark: none was issued above it for the key.
         self.session_grant_new_row = (
             f"INSERT INTO {t} (lock_key, kind, owner, token, acquired_at, expires_at)\n"
-            f"SELECT %(key)s, 'lock', NULL, m.hwm + 1, {NOW}, {NOW} FROM {meta} m\n"
+            f"SELECT %(key)s, 'lock', NULL, m.hwm, {NOW}, {NOW} FROM {meta} m\n"
             "WHERE m.id = 1 AND @dblock_s = 1 ON DUPLICATE KEY UPDATE lock_key = lock_key;\n"
             f"{look}"
         )
         # sname -> gives the lock back (a lease held the key)
         self.session_unlock = "SELECT RELEASE_LOCK(%(sname)s)"
-        # key sname -> ends the hold: 1 if it was still held; its row in the sessions table
-        # goes after (a row whose lock is free is no hold anyway)
-        self.session_release = (
-            "SELECT RELEASE_LOCK(%(sname)s);\n"
-            f"DELETE FROM {sessions} WHERE lock_key = %(key)s AND conn = CONNECTION_ID()"
-        )
+        # sname -> ends the hold: 1 if it was still held. Its row in the sessions table stays
+        # (a row whose lock is free is no hold) until the key's next grant replaces it, or
+        # session_purge deletes it.
+        self.session_release = "SELECT RELEASE_LOCK(%(sname)s)"
         # sname -> 1 while this connection holds the lock
         self.session_alive = "SELECT IS_USED_LOCK(%(sname)s) = CONNECTION_ID()"
         cols = f"lock_key, owner, token, acquired_at, NULL, 'session' FROM {sessions}"
