@@ -699,6 +699,10 @@ class MysqlBackend(
 
         def op(conn: Any) -> bool:
             with conn.cursor() as cur:
+                if self.sql.sequence:
+                    # every token stays at or below the sequence, so that a session token drawn
+                    # from it exceeds the key's (on disk with the grant's commit)
+                    cur.execute(self.sql.push_sequence(token))
                 if cur.execute(self.sql.grant_fenced_update, params) == 1:
                     return True
                 return bool(cur.execute(self.sql.grant_fenced_insert, params) == 1)

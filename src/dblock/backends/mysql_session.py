@@ -179,34 +179,43 @@ class MysqlSessions:
         store = self.store
         ident, _ = store._watchdog.watch(wait + _GRANT_SLACK, partial(store._abort, conn))
         try:
-            status, value, token = self._look(conn, sql.session_grant, params)
+            code = self._look(conn, sql.session_grant, params, 1)
+            status = 3 if code is not None else self._status(conn, key)
             if status == 1:
                 # no row for the key: one is made, and the look runs again, lock in hand
-                status, value, token = self._look(conn, sql.session_grant_new_row, params)
+                code = self._look(conn, sql.session_grant_new_row, params, 1)
+                status = 3 if code is not None else 2
+            if status == 2:  # a live lease holds the key: the lock goes back
+                with conn.cursor() as cur:
+                    cur.execute(sql.session_unlock, params)
         finally:
             store._watchdog.done(ident)
-        if status == 0:
-            return None  # timed out, or the wait was ended
-        if status != 3:  # a live lease holds the key
-            with conn.cursor() as cur:
-                cur.execute(sql.session_unlock, params)
+        if code is None:
             return None
-        token, value = int(token), int(value)
-        if token > value:
-            # the row's token was ahead of the sequence (tokens a quorum chose, or from before
-            # the sequence): later tokens, drawn from it, must exceed this one
+        token, from_row = code >> 1, code & 1
+        if from_row:
+            # the row's token was ahead of the sequence (a client that does not draw lease
+            # tokens from it): later tokens, drawn from it, must exceed this one
             with conn.cursor() as cur:
                 cur.execute(sql.push_sequence(token))
             self._make_durable(conn, key)
-        elif value >= self._durable:
-            self._make_durable(conn, key, value)
+        elif token >= self._durable:
+            self._make_durable(conn, key, token)
         return token
 
-    def _look(self, conn: Any, grant: str, params: dict[str, Any]) -> Any:
-        """Run a grant's statements; their result row (status, sequence value, token)."""
+    def _status(self, conn: Any, key: str) -> int:
+        """Why the look granted nothing: 0 the lock was not had, 1 the key has no row, 2 a
+        live lease holds it."""
+        with conn.cursor() as cur:
+            cur.execute(self.store.sql.session_status, {"key": key})
+            return int(cur.fetchone()[0])
+
+    def _look(self, conn: Any, grant: str, params: dict[str, Any], index: int) -> int | None:
+        """Run a grant's statements, whose ``index``-th is the look: its insert id (twice the
+        token, plus 1 if it came from the row), or None if it granted nothing."""
         sql = self.store.sql
         try:
-            return _last_row(conn, grant, params, sql.session_result)
+            return _granted(conn, grant, params, index)
         except pymysql.err.MySQLError as exc:
             if not exc.args or exc.args[0] != _TABLE_FULL:
                 raise
@@ -214,7 +223,7 @@ class MysqlSessions:
         # again (GET_LOCK, if it was in the statements, was had: the look came after it)
         with conn.cursor() as cur:
             cur.execute(sql.session_purge)
-        return _last_row(conn, sql.session_look, params, 1)
+        return _granted(conn, sql.session_look, params, 0)
 
     def _make_durable(self, conn: Any, key: str, value: int | None = None) -> None:
         """Make sure the sequence is on disk past ``value`` (None: past where it is now) before
@@ -231,7 +240,7 @@ class MysqlSessions:
                     return
             cur.execute(sql.sequence_reserved)
             reserved = int(cur.fetchone()[0])
-        if _last_row(conn, sql.make_durable, {**gate, "n": reserved}, 0)[0] != 1:
+        if _first_row(conn, sql.make_durable, {**gate, "n": reserved})[0] != 1:
             raise BackendError(
                 f"session acquire on {self.store.safe_url} (key {key!r}, table "
                 f"{self.store.table}): the token sequence's gate stayed taken for 10 s",
@@ -328,21 +337,30 @@ class MysqlSessions:
             self.store._close_connection(conn)
 
 
-def _last_row(conn: Any, sql: str, params: dict[str, Any], index: int) -> Any:
-    """Run the statements ``sql`` (one packet); the first row of result ``index``."""
+def _granted(conn: Any, sql: str, params: dict[str, Any], index: int) -> int | None:
+    """Run the statements ``sql`` (one packet); the insert id of the ``index``-th if it
+    affected rows, else None."""
     found = None
     with conn.cursor() as cur:
         cur.execute(sql, params)
         at = 0
         while True:
-            if at == index:
-                found = cur.fetchone()
+            if at == index and cur.rowcount in (1, 2):
+                found = int(cur.lastrowid)
             at += 1
             if not cur.nextset():
                 break
-    if found is None:
-        raise BackendError("a session grant returned no row")  # never: the SELECT has one
     return found
+
+
+def _first_row(conn: Any, sql: str, params: dict[str, Any]) -> Any:
+    """Run the statements ``sql`` (one packet); the first row of the first result."""
+    with conn.cursor() as cur:
+        cur.execute(sql, params)
+        row = cur.fetchone()
+        while cur.nextset():
+            pass
+    return row
 
 
 def _keepalive(sock: socket.socket | None) -> None:

@@ -203,6 +203,14 @@ def test_tokens_increase_across_kinds_and_past_a_rows_token_ahead_of_the_sequenc
             assert lease.token is not None and lease.token > token
         with client.lock("other", ttl=10) as lease_elsewhere:  # the sequence was pushed
             assert lease_elsewhere.token is not None and lease_elsewhere.token > token
+        # a row whose token is ahead of the sequence all the same (a client of an older
+        # version, which does not draw from it): the session token is the row's next, and
+        # the sequence is pushed past it
+        raw.execute(f"UPDATE `{table}` SET token = 5000000000 WHERE lock_key = 'k'")
+        with client.lock("k", ttl=None) as session:
+            assert session.token == 5 * 10**9 + 1
+        with client.lock("elsewhere", ttl=10) as lease_elsewhere:
+            assert lease_elsewhere.token is not None and lease_elsewhere.token > 5 * 10**9 + 1
 
 
 def test_a_sequence_is_durable_before_its_first_token_is_handed_out(

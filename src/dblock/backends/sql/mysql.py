@@ -489,23 +489,25 @@ class MysqlStatements(HolderStatements):
         # holds it (info, list) with the token: the sequence's next value, or the row's next
         # if that is higher. Its read of the key's row is a locking one (an INSERT ... SELECT
         # under REPEATABLE READ), so it waits for a lease being taken or released, and reads
-        # what that committed. Then one result: (0 not had, 1 the key has no row, 2 a lease
-        # holds it, 3 granted; the sequence's value; the token).
+        # what that committed. Granted: 1 or 2 rows affected, and the insert id is twice the
+        # token, plus 1 if the token came from the row, not the sequence (which must then be
+        # pushed past it). (A row's token is at most 2^62, a quorum's token too.)
         look = (
             f"INSERT INTO {sessions} (lock_key, lock_name, conn, owner, token, acquired_at)\n"
-            "SELECT r.lock_key, %(sname)s, CONNECTION_ID(), %(owner)s,\n"
-            f"    @dblock_t := GREATEST(@dblock_v := NEXTVAL({self.seq}), r.token + 1), {NOW}\n"
+            "SELECT r.lock_key, %(sname)s, CONNECTION_ID(), %(owner)s, LAST_INSERT_ID(\n"
+            f"    2 * GREATEST(@dblock_v := NEXTVAL({self.seq}), @dblock_t := r.token + 1)\n"
+            f"    + (@dblock_t > @dblock_v)) DIV 2, {NOW}\n"
             f"FROM {t} r WHERE @dblock_s = 1 AND r.lock_key = %(key)s AND r.expires_at <= {NOW}\n"
             "LOCK IN SHARE MODE\n"
             "ON DUPLICATE KEY UPDATE lock_name = VALUES(lock_name), conn = VALUES(conn),\n"
-            "    owner = VALUES(owner), token = VALUES(token), acquired_at = VALUES(acquired_at);\n"
-            "SELECT IF(@dblock_s = 1, IF(ROW_COUNT() > 0, 3,\n"
-            f"    IF(EXISTS (SELECT 1 FROM {t} WHERE lock_key = %(key)s), 2, 1)), 0),\n"
-            "    @dblock_v, @dblock_t"
+            "    owner = VALUES(owner), token = VALUES(token), acquired_at = VALUES(acquired_at)"
         )
-        #: the statement of the grants below whose row is the look's result (@dblock_v and
-        #: @dblock_t are this grant's where it says 3: set by its INSERT)
-        self.session_result = 2
+        # key -> why a grant was not made: 0 the lock was not had, 1 the key has no row, 2 a
+        # lease holds it
+        self.session_status = (
+            "SELECT IF(@dblock_s = 1,\n"
+            f"    IF(EXISTS (SELECT 1 FROM {t} WHERE lock_key = %(key)s), 2, 1), 0)"
+        )
         # gate -> (the table's mark, 1 if it is on disk)
         self.session_mark = (
             f"SELECT COALESCE(MAX(hwm), 0), IS_FREE_LOCK(%(gate)s) = 1\n"
@@ -527,7 +529,7 @@ class MysqlStatements(HolderStatements):
         self.session_grant = (
             f"SELECT GET_LOCK(%(sname)s, %(s)s) INTO @dblock_s;\n{look}"
         )
-        # key owner sname -> the look again, the lock in hand (its result is the second)
+        # key owner sname -> the look again, the lock in hand
         self.session_look = look
         # key owner sname -> the key had no row: a free one is made (which waits for a row
         # being inserted by a lease, and a lease that comes later finds it, and the session,
