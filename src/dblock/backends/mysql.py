@@ -60,6 +60,7 @@ from .sql.holders import HoldersMixin, Rows
 from .sql.mysql import HANDED as _HANDED
 from .sql.mysql import NOPAD_MARIADB, NOPAD_MYSQL, MysqlStatements
 from .sql.schema import HOLDERS, MAIN, META, MYSQL_SEQUENCE, SESSIONS, missing, refuse_foreign
+from .sql.sessions import DelegatedSessionHolds
 
 log = logging.getLogger("dblock")
 # server gone away, lost connection, killed (MariaDB 1927), shutdown, idle disconnect
@@ -190,7 +191,7 @@ class MysqlBackend(
     SharedHolds,
     OnceRecords,
     Wakeups,
-    SessionHolds,
+    DelegatedSessionHolds,
     FencedGrants,
     SchemaScript,
 ):
@@ -204,6 +205,7 @@ class MysqlBackend(
         return _info(row)
 
     sql: MysqlStatements
+    _sessions: MysqlSessions
 
     #: the async client's connection class (None: PyMySQL's blocking connections)
     _green: Any = None
@@ -667,16 +669,6 @@ class MysqlBackend(
         self._bells.close()
         self._sessions.close()
         super().close()
-
-    # -- SessionHolds (MariaDB: see mysql_session.py) -------------------------------------
-    def acquire_session(self, key: str, owner: str, timeout: float) -> int | None:
-        return self._sessions.acquire_session(key, owner, timeout)
-
-    def check_session(self, key: str, owner: str, token: int) -> bool:
-        return self._sessions.check_session(key, owner, token)
-
-    def release_session(self, key: str, owner: str, token: int) -> bool:
-        return self._sessions.release_session(key, owner, token)
 
     # -- FencedGrants ---------------------------------------------------------------------
     def fence(self, key: str) -> int:

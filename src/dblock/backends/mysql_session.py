@@ -36,18 +36,12 @@ from typing import Any
 
 import pymysql
 
-from .. import _forksafe
 from .._errors import BackendError
-from .sql.base import Failure
 from .sql.mysql import session_lock_name
-from .sql.watchdog import Watchdog
+from .sql.sessions import SessionConnections
 
 log = logging.getLogger("dblock")
 
-#: idle session connections kept for the next hold
-_IDLE_KEPT = 4
-#: a keep-alive check of a hold's connection that takes longer than this marks it lost
-CHECK_DEADLINE = 2.0
 #: the server closes a session connection idle this long (``wait_timeout``), which frees its
 #: lock; a hold's checks (every second) keep it busy
 SERVER_IDLE = 30
@@ -69,22 +63,13 @@ _KEEPALIVE = (
 )
 
 
-class MysqlSessions:
+class MysqlSessions(SessionConnections):
     """The MySQL store's session holds: its ``SessionHolds`` operations delegate here."""
 
     def __init__(self, store: Any, scope: str) -> None:
-        #: the MysqlBackend (typed loosely: importing it here would make a cycle); its
-        #: connections, pool lock, statements and error handling are used
-        self.store = store
+        super().__init__(store)
         #: database and table, which every GET_LOCK name is made of
         self.scope = scope
-        self._pid = _forksafe.pid()
-        # the store's watchdog gives every statement at least its 5 s: checks get their own
-        self._watchdog = Watchdog(f"dblock-session-watchdog[{store.table}]", CHECK_DEADLINE)
-        #: (connection, when it was put back)
-        self._idle: list[tuple[Any, float]] = []
-        #: (key, owner, token) -> the hold's connection
-        self._conns: dict[tuple[str, str, int], Any] = {}
         #: the highest mark of the token sequence this client knows to be on disk: a value
         #: below it is safe to hand out (see MysqlStatements._build_sessions)
         self._durable = 0
@@ -98,81 +83,42 @@ class MysqlSessions:
         return session_lock_name(self.scope, "") + ":d"
 
     # -- connections ----------------------------------------------------------------------
-    def _checkout(self) -> tuple[Any, bool]:
-        """(a connection for one hold or waiter, whether it was kept from an earlier one)."""
-        stale = []
-        with self.store._pool_lock:
-            self.store._check_pool()
-            if self._pid != _forksafe.pid():
-                # forked: the parent's connections (and the locks they hold) are the parent's;
-                # forget them without closing, as closing would end the parent's sessions
-                self._idle.clear()
-                self._conns.clear()
-                self._pid = _forksafe.pid()
-            kept = None
-            while self._idle and kept is None:
-                conn, since = self._idle.pop()
-                if time.monotonic() - since < SERVER_IDLE / 2:
-                    kept = conn
-                else:
-                    stale.append(conn)  # the server may have closed it by now
-        for conn in stale:
-            self.store._close_connection(conn)
-        if kept is not None:
-            return kept, True
+    def _fresh(self, since: float) -> bool:
+        return time.monotonic() - since < SERVER_IDLE / 2
+
+    def _open(self) -> Any:
         try:
             conn = self.store._session_connection(f"SET SESSION wait_timeout = {SERVER_IDLE}")
         except Exception as exc:
-            failure = self.store._classify(exc)
-            if failure is None:
+            if self.store._classify(exc) is None:
                 raise
             raise self.store._wrap(exc, f"cannot connect to {self.store.safe_url}", None) from exc
         _keepalive(self.store._socket_of(conn))
-        return conn, False
-
-    def _checkin(self, conn: Any) -> None:
-        with self.store._pool_lock:
-            if not self.store._closed and len(self._idle) < _IDLE_KEPT:
-                self._idle.append((conn, time.monotonic()))
-                return
-        self.store._close_connection(conn)
+        return conn
 
     def _drop(self, conn: Any, interrupted: bool) -> None:
         """Close a session connection whose state is unknown: the server frees its lock. An
-        interrupted wait is ended in the server first (KILL), so it cannot be granted later."""
+        interrupted wait is ended in the server first (KILL), so it cannot be granted later
+        (a wait that failed otherwise ended with its error, or its connection)."""
         if interrupted:
             self.store._interrupted(conn)
-        self.store._close_connection(conn)
+        self._close(conn)
 
-    # -- the capability -------------------------------------------------------------------
-    def acquire_session(self, key: str, owner: str, timeout: float) -> int | None:
-        for attempt in (1, 2):
-            conn, kept = self._checkout()
-            try:
-                token = self._grant(conn, key, owner, timeout)
-            except BaseException as exc:
-                self._drop(conn, interrupted=not isinstance(exc, Exception))
-                if not isinstance(exc, Exception):
-                    raise  # a cancellation: nothing is left held, the connection is gone
-                failure = self.store._classify(exc)
-                if failure is Failure.DISCONNECT and kept and attempt == 1:
-                    continue  # a kept connection died meanwhile (a server restart): a fresh one
-                if failure is None:
-                    raise
-                raise self.store._wrap(
-                    exc, f"session acquire failed on {self.store.safe_url}", key
-                ) from exc
-            if token is None:
-                self._checkin(conn)
-                return None
-            with self.store._pool_lock:
-                self._conns[key, owner, token] = conn
-            return token
-        raise AssertionError("unreachable")
+    def _first_row(self, conn: Any, sql: str, params: dict[str, Any] | None) -> Any:
+        return _first_row(conn, sql, params)
 
-    def _grant(self, conn: Any, key: str, owner: str, timeout: float) -> int | None:
-        """The token if granted; None if not had in time, or a live lease holds the key (the
-        lock is given back)."""
+    def _alive(self, conn: Any, key: str, seen: Any) -> bool | None:
+        row = self._on_hold(conn, self.store.sql.session_alive, {"sname": self.name(key)})
+        return None if row is None else row[0] == 1
+
+    def _release(self, conn: Any, key: str) -> bool | None:
+        row = self._on_hold(conn, self.store.sql.session_release, {"sname": self.name(key)})
+        return None if row is None else row[0] == 1
+
+    # -- granting -------------------------------------------------------------------------
+    def _grant(self, conn: Any, key: str, owner: str, timeout: float) -> tuple[int, None] | None:
+        """(the token, -) if granted; None if not had in time, or a live lease holds the key
+        (the lock is given back)."""
         sql = self.store.sql
         wait = _FOREVER if math.isinf(timeout) else max(0.0, timeout)
         params = {"key": key, "owner": owner, "sname": self.name(key), "s": wait}
@@ -201,7 +147,7 @@ class MysqlSessions:
             self._make_durable(conn, key)
         elif token >= self._durable:
             self._make_durable(conn, key, token)
-        return token
+        return token, None
 
     def _status(self, conn: Any, key: str) -> int:
         """Why the look granted nothing: 0 the lock was not had, 1 the key has no row, 2 a
@@ -248,60 +194,6 @@ class MysqlSessions:
             )
         self._durable = max(self._durable, reserved)
 
-    def check_session(self, key: str, owner: str, token: int) -> bool:
-        with self.store._pool_lock:
-            conn = self._conns.get((key, owner, token))
-        if conn is None:
-            return False
-        row = self._on_hold(conn, self.store.sql.session_alive, {"sname": self.name(key)})
-        if row is not None and row[0] == 1:
-            return True
-        self._forget(key, owner, token)
-        if row is not None:  # alive, but the lock is not its own: it was freed under it
-            self.store._close_connection(conn)
-        log.warning("the session of lock %r (token %d) ended", key, token)
-        return False
-
-    def release_session(self, key: str, owner: str, token: int) -> bool:
-        conn = self._forget(key, owner, token)
-        if conn is None:
-            return False
-        params = {"key": key, "sname": self.name(key)}
-        row = self._on_hold(conn, self.store.sql.session_release, params)
-        if row is None:
-            return False
-        self._checkin(conn)
-        return bool(row[0] == 1)
-
-    def _on_hold(self, conn: Any, sql: str, params: dict[str, Any]) -> Any:
-        """Run ``sql`` on a hold's connection within ``CHECK_DEADLINE``: the first row of its
-        first result; None, the connection closed (which frees the server's lock if it still
-        had it), if it failed or overran."""
-        watchdog = self._watchdog
-        ident, watch = watchdog.watch(CHECK_DEADLINE, partial(self.store._abort, conn))
-        try:
-            with conn.cursor() as cur:
-                cur.execute(sql, params)
-                row = cur.fetchone()
-                while cur.nextset():
-                    pass
-        except BaseException as exc:
-            watchdog.done(ident)
-            self.store._close_connection(conn)
-            if not isinstance(exc, Exception):
-                raise
-            log.debug("a session connection failed: %s", exc)
-            return None
-        watchdog.done(ident)
-        if watch.aborted:
-            self.store._close_connection(conn)
-            return None
-        return row
-
-    def _forget(self, key: str, owner: str, token: int) -> Any:
-        with self.store._pool_lock:
-            return self._conns.pop((key, owner, token), None)
-
     # -- inspection -----------------------------------------------------------------------
     def holder(self, conn: Any, key: str) -> int | None:
         """The connection id of ``key``'s session holder, or None."""
@@ -323,19 +215,6 @@ class MysqlSessions:
                 cur.execute(sql.session_list)
             return list(cur.fetchall())
 
-    def close(self) -> None:
-        """Close every session connection (the server frees their locks); in a forked child,
-        forget the parent's instead."""
-        with self.store._pool_lock:
-            conns = [*(conn for conn, _ in self._idle), *self._conns.values()]
-            self._idle.clear()
-            self._conns.clear()
-        self._watchdog.stop()
-        if self._pid != _forksafe.pid():
-            return
-        for conn in conns:
-            self.store._close_connection(conn)
-
 
 def _granted(conn: Any, sql: str, params: dict[str, Any], index: int) -> int | None:
     """Run the statements ``sql`` (one packet); the insert id of the ``index``-th if it
@@ -353,7 +232,7 @@ def _granted(conn: Any, sql: str, params: dict[str, Any], index: int) -> int | N
     return found
 
 
-def _first_row(conn: Any, sql: str, params: dict[str, Any]) -> Any:
+def _first_row(conn: Any, sql: str, params: dict[str, Any] | None) -> Any:
     """Run the statements ``sql`` (one packet); the first row of the first result."""
     with conn.cursor() as cur:
         cur.execute(sql, params)

@@ -263,7 +263,7 @@ def test_list_shows_current_session_holds_not_ended_or_dead_holders_rows(
         assert [i.key for i in client.list("s-")] == ["s-a"]
         # a holder whose connection died leaves its row too
         backend = _backend(client)
-        held = next(iter(backend._sessions._conns.values()))
+        held, _ = next(iter(backend._sessions._conns.values()))
         held.close()
         raw.execute(f"SELECT count(*) FROM `{aux_name(table, '_sessions')}`")
         assert raw.fetchone()[0] == 2
@@ -283,7 +283,7 @@ def test_a_holds_connection_is_its_own_with_keepalives_and_a_server_idle_timeout
 ) -> None:
     with dblock.connect(MYSQL_URL, table=table) as client, client.lock("k", ttl=None) as lock:
         backend = _backend(client)
-        (conn,) = backend._sessions._conns.values()
+        ((conn, _),) = backend._sessions._conns.values()
         assert conn not in backend._idle
         with conn.cursor() as cur:
             cur.execute("SELECT @@session.wait_timeout")

@@ -526,9 +526,7 @@ class MysqlStatements(HolderStatements):
         )
         # sname s key owner -> waits up to `s` s in the server's queue for the key's GET_LOCK
         # (the queue is first come, first served); then the look above
-        self.session_grant = (
-            f"SELECT GET_LOCK(%(sname)s, %(s)s) INTO @dblock_s;\n{look}"
-        )
+        self.session_grant = f"SELECT GET_LOCK(%(sname)s, %(s)s) INTO @dblock_s;\n{look}"
         # key owner sname -> the look again, the lock in hand
         self.session_look = look
         # key owner sname -> the key had no row: a free one is made (which waits for a row
