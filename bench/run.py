@@ -756,22 +756,7 @@ def evaluate_targets(res: dict[str, Any], contenders: list[Contender]) -> list[d
         b = res.get("b", {})
         if me in b and b[me].get("repeats"):
             v = b[me]
-            add(
-                f"(b) {backend}: zero lost updates",
-                f"{v['lost_updates']} lost, {v['overlaps']} overlaps",
-                v["exclusive"],
-            )
-            fair = 0.95 if backend == "zookeeper" else 0.9
-            add(
-                f"(b) {backend}: fairness ≥ {fair:g}",
-                f"{v['fairness']:.2f}",
-                v["fairness"] >= fair,
-            )
-            add(
-                f"(b) {backend}: p99 wait ≤ 2× ideal FIFO wait",
-                f"{v['p99_over_ideal']:.1f}×",
-                v["p99_over_ideal"] <= 2.0,
-            )
+            out += _contended_targets(backend, v, 0.95 if backend == "zookeeper" else 0.9)
             best = max(
                 (
                     b[p]["throughput"]
@@ -827,6 +812,27 @@ def evaluate_targets(res: dict[str, Any], contenders: list[Contender]) -> list[d
     return out
 
 
+def _contended_targets(label: str, v: dict[str, Any], fair: float) -> list[dict[str, Any]]:
+    """(b)'s targets every lock has: exclusion, fairness >= ``fair``, p99 <= 2x ideal FIFO."""
+    return [
+        {
+            "target": f"(b) {label}: zero lost updates",
+            "measured": f"{v['lost_updates']} lost, {v['overlaps']} overlaps",
+            "met": v["exclusive"],
+        },
+        {
+            "target": f"(b) {label}: fairness ≥ {fair:g}",
+            "measured": f"{v['fairness']:.2f}",
+            "met": v["fairness"] >= fair,
+        },
+        {
+            "target": f"(b) {label}: p99 wait ≤ 2× ideal FIFO wait",
+            "measured": f"{v['p99_over_ideal']:.1f}×",
+            "met": v["p99_over_ideal"] <= 2.0,
+        },
+    ]
+
+
 #: the server's own lock, raw, per backend: what a session hold is measured against
 _RAW_LOCK = {"postgresql": "pg_advisory_lock", "mysql": "GET_LOCK"}
 
@@ -852,21 +858,7 @@ def _session_targets(res: dict[str, Any]) -> list[dict[str, Any]]:
                 )
         if me in b and b[me].get("repeats"):
             v = b[me]
-            add(
-                f"(b) {backend} session: zero lost updates",
-                f"{v['lost_updates']} lost, {v['overlaps']} overlaps",
-                v["exclusive"],
-            )
-            add(
-                f"(b) {backend} session: fairness ≥ 0.9",
-                f"{v['fairness']:.2f}",
-                v["fairness"] >= 0.9,
-            )
-            add(
-                f"(b) {backend} session: p99 wait ≤ 2× ideal FIFO wait",
-                f"{v['p99_over_ideal']:.1f}×",
-                v["p99_over_ideal"] <= 2.0,
-            )
+            out += _contended_targets(f"{backend} session", v, 0.9)
             rate = v["throughput"]
             best = max(
                 (b[p]["throughput"] for p in tooz if p in b and b[p].get("exclusive")), default=None
