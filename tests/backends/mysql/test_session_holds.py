@@ -101,6 +101,34 @@ def test_a_lease_waiting_for_the_rows_lock_sees_a_session_taken_meanwhile(
             session.close()
 
 
+def test_a_session_grant_waits_for_a_lease_being_taken_and_sees_it(table: str) -> None:
+    """The grant reads the key's row with a lock: a lease's transaction in flight holds the
+    row, the grant waits for its commit, then finds the lease and gives the lock back."""
+    with dblock.connect(MYSQL_URL, table=table) as client:
+        with client.lock("k", ttl=10):  # the row exists, free after this
+            pass
+        lease = raw_connect(MYSQL_URL)
+        try:
+            lease.begin()
+            cur = lease.cursor()
+            cur.execute(f"SELECT owner FROM `{table}` WHERE lock_key = 'k' FOR UPDATE")
+            had: list[bool] = []
+            session = client.lock("k", ttl=None)
+            taker = threading.Thread(target=lambda: had.append(session.acquire(timeout=0)))
+            taker.start()
+            time.sleep(0.5)
+            assert not had, "the grant did not wait for the row"
+            cur.execute(
+                f"UPDATE `{table}` SET owner = 'lease', expires_at = UTC_TIMESTAMP(6) + "
+                "INTERVAL 10 SECOND WHERE lock_key = 'k'"
+            )
+            lease.commit()
+            taker.join(10)
+            assert had == [False], "the session was granted beside a lease"
+        finally:
+            lease.close()
+
+
 def test_a_session_grant_makes_the_row_a_lease_must_lock(table: str, raw: Any) -> None:
     """A lease can look for the session only while it has the key's row locked, or before it
     inserts a new row: a session grant that finds no row makes a free one, and a new row for a
