@@ -7,18 +7,22 @@ for the hold.
 - Waiting is the server's queue: a blocking ``GET_LOCK`` with the caller's timeout, on the
   waiter's own connection. A release hands the lock to the waiter that asked first, with no
   wake-up message.
-- Grant and token are one round trip (one packet of statements, each its own autocommit
-  transaction): after ``GET_LOCK``, a locking read of the key's row waits for a lease being
-  taken or released and reads what it committed; a live lease: the lock is given back, the
-  engine waits. Else the token is ``GREATEST(NEXTVAL(<table>_token_seq), row token + 1)``: the
-  sequence every lease token also exceeds (sql/mysql.py), so the tokens of a key increase
-  whatever the mix of kinds. No row is written but a MEMORY row naming the holder (info,
-  list): no commit waits for the disk.
+- Grant and token are one round trip: ``GET_LOCK``, then one ``INSERT ... SELECT`` whose
+  locking read of the key's row waits for a lease being taken or released and reads what it
+  committed; if the row is free it writes a MEMORY row naming the holder (info, list) with the
+  token, ``GREATEST(NEXTVAL(<table>_token_seq), row token + 1)``, which comes back as the
+  insert id. The sequence is the one every lease token also exceeds (sql/mysql.py), so the
+  tokens of a key increase whatever the mix of kinds. Nothing granted: one more statement says
+  why (a live lease: the lock is given back, the engine waits). No commit waits for the disk,
+  but one per cache of the sequence, which is not durable by itself (see _make_durable).
 - A key without a row (never taken, or purged) first gets a free one: a lease can check for the
   session (``IS_USED_LOCK``) only before it inserts a new row, so the session grant makes the
   row, or waits for the insert in flight and then sees it; a later lease finds the row and
   checks with its lock held.
-- Every connection of a hold or waiter is outside the pool; up to ``_IDLE_KEPT`` of them are
+- A release is ``RELEASE_LOCK`` alone: the MEMORY row stays, no longer a hold, until the key's
+  next grant replaces it or purge deletes it (a grant that finds the table full deletes the
+  rows of holds that ended first).
+- Every connection of a hold or waiter is outside the pool (sql/sessions.py); idle ones are
   kept for the next hold. They set TCP keepalives (client side) and a ``wait_timeout`` of
   ``SERVER_IDLE`` s (the server closes a connection idle that long, freeing its lock: a holder's
   checks keep it busy, so it frees the lock of a holder cut off or frozen that long).
@@ -27,7 +31,6 @@ for the hold.
 from __future__ import annotations
 
 import contextlib
-import logging
 import math
 import socket
 import time
@@ -39,8 +42,6 @@ import pymysql
 from .._errors import BackendError
 from .sql.mysql import session_lock_name
 from .sql.sessions import SessionConnections
-
-log = logging.getLogger("dblock")
 
 #: the server closes a session connection idle this long (``wait_timeout``), which frees its
 #: lock; a hold's checks (every second) keep it busy
@@ -98,8 +99,9 @@ class MysqlSessions(SessionConnections):
 
     def _drop(self, conn: Any, interrupted: bool) -> None:
         """Close a session connection whose state is unknown: the server frees its lock. An
-        interrupted wait is ended in the server first (KILL), so it cannot be granted later
-        (a wait that failed otherwise ended with its error, or its connection)."""
+        interrupted wait is ended in the server first (KILL), so it cannot be granted later. A
+        wait that failed otherwise ended with its error; one whose connection died ends when
+        the server next writes to it, which frees a lock granted meanwhile."""
         if interrupted:
             self.store._interrupted(conn)
         self._close(conn)

@@ -73,9 +73,7 @@ def test_a_lease_waiting_for_the_rows_lock_sees_a_session_taken_meanwhile(
         session = raw_connect(MYSQL_URL)
         try:
             blocker.begin()
-            blocker.cursor().execute(
-                f"SELECT owner FROM `{table}` WHERE lock_key = 'k' FOR UPDATE"
-            )
+            blocker.cursor().execute(f"SELECT owner FROM `{table}` WHERE lock_key = 'k' FOR UPDATE")
             for take in (
                 lambda: backend.acquire("k", "lease-owner", 10.0, "lock"),
                 lambda: backend.acquire_fair("k", "lease-owner", 10.0, False),
@@ -241,9 +239,7 @@ def test_tokens_increase_across_kinds_and_past_a_rows_token_ahead_of_the_sequenc
             assert lease_elsewhere.token is not None and lease_elsewhere.token > 5 * 10**9 + 1
 
 
-def test_a_sequence_is_durable_before_its_first_token_is_handed_out(
-    table: str, raw: Any
-) -> None:
+def test_a_sequence_is_durable_before_its_first_token_is_handed_out(table: str, raw: Any) -> None:
     """A sequence's refill is not written to disk by itself: the grant commits a mark of it
     (meta row 2) with a commit that is, before the token goes out."""
     with dblock.connect(MYSQL_URL, table=table) as client, client.lock("k", ttl=None) as lock:
