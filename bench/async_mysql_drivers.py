@@ -85,7 +85,14 @@ def _plain(url: str) -> dict[str, Any]:
 
 
 def _pair_params(owner: str) -> dict[str, Any]:
-    return {"key": "bench-raw", "kind": "lock", "owner": owner, "ttl_us": 30_000_000}
+    # sname: the key's session lock, which a lease statement checks is free
+    return {
+        "key": "bench-raw",
+        "kind": "lock",
+        "owner": owner,
+        "ttl_us": 30_000_000,
+        "sname": "dblock-s:bench-raw",
+    }
 
 
 async def _async_raw(driver: str, url: str, sql: MysqlStatements, seconds: float) -> float:

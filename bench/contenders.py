@@ -117,7 +117,13 @@ class DblockStatementsByHand:
         self.acquire_sqls: tuple[str, ...] = backend.sql.acquire_as_newcomer
         self.release_sql: str = backend.sql.release
         owner = f"by-hand:{uuid.uuid4().hex}"
-        self.params = {"key": key, "kind": "lock", "owner": owner, "ttl_us": 60_000_000}
+        self.params = {
+            "key": key,
+            "kind": "lock",
+            "owner": owner,
+            "ttl_us": 60_000_000,
+            "sname": backend._sessions.name(key),
+        }
         self.token = 0
 
     def acquire(self) -> None:
@@ -571,7 +577,8 @@ def all_contenders() -> list[Contender]:
     c: list[Contender] = []
     for b in BACKENDS:
         c.append(Contender(b, "dblock", "dblock", _dblock_for(b)))
-    # issue 28: ttl=None, the server's own lock (PostgreSQL advisory lock + token)
+    # issue 28: ttl=None, the server's own lock (PostgreSQL advisory lock, MariaDB GET_LOCK)
+    # and a fencing token
     c.append(
         Contender(
             "postgresql",
@@ -579,6 +586,15 @@ def all_contenders() -> list[Contender]:
             "dblock",
             _dblock_for("postgresql", None),
             note="ttl=None: pg_advisory_lock",
+        )
+    )
+    c.append(
+        Contender(
+            "mysql",
+            "dblock session",
+            "dblock",
+            _dblock_for("mysql", None),
+            note="ttl=None: GET_LOCK (MariaDB)",
         )
     )
     for b in BACKENDS:

@@ -149,10 +149,11 @@ def drop_tables(url: str, table: str) -> None:
         cur = conn.cursor()
         scheme = urlsplit(url).scheme
         q = "`" if scheme in ("mysql", "mariadb") else '"'
-        for name in (table, aux_name(table, "_meta"), aux_name(table, "_holders")):
+        aux = ("_meta", "_holders", "_sessions") if q == "`" else ("_meta", "_holders")
+        for name in (table, *(aux_name(table, suffix) for suffix in aux)):
             cur.execute(f"DROP TABLE IF EXISTS {q}{name}{q}")
-        if scheme in ("postgresql", "postgres"):
-            cur.execute(f'DROP SEQUENCE IF EXISTS "{aux_name(table, "_token_seq")}"')
+        if scheme in ("postgresql", "postgres", "mysql", "mariadb"):
+            cur.execute(f"DROP SEQUENCE IF EXISTS {q}{aux_name(table, '_token_seq')}{q}")
     finally:
         conn.close()
 

@@ -215,6 +215,20 @@ def session_fence(url: str, table: str, key: str, n: str, record: str, mix: str)
                 leave_fenced(record, lock.token)
 
 
+def session_keys(url: str, table: str, prefix: str, keys: str, records: str, kind: str) -> None:
+    """One hold of each key ``<prefix><i>`` in turn (``keys`` of them, each new: no row yet),
+    checked by the referee record ``<records>/<i>``: a session hold, a lease (``kind``
+    "lease"), or each in turn ("mix")."""
+    with connect(url, table=table) as client:
+        for i in range(int(keys)):
+            session = kind == "session" or (kind == "mix" and i % 2 == 0)
+            with client.lock(f"{prefix}{i}", ttl=None if session else 30.0, timeout=120) as lock:
+                record = f"{records}/{i}"
+                enter_fenced(record, lock.token)
+                time.sleep(0.001)  # widen the race window
+                leave_fenced(record, lock.token)
+
+
 def session_hold(url: str, table: str, key: str) -> None:
     """Take a session hold (ttl=None), print its token, and keep it until killed."""
     with connect(url, table=table) as client:
@@ -255,6 +269,7 @@ if __name__ == "__main__":
         "fence": fence,
         "fence_through_faults": fence_through_faults,
         "session_fence": session_fence,
+        "session_keys": session_keys,
         "session_hold": session_hold,
     }
     commands[sys.argv[1]](*sys.argv[2:])

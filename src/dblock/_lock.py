@@ -36,7 +36,7 @@ from ._engine import Hold, Spec
 from ._errors import EventLoopError, LockLost, LockTimeout, NotHeld
 from ._timing import DeadlinePassed
 from ._validate import check_key, check_timeout, check_ttl
-from .backends._contract import LossPush, SessionHolds
+from .backends._contract import LossPush, SessionHolds, provides
 
 log = logging.getLogger("dblock")
 
@@ -70,7 +70,7 @@ class Lock:
         if ttl is None and kind == "lock":
             # a hold that lasts as long as the client's session: the server's own lock where
             # the store has one, else a lease kept alive while this process lives
-            if isinstance(core.store, SessionHolds):
+            if provides(core.store, SessionHolds):
                 self._session, kind, self._ttl = True, "session", math.inf
             else:
                 self._ttl, auto_renew = SESSION_FALLBACK_TTL, True

@@ -24,7 +24,7 @@ from tests.contract.test_processes import finish, worker
 from tests.providers import Provider, table_of
 
 #: how late a lost session is noticed at most: its connection is checked every second, and a
-#: check that takes more than two is a loss (hold.SESSION_CHECK, pg_session.CHECK_DEADLINE),
+#: check that takes more than two is a loss (hold.SESSION_CHECK, sql/sessions.CHECK_DEADLINE),
 #: plus room for a loaded machine
 LOSS_BOUND = 6.0
 

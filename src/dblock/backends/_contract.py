@@ -7,8 +7,10 @@ everything else: waiting, backoff, re-entrancy, renewal, loss detection, validat
 
 :class:`Store` is the required part, which any store can do. Everything else is an optional
 capability, a separate interface that a store *declares* by inheriting it; the engine checks
-``isinstance(store, Capability)`` and falls back, or raises a ConfigurationError naming the
-store and what it lacks (see :func:`require`).
+``provides(store, Capability)`` and falls back, or raises a ConfigurationError naming the
+store and what it lacks (see :func:`require`). A store instance may withhold a capability its
+class declares (``withheld``) when its server turns out to lack what it needs (the MySQL
+store's session holds on MySQL 8, which has no sequences).
 
 Every operation raises only :class:`dblock.BackendError` (driver errors wrapped, ``__cause__``
 set) or :class:`dblock.ConfigurationError`.
@@ -45,6 +47,8 @@ class Store(ABC):
     serves_async: bool = True
     #: appended to a "does not provide" message: what a restricted store (the quorum) offers
     offers: str = ""
+    #: capabilities this instance does not provide although its class declares them
+    withheld: frozenset[type] = frozenset()
 
     @abstractmethod
     def ensure_schema(self, create: bool) -> None:
@@ -322,12 +326,17 @@ def lacking(store: Store, capability: type, feature: str) -> ConfigurationError:
     )
 
 
+def provides(store: Store, capability: type) -> bool:
+    """``store`` declares ``capability`` and does not withhold it."""
+    return isinstance(store, capability) and capability not in store.withheld
+
+
 def require(store: Store, capability: type, feature: str) -> None:
     """Raise a ConfigurationError naming the store and ``capability`` if it lacks it."""
-    if not isinstance(store, capability):
+    if not provides(store, capability):
         raise lacking(store, capability, feature)
 
 
 def capabilities(store: Store) -> frozenset[str]:
-    """The names of the capabilities ``store`` declares."""
-    return frozenset(c.__name__ for c in CAPABILITIES if isinstance(store, c))
+    """The names of the capabilities ``store`` provides."""
+    return frozenset(c.__name__ for c in CAPABILITIES if provides(store, c))

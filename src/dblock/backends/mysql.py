@@ -19,7 +19,10 @@ packet (``_build_hand_over``): one durable commit per hand-over.
 Fencing tokens are per key; ``purge`` records the highest token it deletes in
 ``<table>_meta.hwm`` in the same transaction. A new row's token is ``hwm + 1``, read with a
 shared lock (a subquery of an INSERT under REPEATABLE READ locks the rows it reads), so it
-cannot read a stale ``hwm`` while a purge is deleting that key.
+cannot read a stale ``hwm`` while a purge is deleting that key. On MariaDB every token is also
+at least the next value of the table's sequence, which session holds (``ttl=None``:
+``GET_LOCK``, see ``mysql_session.py``) take theirs from without writing a row; MySQL 8 has no
+sequences, and its store withholds session holds (``ttl=None`` is then the kept-alive lease).
 """
 
 from __future__ import annotations
@@ -45,16 +48,19 @@ from ._contract import (
     FencedGrants,
     OnceRecords,
     SchemaScript,
+    SessionHolds,
     SharedHolds,
     Subscription,
     Wakeups,
 )
 from ._doorbell import BELL_IDLE, Bells
+from .mysql_session import MysqlSessions
 from .sql.base import MAINTENANCE_DEADLINE, Failure, Sleeper
 from .sql.holders import HoldersMixin, Rows
 from .sql.mysql import HANDED as _HANDED
 from .sql.mysql import NOPAD_MARIADB, NOPAD_MYSQL, MysqlStatements
-from .sql.schema import HOLDERS, MAIN, META, missing, refuse_foreign
+from .sql.schema import HOLDERS, MAIN, META, MYSQL_SEQUENCE, SESSIONS, missing, refuse_foreign
+from .sql.sessions import DelegatedSessionHolds
 
 log = logging.getLogger("dblock")
 # server gone away, lost connection, killed (MariaDB 1927), shutdown, idle disconnect
@@ -180,9 +186,17 @@ class _Connection(pymysql.connections.Connection):  # type: ignore[misc]
 
 
 class MysqlBackend(
-    HoldersMixin[Any], FairQueue, SharedHolds, OnceRecords, Wakeups, FencedGrants, SchemaScript
+    HoldersMixin[Any],
+    FairQueue,
+    SharedHolds,
+    OnceRecords,
+    Wakeups,
+    DelegatedSessionHolds,
+    FencedGrants,
+    SchemaScript,
 ):
-    """Lock table in MySQL 8 or MariaDB 10.5+."""
+    """Lock table in MySQL 8 or MariaDB 10.5+. Session holds only on MariaDB, once
+    ensure_schema has found (or made) the table's token sequence: withheld until then."""
 
     name = dialect = "mysql"
 
@@ -191,6 +205,7 @@ class MysqlBackend(
         return _info(row)
 
     sql: MysqlStatements
+    _sessions: MysqlSessions
 
     #: the async client's connection class (None: PyMySQL's blocking connections)
     _green: Any = None
@@ -212,15 +227,19 @@ class MysqlBackend(
         self._kwargs = kwargs
         self.sql = MysqlStatements(schema, table)
         self._schema = schema
+        self._table_name = table
+        self.withheld = frozenset({SessionHolds})
         #: keys whose last try by this client found them busy -> until when (monotonic) their
         #: queue mark was last seen to hold (0: not seen)
         self._busy: dict[str, float] = {}
         # doorbells: a session of their own, which the server closes when left idle (a frozen
         # holder's bell is freed after BELL_IDLE s); they run no statement on the tables
         bell_kwargs = {**kwargs, "init_command": f"SET SESSION wait_timeout = {BELL_IDLE}"}
-        # user locks are the server's, not a database's: the bell's name says which table
+        # user locks are the server's, not a database's: their names say which table
+        scope = self.table if schema else f"{url.database or ''}.{table}"
+        self._sessions = MysqlSessions(self, scope)
         self._bells = Bells(
-            self.table if schema else f"{url.database or ''}.{table}",
+            scope,
             lambda: self._new_connection(bell_kwargs),
             close=self._close_connection,
             watchdog=self._watchdog,
@@ -258,6 +277,24 @@ class MysqlBackend(
                 user_init=self._user_init, init_errors=user_init_errors, **kwargs
             )
         return _Connection(user_init=self._user_init, **kwargs)
+
+    def _session_connection(self, init_command: str) -> Any:
+        """A connection for a session hold or waiter: ``init_command`` instead of the pool's,
+        and reads without a timeout (a GET_LOCK waits as long as its caller allows; the
+        sockets' keepalives and the watchdog bound a dead peer)."""
+        conn = self._new_connection({**self._kwargs, "init_command": init_command})
+        setattr(conn, "_read_timeout", None)  # noqa: B010 - PyMySQL's, and GreenConnection's
+        return conn
+
+    def _session_holds(self) -> bool:
+        return SessionHolds not in self.withheld
+
+    def _socket_of(self, conn: Any) -> Any:
+        """The socket of a connection (None if it has none)."""
+        if self._green is not None:
+            transport = conn._transport()
+            return None if transport is None else transport.get_extra_info("socket")
+        return getattr(conn, "_sock", None)
 
     def _connect(self) -> Any:
         try:
@@ -341,34 +378,65 @@ class MysqlBackend(
         return "\n".join(parts)
 
     def ensure_schema(self, create: bool) -> None:
-        required = dict(zip(self.sql.table_names, (MAIN, META, HOLDERS), strict=True))
+        """Check (and with ``create``, make) the tables; on MariaDB also what session holds
+        need (the sessions table and the token sequence), made for a table that lacks them
+        only with ``create``: without them session holds stay withheld."""
+        sql = self.sql
+        names = (*sql.table_names, *sql.session_names)
+        required = dict(zip(names, (MAIN, META, HOLDERS, SESSIONS, MYSQL_SEQUENCE), strict=True))
 
-        def op(conn: Any) -> None:
+        def op(conn: Any) -> bool | None:
+            """True: session holds can be had; False: not in this table; None: MySQL 8."""
             with conn.cursor() as cur:
-                cur.execute(self.sql.find_tables, (self._schema, *self.sql.table_names))
+                cur.execute(sql.find_tables, (self._schema, *names))
                 rows = cur.fetchall()
                 if not rows:
-                    cur.execute(self.sql.is_mysql8)
-                mysql8 = rows[0][2] if rows else cur.fetchone()[0]
+                    cur.execute(sql.is_mysql8)
+                mysql8 = bool(rows[0][2] if rows else cur.fetchone()[0])
                 found: dict[str, set[str]] = {}
-                ours = {
-                    name.lower(): name for name in self.sql.table_names
-                }  # lower_case_table_names
+                ours = {name.lower(): name for name in names}  # lower_case_table_names
                 for name, column, _ in rows:
                     found.setdefault(ours[name.lower()], set()).update([column] if column else [])
                 refuse_foreign(self.table, self.safe_url, found, required)
-                if len(found) == len(self.sql.table_names):
-                    return
-                if not create:
+                tables = all(name in found for name in sql.table_names)
+                sessions = not mysql8 and all(name in found for name in sql.session_names)
+                if tables and (sessions or not create):
+                    return None if mysql8 else sessions
+                if not tables and not create:
                     raise missing(self.table, self.safe_url, self.dialect)
-                cur.execute(self.sql.take_ddl_lock, (self.sql.ddl_lock_name,))
+                if mysql8 and tables:
+                    return None
+                cur.execute(sql.take_ddl_lock, (sql.ddl_lock_name,))
                 try:
-                    for statement in self.sql.ddl:
-                        cur.execute(_for_server(statement, mysql8))
+                    for statement in sql.ddl:
+                        if statement is not sql.create_sequence_ddl:
+                            cur.execute(_for_server(statement, mysql8))
+                    if mysql8:
+                        return None
+                    # above every token the table has: a table made before its sequence
+                    cur.execute(sql.sequence_start)
+                    cur.execute(sql.create_sequence(int(cur.fetchone()[0])))
                 finally:
-                    cur.execute(self.sql.let_go_ddl_lock, (self.sql.ddl_lock_name,))
+                    cur.execute(sql.let_go_ddl_lock, (sql.ddl_lock_name,))
+                return True
 
-        self.run("creating the lock table", op, deadline=MAINTENANCE_DEADLINE)
+        sessions = self.run("creating the lock table", op, deadline=MAINTENANCE_DEADLINE)
+        if sessions:
+            self.sql = MysqlStatements(self._schema, self._table_name, sequence=True)
+            self.withheld = frozenset()
+            return
+        why = (
+            "MySQL has no sequences"
+            if sessions is None
+            else "the table has no token sequence (connect with create_schema=True once, or "
+            "apply `dblock schema --dialect mysql`)"
+        )
+        log.info(
+            "dblock: no session holds on %s (table %s): %s; ttl=None is a lease kept alive",
+            self.safe_url,
+            self.table,
+            why,
+        )
 
     # -- operations -----------------------------------------------------------------------
     def acquire(self, key: str, owner: str, ttl: float, kind: str) -> int | None:
@@ -509,7 +577,13 @@ class MysqlBackend(
         *,
         dequeue: bool = False,
     ) -> int | None:
-        params = {"key": key, "kind": kind, "owner": owner, "ttl_us": round(ttl * 1_000_000)}
+        params = {
+            "key": key,
+            "kind": kind,
+            "owner": owner,
+            "ttl_us": round(ttl * 1_000_000),
+            "sname": self._sessions.name(key),
+        }
 
         def take(conn: Any) -> int | None:
             with conn.cursor() as cur:
@@ -593,6 +667,7 @@ class MysqlBackend(
 
     def close(self) -> None:
         self._bells.close()
+        self._sessions.close()
         super().close()
 
     # -- FencedGrants ---------------------------------------------------------------------
@@ -616,6 +691,10 @@ class MysqlBackend(
 
         def op(conn: Any) -> bool:
             with conn.cursor() as cur:
+                if self.sql.sequence:
+                    # every token stays at or below the sequence, so that a session token drawn
+                    # from it exceeds the key's (on disk with the grant's commit)
+                    cur.execute(self.sql.push_sequence(token))
                 if cur.execute(self.sql.grant_fenced_update, params) == 1:
                     return True
                 return bool(cur.execute(self.sql.grant_fenced_insert, params) == 1)
@@ -665,6 +744,9 @@ class MysqlBackend(
             if row is None:
                 rows = self._holder_rows(conn, key=key)
                 row = rows[0] if rows else None
+            if row is None and self._session_holds():
+                rows = self._sessions.infos(conn, key)
+                row = rows[0] if rows else None
             return None if row is None else _info(row)
 
         return self.run("info", op, key=key)
@@ -677,6 +759,8 @@ class MysqlBackend(
                 else:
                     cur.execute(self.sql.list_all)
                 rows = [*cur.fetchall(), *self._holder_rows(conn, prefix=prefix)]
+            if self._session_holds():
+                rows += self._sessions.infos(conn, prefix=prefix)
             return sorted((_info(row) for row in rows), key=lambda i: (i.key, i.acquired_at))
 
         return self.run("list", op, deadline=MAINTENANCE_DEADLINE)
@@ -685,6 +769,12 @@ class MysqlBackend(
         def op(conn: Any) -> bool:
             with conn.cursor() as cur:
                 freed = cur.execute(self.sql.force_release, (key,)) == 1
+            if self._session_holds():
+                # a session hold ends with its connection, as PostgreSQL's with its backend
+                holder = self._sessions.holder(conn, key)
+                if holder is not None:
+                    self._kill(conn, holder)
+                    freed = True
             return self._force_holders(conn, key) > 0 or freed
 
         return self.run("force_release", op, key=key)
@@ -724,6 +814,8 @@ class MysqlBackend(
                     count = int(cur.execute(self.sql.purge, (*gone, highest)))
                     count += self._purge_holders(conn, older_than)
                     conn.commit()
+                    if self._session_holds():  # rows of session holders that died
+                        cur.execute(self.sql.session_purge)
                 except BaseException:
                     conn.rollback()
                     raise
@@ -754,6 +846,9 @@ def _us(params: dict[str, Any]) -> dict[str, Any]:
 
 
 def _info(row: Any) -> LockInfo:
+    """A hold's row, (key, owner, token, acquired_at, expires_at, kind); a session hold has
+    no expiry (None)."""
     key, owner, token, acquired_at, expires_at, kind = row
     kind_value: Kind = kind
-    return LockInfo(key, owner, int(token), _utc(acquired_at), _utc(expires_at), kind_value)
+    ends = None if expires_at is None else _utc(expires_at)
+    return LockInfo(key, owner, int(token), _utc(acquired_at), ends, kind_value)

@@ -43,7 +43,6 @@ from ._contract import (
     FencedGrants,
     OnceRecords,
     SchemaScript,
-    SessionHolds,
     SharedHolds,
 )
 from ._listener import Listener, PushedWakeups
@@ -52,6 +51,7 @@ from .sql.base import MAINTENANCE_DEADLINE, Failure
 from .sql.holders import HoldersMixin, Rows
 from .sql.postgresql import PostgresStatements
 from .sql.schema import HOLDERS, MAIN, SEQUENCE, missing, refuse_foreign
+from .sql.sessions import DelegatedSessionHolds
 
 log = logging.getLogger("dblock")
 
@@ -72,7 +72,7 @@ class PostgresBackend(
     FairQueue,
     SharedHolds,
     OnceRecords,
-    SessionHolds,
+    DelegatedSessionHolds,
     FencedGrants,
     SchemaScript,
 ):
@@ -88,6 +88,7 @@ class PostgresBackend(
         return _info(row)
 
     sql: PostgresStatements
+    _sessions: PgSessions
 
     def __init__(self, url: DatabaseURL, schema: str | None, table: str) -> None:
         super().__init__(url, f"{schema}.{table}" if schema else table)
@@ -381,16 +382,6 @@ class PostgresBackend(
             return None if row is None else int(row[0])
 
         return self.run("acquire", op, key=key)
-
-    # -- session holds (ttl=None): see pg_session.py -------------------------------------
-    def acquire_session(self, key: str, owner: str, timeout: float) -> int | None:
-        return self._sessions.acquire_session(key, owner, timeout)
-
-    def check_session(self, key: str, owner: str, token: int) -> bool:
-        return self._sessions.check_session(key, owner, token)
-
-    def release_session(self, key: str, owner: str, token: int) -> bool:
-        return self._sessions.release_session(key, owner, token)
 
     def close(self) -> None:
         super().close()

@@ -22,7 +22,7 @@ class Strategy:
         if self.number == 7:
             return {
                 "postgresql": "dblock session lock (pg_advisory_lock)",
-                "mysql": "GET_LOCK advisory lock",
+                "mysql": "dblock session lock (GET_LOCK)",
             }.get(dialect, self.title)
         return self.title
 

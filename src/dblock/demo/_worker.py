@@ -74,16 +74,13 @@ class Worker:
         self.client: dblock.Client | None = None
         self.where = "WHERE sku = %s AND warehouse = %s"
         self.row = (SKU, WAREHOUSE)
-        name = f"{table}:{WAREHOUSE}:{SKU}"
         self.lock_key = f"inventory:{WAREHOUSE}:{SKU}"
-        self.mysql_lock = name[:64]
 
     def open(self, number: int) -> None:
         if self.db is None:
             self.db = DemoDB(self.parsed)
-        # 6, and 7 on PostgreSQL (a session hold), lock through dblock
-        session = number == 7 and self.parsed.dialect == "postgresql"
-        if (number == 6 or session) and self.client is None:
+        # 6, and 7 (a session hold), lock through dblock
+        if number in (6, 7) and self.client is None:
             self.client = dblock.connect(self.url, table=self.lock_table, create_schema=False)
 
     def close(self) -> None:
@@ -196,21 +193,13 @@ class Worker:
             return self.check_then_write(qty, delay)
 
     def advisory(self, qty: int, delay: float) -> tuple[str, int]:
-        """7: the database's advisory lock around read-check-write: on PostgreSQL a dblock
-        session hold (``ttl=None``: pg_advisory_lock on a connection of its own, with a
-        fencing token); on MySQL GET_LOCK itself."""
-        if self.conn.dialect == "postgresql":
-            if self.client is None:
-                raise RuntimeError("the worker has no dblock client")
-            with self.client.lock(self.lock_key, ttl=None, timeout=LOCK_WAIT):
-                return self.check_then_write(qty, delay)
-        row = self.conn.one("SELECT GET_LOCK(%s, %s)", (self.mysql_lock, int(LOCK_WAIT)))
-        if row is None or row[0] != 1:
-            raise TimeoutError(f"GET_LOCK({self.mysql_lock!r}) timed out")
-        try:
+        """7: the database's advisory lock around read-check-write, as a dblock session hold
+        (``ttl=None``: pg_advisory_lock, or MariaDB's GET_LOCK, on a connection of its own,
+        with a fencing token)."""
+        if self.client is None:
+            raise RuntimeError("the worker has no dblock client")
+        with self.client.lock(self.lock_key, ttl=None, timeout=LOCK_WAIT):
             return self.check_then_write(qty, delay)
-        finally:
-            self.conn.one("SELECT RELEASE_LOCK(%s)", (self.mysql_lock,))
 
     def in_transaction(self, body: Callable[[], tuple[str, int]]) -> tuple[str, int]:
         self.conn.begin()

@@ -286,7 +286,9 @@ def test_a_release_hands_the_lock_to_the_waiter_at_the_bell_in_its_own_commit(
     holder.join(15)
     assert not holder.is_alive() and holder.error is None
     assert waiter.acquired.wait(15) and waiter.got
-    assert waiter.lock.token == held + 1
+    # handed over (note), with the next token: on MariaDB from the table's sequence, so
+    # larger, maybe by more than one
+    assert waiter.lock.token is not None and waiter.lock.token > held
     raw.execute(f"SELECT note FROM `{table}` WHERE lock_key = %s", (key,))
     assert raw.fetchone()[0] == str(held), "the waiter took the lock instead of being handed it"
     raw.execute(f"SELECT count(*) FROM `{table}_holders`")
@@ -318,7 +320,7 @@ def test_a_waiter_frozen_at_the_bell_is_handed_the_lock_and_holds_up_the_rest_no
         with dblock.connect(MYSQL_URL, table=table) as client:
             until(lambda: client.info(key) is not None, "the lock is handed over")
             info = client.info(key)
-            assert info is not None and held is not None and info.token == held + 1
+            assert info is not None and held is not None and info.token > held
             assert not behind.acquired.is_set(), "handed to the frozen waiter, not the next"
             lease = (info.expires_at - info.acquired_at).total_seconds()
             assert lease <= 9.5, "no longer than the frozen waiter's queue entry"

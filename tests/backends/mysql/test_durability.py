@@ -33,6 +33,7 @@ def test_mysql_a_handed_over_token_survives_the_server_dying_as_the_waiter_gets_
     with a commit of its own."""
     with private_mariadb(tmp_path) as db:
         held, handed, note = crash_as_the_waiter_gets_it(db, slow_ms, waiter_query)
-    # handed over; or handed over, then taken again by the waiter's own write
-    assert handed == held + (1 if gated else 2)
+    # handed over; or handed over, then taken again by the waiter's own write (tokens come
+    # from the table's sequence on MariaDB: larger, maybe by more than one)
+    assert handed > held
     assert note == (str(held) if gated else None), "the hold on disk came by a hand-over"

@@ -58,7 +58,7 @@ def test_a_holds_connection_is_its_own_with_keepalives_and_dblocks_settings(
         backend = _backend(client)
         with client.lock("k", ttl=None) as lock:
             assert lock.token is not None
-            conn, pid = backend._sessions._session_conns["k", lock.owner, lock.token]
+            conn, pid = backend._sessions._conns["k", lock.owner, lock.token]
             assert conn not in backend._idle  # outside the pool
             assert pid == conn.info.backend_pid  # no pooler between
             settings = {
@@ -71,10 +71,10 @@ def test_a_holds_connection_is_its_own_with_keepalives_and_dblocks_settings(
                 "synchronous_commit": "on",
             }
         # kept for the next hold: the fast path opens no connection
-        assert backend._sessions._session_idle == [conn]
+        assert [kept for kept, _ in backend._sessions._idle] == [conn]
         with client.lock("k2", ttl=None) as again:
             assert again.token is not None
-            assert backend._sessions._session_conns["k2", again.owner, again.token][0] is conn
+            assert backend._sessions._conns["k2", again.owner, again.token][0] is conn
 
 
 def test_without_temp_privilege_the_grant_is_a_pipeline_of_two_statements(
@@ -87,7 +87,7 @@ def test_without_temp_privilege_the_grant_is_a_pipeline_of_two_statements(
         backend.sql.session_function = "SELECT 1 / 0"  # as a refused CREATE would fail
         lock = client.lock("k", ttl=None)
         assert lock.acquire(timeout=5)
-        (conn, _pid), *_ = backend._sessions._session_conns.values()
+        (conn, _pid), *_ = backend._sessions._conns.values()
         assert backend._sessions._one_statement[id(conn)] is False
         with dblock.connect(POSTGRESQL_URL, table=pg_table) as other:
             assert not other.lock("k", ttl=10).acquire(timeout=0)

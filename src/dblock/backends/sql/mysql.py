@@ -1,6 +1,8 @@
 """MySQL 8's and MariaDB's statements: ``%(name)s`` parameters (``%s`` for the positional
 ones), time ``UTC_TIMESTAMP(6)``, durations in microseconds (``<name>_us``), tokens per key
-returned as insert ids (see the store, ``backends/mysql.py``)."""
+returned as insert ids (see the store, ``backends/mysql.py``). On MariaDB a table's tokens also
+come from its sequence (``<table>_token_seq``), which session holds take theirs from (see
+``backends/mysql_session.py``)."""
 
 from __future__ import annotations
 
@@ -19,6 +21,25 @@ KEY_TYPE = f"VARCHAR(255) CHARACTER SET utf8mb4 COLLATE {NOPAD_MARIADB} NOT NULL
 KEY_NOTE = f"MySQL 8: {NOPAD_MYSQL}; utf8mb4_bin pads ('a' = 'a ')"
 #: the statement of ``release_and_hand_over`` whose affected rows tell the outcome
 HANDED = 5
+#: the GET_LOCK name of a key's session holds: this prefix and a SHA-1 of scope and key
+SESSION_PREFIX = "dblock-s:"
+
+
+def session_lock_name(scope: str, key: str) -> str:
+    """The GET_LOCK name of ``key``'s session holds in the lock table ``scope`` (database and
+    table: user locks are the server's): 49 characters, under GET_LOCK's 64, whatever the key.
+    The hash is of the key's exact bytes: GET_LOCK names compare case-insensitively, keys
+    do not."""
+    digest = hashlib.sha1(f"{scope}\0{key}".encode(), usedforsecurity=False).hexdigest()
+    return SESSION_PREFIX + digest
+
+
+def session_free(column: str) -> str:
+    """SQL: no session holds the key (%(sname)s, its GET_LOCK name), evaluated on each row
+    read: the name is made to depend on ``column``, so the server cannot take it for a
+    constant and evaluate it once, before the statement waits for the row's lock (it does
+    for a bare ``IS_USED_LOCK('...')`` in an UPDATE's WHERE)."""
+    return f"IS_USED_LOCK(CONCAT(%(sname)s, LEFT({column}, 0))) IS NULL"
 
 
 class MysqlStatements(HolderStatements):
@@ -28,11 +49,25 @@ class MysqlStatements(HolderStatements):
     # committed rows whatever snapshot REPEATABLE READ would otherwise give
     locking_read = " LOCK IN SHARE MODE"
 
-    def __init__(self, schema: str | None, table: str) -> None:  # noqa: PLR0915 - one per statement
+    def __init__(  # noqa: PLR0915 - one per statement
+        self, schema: str | None, table: str, *, sequence: bool = False
+    ) -> None:
+        """``sequence``: the table has its token sequence (MariaDB), which every token then
+        also comes from; without it (MySQL 8) tokens are the rows' counters alone."""
         t = qualify(schema, table, "`")
         meta = qualify(schema, aux_name(table, "_meta"), "`")
         holders = qualify(schema, aux_name(table, "_holders"), "`")
+        seq = qualify(schema, aux_name(table, "_token_seq"), "`")
+        sessions = qualify(schema, aux_name(table, "_sessions"), "`")
         super().__init__(t, holders, NOW)
+        self.seq = seq
+        self.sequence = sequence
+
+        def next_token(counter: str) -> str:
+            """SQL: the token after ``counter`` (a row's last one, or the purged tokens'
+            mark): above it and, with the sequence, above every session token issued."""
+            return f"GREATEST({counter} + 1, NEXTVAL({seq}))" if sequence else f"{counter} + 1"
+
         # -- schema
         self.create_main_table = (
             f"CREATE TABLE IF NOT EXISTS {t} (\n"
@@ -69,12 +104,38 @@ class MysqlStatements(HolderStatements):
             "    PRIMARY KEY (lock_key, holder)\n"
             ") ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin"
         )
+        # MariaDB only (an executable comment: MySQL skips it): the tokens of session holds,
+        # which every lease token also exceeds. Non-transactional and cached: a crash skips the
+        # values it had not logged, never repeats one. ensure_schema creates it starting above
+        # the tokens a table already has (sequence_start).
+        self.create_sequence_ddl = f"/*M!100300 CREATE SEQUENCE IF NOT EXISTS {seq} */"
+        # who holds each key's session lock (info, list): MEMORY, so a grant writes no log; a
+        # server restart empties it, as it frees the locks. A row is current only while its
+        # connection holds the key's GET_LOCK (a holder that died leaves its row behind).
+        self.create_sessions_table = (
+            f"CREATE TABLE IF NOT EXISTS {sessions} (\n"
+            f"    lock_key    {KEY_TYPE},  -- {KEY_NOTE}\n"
+            "    lock_name   VARCHAR(64) CHARACTER SET ascii NOT NULL,  -- its GET_LOCK name\n"
+            "    conn        BIGINT NOT NULL,  -- CONNECTION_ID() of the holder\n"
+            "    owner       VARCHAR(255) NOT NULL,\n"
+            "    token       BIGINT NOT NULL,\n"
+            "    acquired_at DATETIME(6) NOT NULL,  -- UTC\n"
+            "    PRIMARY KEY (lock_key)\n"
+            ") ENGINE=MEMORY DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin"
+        )
         self.ddl = [
             self.create_main_table,
             self.create_meta_table,
             self.seed_meta,
             self.create_holders_table,
+            self.create_sessions_table,
+            self.create_sequence_ddl,
         ]
+        # -> the first token of a sequence made for a table that may already have tokens
+        self.sequence_start = (
+            f"SELECT GREATEST(COALESCE(MAX(token), 0), COALESCE((SELECT MAX(hwm) FROM {meta}), "
+            f"0)) + 1 FROM {t}"
+        )
         # dialect pieces for the multi-holder operations (see sql/holders.py)
         self.ensure_parent = (
             f"INSERT INTO {t} (lock_key, kind, owner, token, acquired_at, expires_at)\n"
@@ -129,14 +190,16 @@ class MysqlStatements(HolderStatements):
             """key kind owner ttl_us -> 1 row changed, with the new token as insert id
             (``LAST_INSERT_ID(expr)``), if the key's row was taken; 0 if it is held, absent or
             (with ``fair``) the key had waiters lately. A live row is taken only by its own
-            owner (an idempotent retry); a `once` record never by a lock."""
+            owner (an idempotent retry); a `once` record never by a lock; a free row not
+            while a session holds the key (%(sname)s)."""
             also = f" AND {fair}" if fair else ""
             return (
-                f"UPDATE {t} SET owner = %(owner)s, token = LAST_INSERT_ID(token + 1),\n"
+                f"UPDATE {t} SET owner = %(owner)s,\n"
+                f"    token = LAST_INSERT_ID({next_token('token')}),\n"
                 f"    kind = %(kind)s, acquired_at = {NOW}, note = NULL,\n"
                 f"    expires_at = {NOW} + INTERVAL %(ttl_us)s MICROSECOND\n"
-                f"WHERE lock_key = %(key)s AND ((expires_at <= {NOW} AND kind <> 'once'{also})\n"
-                "    OR owner = %(owner)s)"
+                f"WHERE lock_key = %(key)s AND ((expires_at <= {NOW} AND kind <> 'once'{also}\n"
+                f"    AND {session_free('lock_key')}) OR owner = %(owner)s)"
             )
 
         def insert_sql(fair: str = "") -> str:
@@ -149,20 +212,26 @@ class MysqlStatements(HolderStatements):
             accept it. A new row's token reads `hwm` with a shared lock (a subquery of an
             INSERT under REPEATABLE READ is a locking read), so it cannot read a stale `hwm`
             while a purge is deleting the key. A key without a row has no queue (purge keeps
-            the row of a key with live queue entries)."""
+            the row of a key with live queue entries). A new row is not made while a session
+            holds the key: checked before the row exists, which a session grant that finds no
+            row makes up for (it makes the row, and waits for one being inserted: see
+            mysql_session.py)."""
             values = (
                 f"INSERT INTO {t} (lock_key, kind, owner, token, acquired_at, expires_at)\n"
-                "VALUES (%(key)s, %(kind)s, %(owner)s,\n"
-                f"    LAST_INSERT_ID((SELECT hwm + 1 FROM {meta} WHERE id = 1)), {NOW},\n"
-                f"    {NOW} + INTERVAL %(ttl_us)s MICROSECOND)\n"
+                "SELECT %(key)s, %(kind)s, %(owner)s,\n"
+                f"    LAST_INSERT_ID({next_token('m.hwm')}), {NOW},\n"
+                f"    {NOW} + INTERVAL %(ttl_us)s MICROSECOND FROM {meta} m\n"
+                "WHERE m.id = 1 AND IS_USED_LOCK(%(sname)s) IS NULL\n"
             )
             if not fair:
                 return values + "ON DUPLICATE KEY UPDATE lock_key = lock_key"
             return values + (
                 "ON DUPLICATE KEY UPDATE\n"
-                f"    owner = IF(({row}expires_at <= {NOW} AND {row}kind <> 'once' AND {fair})\n"
-                f"        OR {ours}, VALUES(owner), {row}owner),\n"
-                f"    token = IF({ours}, LAST_INSERT_ID({row}token + 1), {row}token),\n"
+                f"    owner = IF(({row}expires_at <= {NOW} AND {row}kind <> 'once' AND {fair}\n"
+                f"        AND {session_free(row + 'lock_key')}) OR {ours}, VALUES(owner),\n"
+                f"        {row}owner),\n"
+                f"    token = IF({ours}, LAST_INSERT_ID({next_token(row + 'token')}), "
+                f"{row}token),\n"
                 f"    kind = IF({ours}, VALUES(kind), {row}kind),\n"
                 f"    acquired_at = IF({ours}, VALUES(acquired_at), {row}acquired_at),\n"
                 f"    note = IF({ours}, NULL, {row}note),\n"
@@ -219,12 +288,12 @@ class MysqlStatements(HolderStatements):
         self.claim_once = (
             f"INSERT INTO {t} (lock_key, kind, owner, token, acquired_at, expires_at, state,\n"
             "    note)\n"
-            f"SELECT %s, 'once', %s, LAST_INSERT_ID(m.hwm + 1), {NOW},\n"
+            f"SELECT %s, 'once', %s, LAST_INSERT_ID({next_token('m.hwm')}), {NOW},\n"
             f"       {NOW} + INTERVAL %s MICROSECOND, 'processing', %s\n"
             f"FROM {meta} m WHERE m.id = 1\n"
             "ON DUPLICATE KEY UPDATE\n"
             f"    owner = IF({claim}, VALUES(owner), {row}owner),\n"
-            f"    token = IF({ours}, LAST_INSERT_ID({row}token + 1), {row}token),\n"
+            f"    token = IF({ours}, LAST_INSERT_ID({next_token(row + 'token')}), {row}token),\n"
             f"    kind = IF({ours}, 'once', {row}kind),\n"
             f"    acquired_at = IF({ours}, VALUES(acquired_at), {row}acquired_at),\n"
             f"    state = IF({ours}, 'processing', {row}state),\n"
@@ -269,9 +338,13 @@ class MysqlStatements(HolderStatements):
         # every table the schema has: a process that finds only some of them is looking at
         # another process's creation halfway through, and must wait for it (GET_LOCK below)
         self.table_names = (table, aux_name(table, "_meta"), aux_name(table, "_holders"))
+        #: what session holds need beside them (the sequence: MariaDB): a table made before
+        #: them gets them from ensure_schema, and has no session holds until then
+        self.session_names = (aux_name(table, "_sessions"), aux_name(table, "_token_seq"))
         digest = hashlib.sha1(t.encode(), usedforsecurity=False).hexdigest()[:16]
         self.ddl_lock_name = f"dblock_ddl_{digest}"
-        self._build_hand_over(t, holders)
+        self._build_hand_over(t, holders, next_token("token"))
+        self._build_sessions(t, meta, sessions)
         # key owner -> probe's (free, waiters ahead), microseconds left of the lease, and
         # whether owner holds it
         self.look = (
@@ -283,16 +356,17 @@ class MysqlStatements(HolderStatements):
         )
         # key -> the key's next token, as insert id (inside the parent-locking transaction)
         self.next_token = (
-            f"UPDATE {self.main} SET token = LAST_INSERT_ID(token + 1) WHERE lock_key = %s"
+            f"UPDATE {self.main} SET token = LAST_INSERT_ID({next_token('token')}) "
+            "WHERE lock_key = %s"
         )
-        # schema table meta holders -> (table, column, the server is MySQL 8) of each of the
-        # tables that exists
+        # schema table meta holders sessions sequence -> (table, column, the server is MySQL
+        # 8) of each of the tables (or the sequence) that exists
         self.find_tables = (
             "SELECT t.table_name, c.column_name, VERSION() NOT LIKE '%%MariaDB%%' "
             "FROM information_schema.tables t LEFT JOIN information_schema.columns c "
             "ON c.table_schema = t.table_schema AND c.table_name = t.table_name "
             "WHERE t.table_schema = COALESCE(%s, DATABASE()) "
-            "AND t.table_name IN (%s, %s, %s)"
+            "AND t.table_name IN (%s, %s, %s, %s, %s)"
         )
         self.is_mysql8 = "SELECT VERSION() NOT LIKE '%MariaDB%'"
         # name -> one process creates the schema at a time
@@ -301,7 +375,7 @@ class MysqlStatements(HolderStatements):
         # the purge's scan does not leave gap locks on rows it does not delete
         self.purge_isolation = "SET TRANSACTION ISOLATION LEVEL READ COMMITTED"
 
-    def _build_hand_over(self, t: str, holders: str) -> None:
+    def _build_hand_over(self, t: str, holders: str, next_token: str) -> None:
         """The statements of the hand-over: a release that gives the lock to the waiter its
         doorbell wakes, the queue entries that let it find that waiter, and what waiters read."""
         # key owner kind ttl lease bell -> make or refresh a queue entry (a refresh keeps its
@@ -362,7 +436,7 @@ class MysqlStatements(HolderStatements):
             f"    lease IS NOT NULL AND holder <> %(owner)s AND expires_at > {NOW} AND\n"
             "    bell = IS_USED_LOCK(%(bell)s) & 4294967295 FOR UPDATE;\n"
             f"UPDATE {t} SET owner = @dblock_h,\n"
-            f"    token = IF({given}, token + 1, token),\n"
+            f"    token = IF({given}, {next_token}, token),\n"
             f"    acquired_at = IF({given}, {NOW}, acquired_at),\n"
             f"    expires_at = COALESCE(@dblock_until, {NOW}),\n"
             f"    note = IF({given}, %(token)s, NULL)\n"
@@ -386,6 +460,104 @@ class MysqlStatements(HolderStatements):
             f"WHERE lock_key = %(key)s AND owner IS NOT NULL AND expires_at > {NOW} "
             "LOCK IN SHARE MODE"
         )
+
+    def create_sequence(self, start: int) -> str:
+        """The token sequence, starting at ``start`` (MariaDB)."""
+        return f"CREATE SEQUENCE IF NOT EXISTS {self.seq} START WITH {int(start)}"
+
+    def push_sequence(self, token: int) -> str:
+        """Make the sequence's next value exceed ``token`` (SETVAL takes literals only; it
+        leaves a sequence that is already past it alone)."""
+        return f"SELECT SETVAL({self.seq}, {int(token)})"
+
+    def _build_sessions(self, t: str, meta: str, sessions: str) -> None:
+        """Session holds (ttl=None): GET_LOCK on a connection set aside for the hold; see
+        backends/mysql_session.py. Each statement is a transaction of its own (autocommit);
+        user variables carry results from one to the next within the packet."""
+        # A sequence's values are not durable: after a crash it restarts from what the log
+        # had on disk, and a value handed out from a cache refilled since comes again. So a
+        # session token is handed out only below a mark, in meta row 2, of how far the
+        # sequence had reserved (next_not_cached_value) when a commit that waits for the disk,
+        # and so writes every refill before it, was made (make_durable). Marks only grow, and
+        # a value below one comes from a refill made before it: on disk. A client keeps the
+        # highest mark it knows to be on disk and reads the table's only for a value past it;
+        # a value past the table's mark too makes a new one (once per cache, 1000 values).
+        # InnoDB shows a commit before it is on disk: a mark read is trusted once the gate (a
+        # GET_LOCK its writer holds until its commit has returned) is seen free or passed.
+        reserved = f"SELECT next_not_cached_value FROM {self.seq}"
+        # key owner sname -> if the key's row is free, a row of the sessions table saying who
+        # holds it (info, list) with the token: the sequence's next value, or the row's next
+        # if that is higher. Its read of the key's row is a locking one (an INSERT ... SELECT
+        # under REPEATABLE READ), so it waits for a lease being taken or released, and reads
+        # what that committed. Granted: 1 or 2 rows affected, and the insert id is twice the
+        # token, plus 1 if the token came from the row, not the sequence (which must then be
+        # pushed past it). (A row's token is at most 2^62, a quorum's token too.)
+        look = (
+            f"INSERT INTO {sessions} (lock_key, lock_name, conn, owner, token, acquired_at)\n"
+            "SELECT r.lock_key, %(sname)s, CONNECTION_ID(), %(owner)s, LAST_INSERT_ID(\n"
+            f"    2 * GREATEST(@dblock_v := NEXTVAL({self.seq}), @dblock_t := r.token + 1)\n"
+            f"    + (@dblock_t > @dblock_v)) DIV 2, {NOW}\n"
+            f"FROM {t} r WHERE @dblock_s = 1 AND r.lock_key = %(key)s AND r.expires_at <= {NOW}\n"
+            "LOCK IN SHARE MODE\n"
+            "ON DUPLICATE KEY UPDATE lock_name = VALUES(lock_name), conn = VALUES(conn),\n"
+            "    owner = VALUES(owner), token = VALUES(token), acquired_at = VALUES(acquired_at)"
+        )
+        # key -> why a grant was not made: 0 the lock was not had, 1 the key has no row, 2 a
+        # lease holds it
+        self.session_status = (
+            "SELECT IF(@dblock_s = 1,\n"
+            f"    IF(EXISTS (SELECT 1 FROM {t} WHERE lock_key = %(key)s), 2, 1), 0)"
+        )
+        # gate -> (the table's mark, 1 if it is on disk)
+        self.session_mark = (
+            f"SELECT COALESCE(MAX(hwm), 0), IS_FREE_LOCK(%(gate)s) = 1\n"
+            f"    OR IF(GET_LOCK(%(gate)s, 5) = 1, RELEASE_LOCK(%(gate)s), 0) FROM {meta} "
+            "WHERE id = 2"
+        )
+        # -> how far the sequence has reserved
+        self.sequence_reserved = reserved
+        # gate n -> marks the sequence durable up to n, with a commit that waits for the disk
+        # (and so writes the sequence's refills before it), holding the gate until it has
+        self.make_durable = (
+            "SELECT GET_LOCK(%(gate)s, 10);\n"
+            f"INSERT INTO {meta} (id, hwm) VALUES (2, %(n)s)\n"
+            "ON DUPLICATE KEY UPDATE hwm = GREATEST(hwm, VALUES(hwm));\n"
+            "DO RELEASE_LOCK(%(gate)s)"
+        )
+        # sname s key owner -> waits up to `s` s in the server's queue for the key's GET_LOCK
+        # (the queue is first come, first served); then the look above
+        self.session_grant = f"SELECT GET_LOCK(%(sname)s, %(s)s) INTO @dblock_s;\n{look}"
+        # key owner sname -> the look again, the lock in hand
+        self.session_look = look
+        # key owner sname -> the key had no row: a free one is made (which waits for a row
+        # being inserted by a lease, and a lease that comes later finds it, and the session,
+        # when it locks it), then the look again, with the lock still held. Its token is the
+        # purged tokens' mark: none was issued above it for the key.
+        self.session_grant_new_row = (
+            f"INSERT INTO {t} (lock_key, kind, owner, token, acquired_at, expires_at)\n"
+            f"SELECT %(key)s, 'lock', NULL, m.hwm, {NOW}, {NOW} FROM {meta} m\n"
+            "WHERE m.id = 1 AND @dblock_s = 1 ON DUPLICATE KEY UPDATE lock_key = lock_key;\n"
+            f"{look}"
+        )
+        # sname -> gives the lock back (a lease held the key)
+        self.session_unlock = "SELECT RELEASE_LOCK(%(sname)s)"
+        # sname -> ends the hold: 1 if it was still held. Its row in the sessions table stays
+        # (a row whose lock is free is no hold) until the key's next grant replaces it, or
+        # session_purge deletes it.
+        self.session_release = "SELECT RELEASE_LOCK(%(sname)s)"
+        # sname -> 1 while this connection holds the lock
+        self.session_alive = "SELECT IS_USED_LOCK(%(sname)s) = CONNECTION_ID()"
+        cols = f"lock_key, owner, token, acquired_at, NULL, 'session' FROM {sessions}"
+        current = "IS_USED_LOCK(lock_name) = conn"
+        # key -> the key's session hold, as (key, owner, token, acquired_at, None, 'session')
+        self.session_info = f"SELECT {cols} WHERE lock_key = %(key)s AND {current}"
+        # [prefix] -> every session hold (of the keys `prefix` starts)
+        self.session_list = f"SELECT {cols} WHERE {current}"
+        self.session_list_by_prefix = f"{self.session_list} AND {self.prefix_match}"
+        # sname -> the connection that holds the key's session lock (NULL: none)
+        self.session_holder = "SELECT IS_USED_LOCK(%(sname)s)"
+        # -> forget the rows of holders that died (their locks are free or another's)
+        self.session_purge = f"DELETE FROM {sessions} WHERE NOT ({current} <=> 1)"
 
     def later(self, name: str) -> str:
         return f"{NOW} + INTERVAL %({name}_us)s MICROSECOND"

@@ -27,6 +27,10 @@ HOLDERS: Final = frozenset(
 META: Final = frozenset({"id", "hwm"})
 #: ... its token sequence (PostgreSQL: a sequence's columns in pg_attribute)
 SEQUENCE: Final = frozenset({"last_value", "is_called"})
+#: ... its token sequence (MariaDB: a sequence is a table of these columns)
+MYSQL_SEQUENCE: Final = frozenset({"next_not_cached_value", "cache_size"})
+#: ... its sessions table (MySQL: who holds each key's session lock)
+SESSIONS: Final = frozenset({"lock_key", "lock_name", "conn", "owner", "token", "acquired_at"})
 
 
 def refuse_foreign(
@@ -74,7 +78,9 @@ __all__ = [
     "HOLDERS",
     "MAIN",
     "META",
+    "MYSQL_SEQUENCE",
     "SEQUENCE",
+    "SESSIONS",
     "MissingTable",
     "missing",
     "refuse_foreign",
