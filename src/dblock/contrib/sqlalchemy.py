@@ -37,7 +37,9 @@ def metadata(
 
     ``dialect``: "postgresql", "sqlite", "mysql" (MySQL 8) or "mariadb". SQLite and MySQL keep
     the highest purged token in a one-row ``<table>_meta`` table: ``metadata.create_all()``
-    inserts that row; a migration runs :func:`seed` for it (and for PostgreSQL's sequence).
+    inserts that row; a migration runs :func:`seed` for it (and for PostgreSQL's and MariaDB's
+    token sequence). MySQL and MariaDB also get ``<table>_sessions`` (MEMORY: who holds each
+    session lock).
     """
     if dialect not in DIALECTS:
         raise ConfigurationError(f"unknown dialect {dialect!r}: use {', '.join(DIALECTS)}")
@@ -54,8 +56,8 @@ def metadata(
 
 def seed(dialect: str, table: str = "dblock_locks") -> list[str]:
     """What a migration runs (``op.execute``) after creating :func:`metadata`'s tables, which
-    Alembic's autogenerate cannot express: PostgreSQL's token sequence (it leaves sequences
-    out), SQLite's and MySQL's one ``_meta`` row. Idempotent."""
+    Alembic's autogenerate cannot express: PostgreSQL's and MariaDB's token sequence (it leaves
+    sequences out), SQLite's and MySQL's one ``_meta`` row. Idempotent."""
     if dialect not in DIALECTS:
         raise ConfigurationError(f"unknown dialect {dialect!r}: use {', '.join(DIALECTS)}")
     schema, name = check_table(table)
@@ -69,7 +71,9 @@ def seed(dialect: str, table: str = "dblock_locks") -> list[str]:
         return [SqliteStatements(schema, name).seed_meta]
     from ..backends.sql.mysql import MysqlStatements
 
-    return [MysqlStatements(schema, name).seed_meta]
+    # the token sequence (MariaDB only: MySQL skips the versioned comment), as for PostgreSQL
+    mysql_statements = MysqlStatements(schema, name)
+    return [mysql_statements.seed_meta, mysql_statements.create_sequence_ddl]
 
 
 def _seeded(table: Table, statements: list[str]) -> None:
@@ -215,3 +219,19 @@ def _mysql(md: MetaData, schema: str | None, name: str, nopad: str) -> None:
         options=options,
     )
     _meta(md, schema, name, "mysql", mysql_engine="InnoDB")
+    # who holds each key's session lock (GET_LOCK): MEMORY, so a grant writes no log
+    Table(
+        aux_name(name, "_sessions"),
+        md,
+        Column("lock_key", types.key, nullable=False),
+        Column("lock_name", my.VARCHAR(64, charset="ascii"), nullable=False),
+        Column("conn", my.BIGINT(), nullable=False),
+        Column("owner", my.VARCHAR(255), nullable=False),
+        Column("token", my.BIGINT(), nullable=False),
+        Column("acquired_at", my.DATETIME(fsp=6), nullable=False),
+        PrimaryKeyConstraint("lock_key"),
+        schema=schema,
+        mysql_engine="MEMORY",
+        mysql_charset="utf8mb4",
+        mysql_collate="utf8mb4_bin",
+    )
