@@ -129,12 +129,15 @@ _COUNTS_CANCELS = hasattr(asyncio.Task, "cancelling")
 
 async def _watched(awaitable: Awaitable[T]) -> T:
     """Await ``awaitable`` as a task of its own, passing it each cancellation of the calling
-    task, and raise ``CancelledError`` if there was one, whatever the awaitable made of it
-    (a result, a driver's own error): on Python 3.10, where a cancellation that ``wait_for``
-    or a driver swallows leaves no trace on the task, this is how the code in the greenlet
-    still learns of it."""
+    task, and raise ``CancelledError`` if it got one, whatever it made of it (a result, a
+    driver's own error): on Python 3.10, where a cancellation that ``wait_for`` or a driver
+    swallows leaves no trace on the task, this is how the code in the greenlet still learns of
+    it. A cancellation that comes after the awaitable finished (its result not yet handed
+    over) did not reach it: the result is returned, and the task cancelled again, for its
+    next await, as a direct ``await`` would have had it."""
     inner = asyncio.ensure_future(awaitable)
-    cancel: asyncio.CancelledError | None = None
+    delivered: asyncio.CancelledError | None = None
+    late = False
     while not inner.done():
         # a future only this call resolves: a CancelledError out of it is the caller's
         waiter = asyncio.get_running_loop().create_future()
@@ -144,12 +147,19 @@ async def _watched(awaitable: Awaitable[T]) -> T:
             await waiter
         except asyncio.CancelledError as exc:
             inner.remove_done_callback(wake)
-            cancel = cancel or exc
-            inner.cancel()
-    if cancel is None:
+            if inner.done():
+                late = True
+            else:
+                delivered = delivered or exc
+                inner.cancel()
+    if delivered is None:
+        if late:
+            task = asyncio.current_task()
+            if task is not None:
+                task.cancel()
         return inner.result()
     if inner.cancelled():
-        raise cancel
+        raise delivered
     raise _lost(inner.exception())
 
 

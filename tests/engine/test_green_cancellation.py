@@ -80,6 +80,34 @@ def test_a_plain_cancellation_reaches_the_code() -> None:
     assert cancelled
 
 
+@pytest.mark.parametrize("turns", range(8))
+def test_a_cancellation_after_the_step_finished_lands_at_the_next_await(turns: int) -> None:
+    """An ``asyncio.Lock`` taken by the step (the runtime's mutex) is the code's once the step
+    finished: a cancellation that comes before the code resumes must not make it look failed
+    (the code would never release it), but end the code at its next await."""
+    mutex = asyncio.Lock()
+    seen: list[str] = []
+
+    def code() -> None:
+        await_(mutex.acquire())
+        seen.append("acquired")
+        try:
+            await_(asyncio.sleep(0))
+        finally:
+            mutex.release()
+
+    async def main() -> None:
+        task = asyncio.ensure_future(spawn(code))
+        for _ in range(turns):
+            await asyncio.sleep(0)
+        task.cancel()
+        await asyncio.wait([task])
+        assert task.cancelled() or task.result() is None  # or it was done before the cancel
+
+    asyncio.run(main())
+    assert not mutex.locked(), f"the lock was left taken ({seen})"
+
+
 def test_an_uncancelled_step_returns_its_value() -> None:
     async def main() -> list[str]:
         def code() -> list[str]:
