@@ -49,15 +49,19 @@ def _run(step: Callable[[], Awaitable[str]], cancels: int) -> tuple[list[Any], b
             raise
         seen.append(await_(asyncio.sleep(0, "went on")))
 
-    async def main() -> bool:
-        task = asyncio.ensure_future(spawn(code))
-        for _ in range(cancels):
-            await asyncio.sleep(0)
-            task.cancel()
-        await asyncio.wait([task])
-        return task.cancelled()
+    return seen, asyncio.run(_cancelled(code, [1] * cancels)).cancelled()
 
-    return seen, asyncio.run(main())
+
+async def _cancelled(code: Callable[[], None], turns: list[int]) -> asyncio.Task[None]:
+    """Run ``code`` in a task of its own, cancel it after each of ``turns`` turns of the
+    loop; the task, once done."""
+    task = asyncio.ensure_future(spawn(code))
+    for n in turns:
+        for _ in range(n):
+            await asyncio.sleep(0)
+        task.cancel()
+    await asyncio.wait([task])
+    return task
 
 
 @pytest.mark.parametrize("cancels", [1, 2])
@@ -96,15 +100,8 @@ def test_a_cancellation_after_the_step_finished_lands_at_the_next_await(turns: i
         finally:
             mutex.release()
 
-    async def main() -> None:
-        task = asyncio.ensure_future(spawn(code))
-        for _ in range(turns):
-            await asyncio.sleep(0)
-        task.cancel()
-        await asyncio.wait([task])
-        assert task.cancelled() or task.result() is None  # or it was done before the cancel
-
-    asyncio.run(main())
+    task = asyncio.run(_cancelled(code, [turns]))
+    assert task.cancelled() or task.result() is None  # or it was done before the cancel
     assert not mutex.locked(), f"the lock was left taken ({seen})"
 
 
