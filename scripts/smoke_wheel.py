@@ -22,7 +22,8 @@ MODULES = {
     "": [],
     "postgresql": ["psycopg"],
     "mysql": ["pymysql"],
-    "asyncio": ["greenlet"],
+    "async": ["greenlet"],
+    "asyncio": ["greenlet"],  # the async extra's earlier name, kept as an alias
     "mysql-async": ["pymysql", "aiomysql", "greenlet"],
     "redis": ["redis", "hiredis"],
     "zookeeper": ["kazoo"],
@@ -96,7 +97,7 @@ def main(extra: str) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         url = f"sqlite:///{Path(tmp) / 'locks.db'}"
         tokens = sqlite_lock(url)
-        if extra in ("asyncio", "mysql-async", "all"):
+        if extra in ("async", "asyncio", "mysql-async", "all"):
             asyncio.run(async_lock(url))
     the_extra(extra)
     the_command(extra, dblock.__version__)

@@ -45,7 +45,7 @@ async def connect_async(
     """Open an async client (see ``connect``): ``client = await dblock.connect_async(url)``.
 
     Every call that touches the database is awaited, every context manager is ``async with``;
-    the owner for re-entrancy is the asyncio task. Needs greenlet (``dblock[asyncio]``), and
+    the owner for re-entrancy is the asyncio task. Needs greenlet (``dblock[async]``), and
     for MySQL aiomysql (``dblock[mysql-async]``). A SQLAlchemy ``AsyncEngine`` in place of
     ``url`` uses that engine's pool and dialect (docs/sqlalchemy.md). A list of three or more
     URLs opens a quorum client (docs/quorum.md).
@@ -54,7 +54,7 @@ async def connect_async(
         from ._async_client import open_client
     except ImportError as exc:
         raise ConfigurationError(
-            f"dblock's async API needs {exc.name}: pip install 'dblock[asyncio]'"
+            f"dblock's async API needs {exc.name}: pip install 'dblock[async]'"
         ) from exc
     return await open_client(url, table, create_schema, max_connections)
 

@@ -13,12 +13,16 @@ into the greenlet at the ``await_`` where it was waiting, so the code's own ``fi
 ``except`` blocks run, as they would for an error. The cleanup they await is shielded from
 further cancellations (a second ``cancel()`` cannot leave a hold or a queue entry behind); the
 first ``CancelledError`` propagates once it is done. A release runs shielded from the start
-(``spawn(..., shielded=True)``): a cancellation waits for it, then propagates.
+(``spawn(..., shielded=True)``): a cancellation waits for it, then propagates. An awaitable
+that swallows a cancellation (``wait_for`` before Python 3.12, a driver raising its own error)
+does not lose it: the code gets ``CancelledError`` all the same (Python 3.11+ count a task's
+cancellation requests; on 3.10 each step is awaited as a task of its own to see them).
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar, cast
 
@@ -76,7 +80,7 @@ async def spawn(fn: Callable[..., T], *args: Any, shielded: bool = False) -> T:
         while not bridge.dead:
             try:
                 if cancelled is None and not shielded:
-                    value = await pending
+                    value = await (pending if _COUNTS_CANCELS else _watched(pending))
                 else:
                     value = await _finish(pending, deferred if shielded else None)
             except BaseException as exc:  # noqa: BLE001 - thrown into the code, which handles it
@@ -118,6 +122,60 @@ def _as_thrown(
     return _lost_cancellation(*watch, exc) or exc
 
 
+#: Task.cancelling() (Python 3.11+) counts a task's cancellation requests, so one that an
+#: awaitable swallowed is still seen (_lost_cancellation); before it nothing on the task tells
+_COUNTS_CANCELS = hasattr(asyncio.Task, "cancelling")
+
+
+async def _watched(awaitable: Awaitable[T]) -> T:
+    """Await ``awaitable`` as a task of its own, passing it each cancellation of the calling
+    task, and raise ``CancelledError`` if it got one, whatever it made of it (a result, a
+    driver's own error): on Python 3.10, where a cancellation that ``wait_for`` or a driver
+    swallows leaves no trace on the task, this is how the code in the greenlet still learns of
+    it. A cancellation that comes after the awaitable finished (its result not yet handed
+    over) did not reach it: the result is returned, and the task cancelled again, for its
+    next await, as a direct ``await`` would have had it."""
+    inner = asyncio.ensure_future(awaitable)
+    delivered: asyncio.CancelledError | None = None
+    late = False
+    while not inner.done():
+        # a future only this call resolves: a CancelledError out of it is the caller's
+        waiter = asyncio.get_running_loop().create_future()
+        wake = functools.partial(_resolve, waiter)
+        inner.add_done_callback(wake)
+        try:
+            await waiter
+        except asyncio.CancelledError as exc:
+            inner.remove_done_callback(wake)
+            if inner.done():
+                late = True
+            else:
+                delivered = delivered or exc
+                inner.cancel()
+    if delivered is None:
+        if late:
+            task = asyncio.current_task()
+            if task is not None:
+                task.cancel()
+        return inner.result()
+    if inner.cancelled():
+        raise delivered
+    raise _lost(inner.exception())
+
+
+def _resolve(waiter: asyncio.Future[None], _done: object) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
+
+
+def _lost(error: BaseException | None) -> asyncio.CancelledError:
+    """A CancelledError for a cancellation the awaitable did not raise (``error``: what it
+    raised instead, kept as the context)."""
+    lost = asyncio.CancelledError()
+    lost.__context__ = error
+    return lost
+
+
 def _cancelling(task: asyncio.Task[Any] | None) -> int:
     """The task's pending cancellation requests (0 before Python 3.11, which cannot tell)."""
     count = getattr(task, "cancelling", None)
@@ -134,9 +192,7 @@ def _lost_cancellation(
     cancellation be lost."""
     if _cancelling(task) <= requests:
         return None
-    lost = asyncio.CancelledError()
-    lost.__context__ = error
-    return lost
+    return _lost(error)
 
 
 async def _finish(
