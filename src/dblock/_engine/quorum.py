@@ -29,7 +29,7 @@ SPLIT_PAUSE = 0.01
 
 def split_pause(round_: int) -> float:
     """The longest random pause after the ``round_``-th split vote (0: the first)."""
-    return SPLIT_PAUSE * 2**round_
+    return SPLIT_PAUSE * (1 << round_)
 
 
 def majority(n: int) -> int:
