@@ -52,6 +52,7 @@ from ._contract import (
     SharedHolds,
     Subscription,
     Wakeups,
+    provides,
 )
 from ._doorbell import BELL_IDLE, Bells
 from .mysql_session import MysqlSessions
@@ -285,9 +286,6 @@ class MysqlBackend(
         conn = self._new_connection({**self._kwargs, "init_command": init_command})
         setattr(conn, "_read_timeout", None)  # noqa: B010 - PyMySQL's, and GreenConnection's
         return conn
-
-    def _session_holds(self) -> bool:
-        return SessionHolds not in self.withheld
 
     def _socket_of(self, conn: Any) -> Any:
         """The socket of a connection (None if it has none)."""
@@ -744,7 +742,7 @@ class MysqlBackend(
             if row is None:
                 rows = self._holder_rows(conn, key=key)
                 row = rows[0] if rows else None
-            if row is None and self._session_holds():
+            if row is None and provides(self, SessionHolds):
                 rows = self._sessions.infos(conn, key)
                 row = rows[0] if rows else None
             return None if row is None else _info(row)
@@ -759,7 +757,7 @@ class MysqlBackend(
                 else:
                     cur.execute(self.sql.list_all)
                 rows = [*cur.fetchall(), *self._holder_rows(conn, prefix=prefix)]
-            if self._session_holds():
+            if provides(self, SessionHolds):
                 rows += self._sessions.infos(conn, prefix=prefix)
             return sorted((_info(row) for row in rows), key=lambda i: (i.key, i.acquired_at))
 
@@ -769,7 +767,7 @@ class MysqlBackend(
         def op(conn: Any) -> bool:
             with conn.cursor() as cur:
                 freed = cur.execute(self.sql.force_release, (key,)) == 1
-            if self._session_holds():
+            if provides(self, SessionHolds):
                 # a session hold ends with its connection, as PostgreSQL's with its backend
                 holder = self._sessions.holder(conn, key)
                 if holder is not None:
@@ -814,7 +812,7 @@ class MysqlBackend(
                     count = int(cur.execute(self.sql.purge, (*gone, highest)))
                     count += self._purge_holders(conn, older_than)
                     conn.commit()
-                    if self._session_holds():  # rows of session holders that died
+                    if provides(self, SessionHolds):  # rows of session holders that died
                         cur.execute(self.sql.session_purge)
                 except BaseException:
                     conn.rollback()

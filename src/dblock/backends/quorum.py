@@ -233,9 +233,9 @@ class QuorumStore(Store, ScheduledRuns, FairQueue, Wakeups):
         """Each member's tables are made or checked when it is opened."""
 
     def acquire(self, key: str, owner: str, ttl: float, kind: str) -> int | None:
-        for round_ in range(SPLIT_ROUNDS):
+        for round_ in range(SPLIT_ROUNDS - 1):
             token, split = self._acquire_round(key, owner, ttl, kind)
-            if token is not None or not split or round_ + 1 == SPLIT_ROUNDS:
+            if token is not None or not split:
                 return token
             # A split vote: contenders that came at once each won some stores and none a
             # majority, so each gave its grants back. Nobody holds the key, and "busy" would
@@ -243,7 +243,7 @@ class QuorumStore(Store, ScheduledRuns, FairQueue, Wakeups):
             # Each such contender tries again after its own random pause; the first to come
             # back finds the stores free (and fenced above the last round's token).
             self.rt.sleep(random.uniform(0, split_pause(round_)))
-        return None
+        return self._acquire_round(key, owner, ttl, kind)[0]
 
     def _acquire_round(
         self, key: str, owner: str, ttl: float, kind: str
