@@ -21,7 +21,7 @@ import dblock
 from tests.contract import test_chaos
 from tests.contract.test_chaos import FreezingProxy
 from tests.contract.test_processes import finish, worker
-from tests.providers import Provider, table_of
+from tests.providers import Provider, fresh_table, table_of
 
 #: how late a lost session is noticed at most: its connection is checked every second, and a
 #: check that takes more than two is a loss (hold.SESSION_CHECK, sql/sessions.CHECK_DEADLINE),
@@ -104,6 +104,22 @@ def test_info_of_a_session_hold(provider: Provider, client: dblock.Client, key: 
         else:  # a lease kept alive
             assert info.kind == "lock" and info.expires_at is not None
     assert client.info(key) is None
+
+
+def test_session_holds_of_one_key_in_two_tables_are_two_locks(
+    provider: Provider, client: dblock.Client, key: str
+) -> None:
+    """The server's lock is named after the table as well as the key (PostgreSQL's advisory
+    key, MariaDB's GET_LOCK name): two applications' tables on one server do not collide."""
+    other_table = fresh_table()
+    try:
+        with provider.connect(table=other_table) as other:
+            a, b = client.lock(key, ttl=None), other.lock(key, ttl=None)
+            assert a.acquire(timeout=0) and b.acquire(timeout=0)  # two tables, two locks
+            a.release()
+            b.release()
+    finally:
+        provider.drop(other_table)
 
 
 # -- the server's own lock -------------------------------------------------------------------

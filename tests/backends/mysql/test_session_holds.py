@@ -16,7 +16,7 @@ import dblock
 from dblock.backends.mysql import MysqlBackend
 from dblock.backends.sql.names import aux_name
 from tests._internals import store_of
-from tests._servers import MYSQL_URL, drop_tables, raw_connect
+from tests._servers import MYSQL_URL, raw_connect
 from tests._worker import start as start_worker
 
 
@@ -42,21 +42,6 @@ def test_the_lock_name_fits_and_tells_keys_differing_in_case_apart(table: str) -
         assert upper.token != lower.token
         upper.release()
         lower.release()
-
-
-def test_the_lock_name_is_the_tables_and_databases(table: str) -> None:
-    other = table + "_b"
-    try:
-        with (
-            dblock.connect(MYSQL_URL, table=table) as one,
-            dblock.connect(MYSQL_URL, table=other) as two,
-        ):
-            a, b = one.lock("same", ttl=None), two.lock("same", ttl=None)
-            assert a.acquire(timeout=0) and b.acquire(timeout=0)  # two tables, two locks
-            a.release()
-            b.release()
-    finally:
-        drop_tables(MYSQL_URL, other)
 
 
 def test_a_lease_waiting_for_the_rows_lock_sees_a_session_taken_meanwhile(

@@ -3,38 +3,16 @@ connections set aside for holds, and the lease statements' try-lock (backends/pg
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
-import pytest
-
 import dblock
 from dblock.backends.postgresql import PostgresBackend
 from tests._internals import store_of
-from tests._servers import POSTGRESQL_URL, drop_tables, raw_connect
-
-
-@pytest.fixture
-def other_table(pg_table: str) -> Iterator[str]:
-    name = pg_table + "_b"
-    yield name
-    drop_tables(POSTGRESQL_URL, name)
+from tests._servers import POSTGRESQL_URL, raw_connect
 
 
 def _backend(client: dblock.Client) -> PostgresBackend:
     backend = store_of(client)
     assert isinstance(backend, PostgresBackend)
     return backend
-
-
-def test_the_advisory_key_is_the_tables_too(pg_table: str, other_table: str) -> None:
-    with (
-        dblock.connect(POSTGRESQL_URL, table=pg_table) as one,
-        dblock.connect(POSTGRESQL_URL, table=other_table) as two,
-    ):
-        a, b = one.lock("same", ttl=None), two.lock("same", ttl=None)
-        assert a.acquire(timeout=0) and b.acquire(timeout=0)  # two tables, two locks
-        a.release()
-        b.release()
 
 
 def test_a_lease_statement_cannot_take_the_try_lock_of_a_held_key(pg_table: str) -> None:
