@@ -171,24 +171,18 @@ def proxy(provider: Provider) -> Iterator[tuple[str, FreezingProxy]]:
     url = server_db_url.replace(host_port, f"127.0.0.1:{p.port}", 1)
     yield url, p
     p.close()
-    provider.drop("chaos_freeze")
-    if not provider.has("sql"):
-        return
-    with contextlib.closing(provider.raw()) as conn:
-        q = provider.q
-        conn.cursor().execute(f"DROP TABLE IF EXISTS {q}chaos_freeze_holders{q}")
 
 
 @pytest.mark.slow
 def test_acquire_timeout_holds_when_the_network_freezes(
-    provider: Provider, proxy: tuple[str, FreezingProxy]
+    provider: Provider, table: str, proxy: tuple[str, FreezingProxy]
 ) -> None:
     url, p = proxy
     done = threading.Event()
     result: dict[str, Any] = {}
 
     def scenario() -> None:
-        with provider.connect(table="chaos_freeze", url=url) as client:
+        with provider.connect(table=table, url=url) as client:
             lock = client.lock("k", ttl=5)
             assert lock.acquire(timeout=2)
             lock.release()

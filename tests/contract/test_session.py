@@ -265,13 +265,13 @@ def test_a_forked_child_leaves_the_parents_session_hold_alone(
 @pytest.mark.slow
 @pytest.mark.needs("SessionHolds", "server")
 def test_a_frozen_network_marks_the_session_hold_lost_within_the_bound(
-    provider: Provider, proxy: tuple[str, FreezingProxy]
+    provider: Provider, table: str, proxy: tuple[str, FreezingProxy]
 ) -> None:
     """A partition (nothing comes back, nothing is reset): the keep-alive check overruns its
     deadline, so the holder stops believing it holds within the bound."""
     url, p = proxy
     lost = threading.Event()
-    with provider.connect(table="chaos_freeze", url=url) as client:
+    with provider.connect(table=table, url=url) as client:
         lock = client.lock("k", ttl=None, on_lost=lambda _lock: lost.set())
         assert lock.acquire(timeout=5)
         p.frozen.set()
