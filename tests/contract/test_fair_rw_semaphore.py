@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -119,6 +120,37 @@ def test_a_newcomer_does_not_barge_past_waiters(
     assert not client.lock(key, fair=fair).acquire(blocking=False)
     store_call(client, "dequeue", key, "someone-waiting")
     assert client.lock(key, fair=fair).acquire(blocking=False)
+
+
+@pytest.mark.needs("FairQueue")
+@pytest.mark.parametrize("fair", [True, False])
+def test_a_waiter_whose_ttl_is_shorter_than_its_wait_keeps_its_place(
+    client: dblock.Client, key: str, fair: bool
+) -> None:
+    """A queue entry lives by its waiter's refreshes, not by the lock's ttl: a waiter with a
+    1 s ttl that waits over 4 s (past a refresh) is served before one that came 2 s later.
+    (Where the entry expired with the ttl, the later waiter would delete it and go first;
+    the later one's ttl is long, so that the first cannot do the same to it.)"""
+    order: list[str] = []
+    holder = client.lock(key, ttl=30)
+    holder.acquire()
+
+    def wait(name: str, ttl: float) -> None:
+        lock = client.lock(key, ttl=ttl, fair=fair)
+        if lock.acquire(timeout=60):
+            order.append(name)
+            lock.release()
+
+    first = threading.Thread(target=wait, args=("first", 1))
+    first.start()
+    time.sleep(2)
+    second = threading.Thread(target=wait, args=("second", 30))
+    second.start()
+    time.sleep(2.5)
+    holder.release()
+    first.join(90)
+    second.join(90)
+    assert order == ["first", "second"]
 
 
 # -- read-write ---------------------------------------------------------------------------

@@ -39,7 +39,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 from urllib.parse import quote, unquote
 
 from kazoo.client import KazooClient
@@ -108,6 +108,8 @@ class Node:
     key: str = ""
     #: local monotonic time at which our last write of it was sent (None: not written by us)
     sent: float | None = None
+    #: a live node below blocks it: it is a queue entry, whose lease is the queue's (``q``)
+    waiting: bool = False
 
     def surely_live(self) -> bool:
         """Its lease cannot have ended yet: the server wrote it after ``sent``, so less time
@@ -138,7 +140,8 @@ class Node:
         """The lease's end, server ms."""
         if "u" in self.data:
             return int(self.data["u"])
-        return int(self.stat.mtime) + int(self.data.get("t", 0))
+        lease = self.data["q"] if self.waiting and "q" in self.data else self.data.get("t", 0)
+        return int(self.stat.mtime) + int(lease)
 
 
 @dataclass
@@ -149,6 +152,8 @@ class Look:
     live: list[Node] = field(default_factory=list)
     #: the key's once-record: a key that has one is taken only by once()
     record: dict[str, Any] = field(default_factory=dict)
+    #: the node whose read set the waiter's watch (see ``_look``'s ``watch``)
+    watched: str | None = None
 
     def blocker(self, me: Node) -> Node | None:
         """The live node that keeps ``me`` from holding (its predecessor), or None."""
@@ -224,9 +229,24 @@ class ZkSubscription(Subscription):
         #: woken by ``until``: the next try reads the server's time (a write) to judge it
         self.due = False
         self.closed = False
+        #: the node that blocks the waiter, whose watch wakes it (others' events are stale)
+        self.watching: str | None = None
 
     def fire(self, _event: object = None) -> None:
         self.event.set()
+
+    def blocker_changed(self, event: Any) -> None:
+        """A watch on the blocking node fired: it went (wake), or its data changed (a
+        renewal: watch on)."""
+        path = getattr(event, "path", None)
+        if self.closed or path != self.watching:
+            return
+        if getattr(event, "type", None) != "CHANGED":
+            self.fire()
+            return
+        with contextlib.suppress(Exception):  # the client closed: nothing to watch
+            result = self._store._client().exists_async(path, watch=self.blocker_changed)
+            result.rawlink(lambda r: self.fire() if r.exception or r.value is None else None)
 
     def wait(self, timeout: float) -> bool:
         if self.until is not None:
@@ -382,9 +402,16 @@ class ZookeeperBackend(Store, FairQueue, SharedHolds, OnceRecords, Wakeups, Queu
         below: int | None = None,
         *,
         estimate: bool = False,
+        nearest: bool = False,
+        watch: ZkSubscription | None = None,
     ) -> Look:
         """Read the key's contenders (only those whose sequence number is under ``below``, if
-        given: all that can block that node); delete the expired ones (versioned)."""
+        given: all that can block that node); delete the expired ones (versioned).
+
+        ``nearest`` (an exclusive node's try, ``below`` given): only what blocks it, the
+        nearest live node below, is read (Curator's way: one read, not one per waiter ahead);
+        ``live`` then holds that node alone. ``watch``: the waiter whose watch that read sets
+        (as Curator's, it saves a separate ``exists``)."""
         kpath = self._kpath(key)
         try:
             names = zk.get_children(kpath)
@@ -394,6 +421,16 @@ class ZookeeperBackend(Store, FairQueue, SharedHolds, OnceRecords, Wakeups, Queu
         names = [n for n in names if n != RECORD]
         if below is not None:
             names = [n for n in names if int(n[-10:]) < below]
+            if nearest and now is not None:
+                paths = [f"{kpath}/{n}" for n in sorted(names, key=lambda n: n[-10:])]
+                clock = [now]
+                found = self._nearest(zk, key, paths, clock, estimate=estimate, sub=watch)
+                if found is not False:
+                    look = Look(
+                        clock[0], record=record, watched=paths[-1] if watch and paths else None
+                    )
+                    look.live.extend([found] if found is not None else [])
+                    return look
         pending = [(f"{kpath}/{n}", zk.get_async(f"{kpath}/{n}")) for n in names]
         nodes: list[Node] = []
         for path, result in pending:
@@ -409,6 +446,8 @@ class ZookeeperBackend(Store, FairQueue, SharedHolds, OnceRecords, Wakeups, Queu
             now = max([now, *(int(n.stat.mtime) for n in nodes)])
         look = Look(now, record=record)
         for n in nodes:
+            # blocked now means it never held (nodes below it only go): a queue entry
+            n.waiting = look.blocker(n) is not None
             if n.expires <= now:
                 with contextlib.suppress(NoNodeError, BadVersionError):
                     zk.delete(n.path, version=n.stat.version)
@@ -417,6 +456,56 @@ class ZookeeperBackend(Store, FairQueue, SharedHolds, OnceRecords, Wakeups, Queu
                     continue
             look.live.append(n)
         return look
+
+    def _nearest(
+        self,
+        zk: KazooClient,
+        key: str,
+        paths: list[str],
+        now: list[int],
+        *,
+        estimate: bool,
+        sub: ZkSubscription | None = None,
+    ) -> Node | Literal[False] | None:
+        """The live node nearest the end of ``paths`` (ascending), deleting expired ones met
+        on the way; False where that cannot be judged from exclusive nodes alone.
+
+        A node's lease is ``t`` once it holds and ``q`` while it waits: when those disagree
+        about whether it has ended, the live node below it (if any) says which applies."""
+        for i in range(len(paths) - 1, -1, -1):
+            watch = None
+            if sub is not None and i == len(paths) - 1:  # most likely the blocker: watch it
+                sub.watching, watch = paths[i], sub.blocker_changed
+            try:
+                raw, stat = zk.get(paths[i], watch=watch)
+            except NoNodeError:
+                continue
+            n = Node(paths[i], _load(raw), stat, key)
+            if estimate:  # ``now`` is a lower bound: so is every mtime read
+                now[0] = max(now[0], int(stat.mtime))
+            held = replace(n, waiting=False).expires > now[0]
+            queued = replace(n, waiting=True).expires > now[0]
+            if held == queued:  # either way; wake at the earlier of its two ends
+                n.waiting = replace(n, waiting=True).expires < replace(n, waiting=False).expires
+                alive = held
+            elif n.kind not in EXCLUSIVE:
+                return False
+            else:
+                below = self._nearest(zk, key, paths[:i], now, estimate=estimate, sub=None)
+                if below is False:
+                    return False
+                n.waiting = below is not None
+                alive = n.expires > now[0]
+            if alive:
+                return n
+            if sub is not None and sub.watching == n.path:
+                sub.watching = None  # our delete's event wakes nobody
+            with contextlib.suppress(NoNodeError, BadVersionError):
+                zk.delete(n.path, version=n.stat.version)
+                continue  # deleted: it no longer blocks anyone
+            if zk.exists(n.path):
+                return n  # written meanwhile (renewed): live
+        return None
 
     def _create(self, zk: KazooClient, key: str, data: dict[str, Any]) -> Node:
         """A new contender of ``key`` (data: owner ``o``, kind ``k``, lease ``t``, ...)."""
@@ -448,6 +537,7 @@ class ZookeeperBackend(Store, FairQueue, SharedHolds, OnceRecords, Wakeups, Queu
             blocker = next(iter(look.holders() or look.live), None)
         if blocker is None:
             sub.until = None
+            sub.watching = None
             if me is not None and not look.kept_from(me):
                 sub.fire()  # nothing blocks it now: try again at once
             else:
@@ -455,16 +545,10 @@ class ZookeeperBackend(Store, FairQueue, SharedHolds, OnceRecords, Wakeups, Queu
             return
         sub.until = time.monotonic() + max(0, blocker.expires - look.now) / 1000 + 0.01
         path = blocker.path
-
-        def changed(event: Any) -> None:
-            if getattr(event, "type", None) != "CHANGED" or sub.closed:
-                sub.fire()
-                return
-            with contextlib.suppress(Exception):  # the client closed: nothing to watch
-                result = self._client().exists_async(path, watch=changed)
-                result.rawlink(lambda r: sub.fire() if r.exception or r.value is None else None)
-
-        if zk.exists(path, watch=changed) is None:
+        if look.watched == path == sub.watching:
+            return  # the look's read of it set the watch
+        sub.watching = path
+        if zk.exists(path, watch=sub.blocker_changed) is None:
             sub.fire()  # gone since we looked (its watch would wait for a re-creation)
 
     def _take(self, zk: KazooClient, me: Node, look: Look) -> int | None:
@@ -564,9 +648,15 @@ class ZookeeperBackend(Store, FairQueue, SharedHolds, OnceRecords, Wakeups, Queu
         self._run("creating the lock table", ensure)
 
     def acquire(self, key: str, owner: str, ttl: float, kind: str) -> int | None:
+        tries = 0
+
         def go(zk: KazooClient) -> int | None:
+            nonlocal tries
+            tries += 1
             me = self._create(zk, key, _data(owner, kind, ttl, h=1))
-            look = self._look(zk, key, me.stat.ctime, me.seq)
+            # a retry reads every node below: ours from a try whose reply was lost among them
+            nearest = tries == 1 and kind in EXCLUSIVE
+            look = self._look(zk, key, me.stat.ctime, me.seq, nearest=nearest)
             for n in list(look.live):  # our own earlier grant (a reply lost before a retry)
                 if n.seq < me.seq and n.owner == owner and n.kind == kind and n.data.get("h"):
                     with contextlib.suppress(NoNodeError, BadVersionError):
@@ -701,7 +791,10 @@ class ZookeeperBackend(Store, FairQueue, SharedHolds, OnceRecords, Wakeups, Queu
             # the server's time: read by a write only when a blocker's lease may have ended;
             # else the latest mtime seen, which is earlier (nobody looks expired too soon)
             now = self._now(zk) if sub is not None and sub.due else int(entry.stat.mtime)
-            look = self._look(zk, entry.key, now, entry.seq, estimate=True)
+            nearest = entry.kind in EXCLUSIVE
+            look = self._look(
+                zk, entry.key, now, entry.seq, estimate=True, nearest=nearest, watch=sub
+            )
             if look.blocker(entry) is not None or look.kept_from(entry):
                 self._arm(zk, entry.key, entry.owner, look, entry)
                 return None
@@ -709,6 +802,7 @@ class ZookeeperBackend(Store, FairQueue, SharedHolds, OnceRecords, Wakeups, Queu
             self._queued.pop((entry.key, entry.owner), None)
             if held is None:
                 return None
+            held = replace(held, waiting=False)
             self._remember(held)
             return held.token
 
@@ -733,7 +827,10 @@ class ZookeeperBackend(Store, FairQueue, SharedHolds, OnceRecords, Wakeups, Queu
             if old is not None and self._write(zk, old, old.data) is not None:
                 return
             entry = self._queued[(key, owner)] = self._create(zk, key, _data(owner, kind, ttl))
-            look = self._look(zk, key, entry.stat.ctime, entry.seq)
+            entry.waiting = True
+            sub = self._subs.get((key, owner))
+            nearest = kind in EXCLUSIVE
+            look = self._look(zk, key, entry.stat.ctime, entry.seq, nearest=nearest, watch=sub)
             self._arm(zk, key, owner, look, entry)
 
         self._run("enqueue", go)
@@ -772,11 +869,14 @@ class ZookeeperBackend(Store, FairQueue, SharedHolds, OnceRecords, Wakeups, Queu
         holds by itself once unblocked, until its first refresh makes it a plain entry)."""
 
         def go(zk: KazooClient) -> int | None:
-            me = self._create(zk, key, _data(owner, "lock", ttl, h=1))
-            look = self._look(zk, key, me.stat.ctime, me.seq)
+            # ``q``: its lease while it waits (refreshed by its waiter), however short ``t``
+            me = self._create(zk, key, _data(owner, "lock", ttl, h=1, q=_ms(queue_ttl)))
+            sub = self._subs.get((key, owner))
+            look = self._look(zk, key, me.stat.ctime, me.seq, nearest=True, watch=sub)
             if look.blocker(me) is None and not look.kept_from(me):
                 self._remember(me)
                 return me.token
+            me.waiting = True
             self._queued[(key, owner)] = me
             self._arm(zk, key, owner, look, me)
             return None
@@ -793,7 +893,8 @@ class ZookeeperBackend(Store, FairQueue, SharedHolds, OnceRecords, Wakeups, Queu
         return self._run("acquire", lambda zk: self._take_new(zk, self._create(zk, key, data)))
 
     def _take_new(self, zk: KazooClient, me: Node) -> int | None:
-        return self._take(zk, me, self._look(zk, me.key, me.stat.ctime, me.seq))
+        nearest = me.kind in EXCLUSIVE
+        return self._take(zk, me, self._look(zk, me.key, me.stat.ctime, me.seq, nearest=nearest))
 
     def release_shared(self, key: str, owner: str, token: int) -> bool:
         return self.release(key, owner, token)
