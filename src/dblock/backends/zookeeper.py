@@ -83,6 +83,9 @@ PREFIX = {
     "scheduled": "sched-",
 }
 EXCLUSIVE = frozenset({"lock", "write", "once", "scheduled"})
+#: a waiter whose entry was written at most this long ago (s) takes its turn without a write
+#: (``_turn``): well inside the engine's refresh of the entry (every 3 s)
+TURN_AGE = 1.0
 STATE = {"processing": "P", "failed": "F", "succeeded": "S"}
 #: the child of a key node that holds its once-record (seen in the children list, so a
 #: plain lock's try needs no extra read to know the key has none)
@@ -302,6 +305,8 @@ class ZookeeperBackend(Store, FairQueue, SharedHolds, OnceRecords, Wakeups, Queu
         self._latest: dict[tuple[str, str], Node] = {}
         #: queue entries of fair waiters: (key, owner) -> node
         self._queued: dict[tuple[str, str], Node] = {}
+        #: turns taken without a write (``_turn``), until their waiter takes or leaves them
+        self._turns: dict[tuple[str, str], Node] = {}
         self._subs: dict[tuple[str, str], ZkSubscription] = {}
         self._losses: dict[str, Callable[[], None]] = {}
 
@@ -315,6 +320,7 @@ class ZookeeperBackend(Store, FairQueue, SharedHolds, OnceRecords, Wakeups, Queu
                 # closing, as closing would end the parent's session (and its holds).
                 self._zk, self._pid = None, _forksafe.pid()
                 self._queued.clear()
+                self._turns.clear()
                 self._subs.clear()
                 self._losses.clear()
             if self._zk is None:
@@ -680,6 +686,8 @@ class ZookeeperBackend(Store, FairQueue, SharedHolds, OnceRecords, Wakeups, Queu
         return self._run("renew", go)
 
     def release(self, key: str, owner: str, token: int) -> bool:
+        self._turns.pop((key, owner), None)
+
         def go(zk: KazooClient) -> bool:
             node = self._own(zk, key, owner, token)
             if node is None:
@@ -798,6 +806,8 @@ class ZookeeperBackend(Store, FairQueue, SharedHolds, OnceRecords, Wakeups, Queu
             if look.blocker(entry) is not None or look.kept_from(entry):
                 self._arm(zk, entry.key, entry.owner, look, entry)
                 return None
+            if sub is not None and self._turn(entry, sub):
+                return None  # the waiter takes it from its subscription
             held = self._write(zk, entry, {**entry.data, "h": 1, "t": _ms(ttl), "a": look.now})
             self._queued.pop((entry.key, entry.owner), None)
             if held is None:
@@ -807,6 +817,26 @@ class ZookeeperBackend(Store, FairQueue, SharedHolds, OnceRecords, Wakeups, Queu
             return held.token
 
         return self._run("acquire", go)
+
+    def _turn(self, entry: Node, sub: ZkSubscription) -> bool:
+        """Take a waiter's turn without a write, where its entry holds by itself (``h``,
+        never refreshed) and was written moments ago: nothing blocks it, so it holds, on a
+        lease that runs from that write on the server's clock. The engine takes it as a lock
+        handed over (``granted``), whose lease it counts from the entry's last write too, and
+        renews it in the background if it is held long. Else the waiter writes its node to
+        start a lease of its own."""
+        if not entry.data.get("h") or entry.sent is None:
+            return False
+        age = time.monotonic() - entry.sent
+        if age > min(TURN_AGE, int(entry.data.get("t", 0)) / 4000):
+            return False
+        held = replace(entry, waiting=False)
+        self._remember(held)
+        self._queued.pop((entry.key, entry.owner), None)
+        self._turns[(entry.key, entry.owner)] = held
+        sub.granted = held.token
+        sub.fire()
+        return True
 
     def probe(self, key: str, owner: str) -> tuple[bool, int]:
         def go(zk: KazooClient) -> tuple[bool, int]:
@@ -850,9 +880,11 @@ class ZookeeperBackend(Store, FairQueue, SharedHolds, OnceRecords, Wakeups, Queu
         return self._run("requeue", go)
 
     def dequeue(self, key: str, owner: str) -> None:
-        entry = self._queued.pop((key, owner), None)
+        # an entry, or a turn taken for a waiter that left before it took it
+        entry = self._queued.pop((key, owner), None) or self._turns.pop((key, owner), None)
         if entry is None:
             return
+        self._forget(entry)
 
         def go(zk: KazooClient) -> None:
             with contextlib.suppress(NoNodeError, BadVersionError):
