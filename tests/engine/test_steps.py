@@ -59,6 +59,32 @@ def test_a_waiter_listens_before_it_tries_again_and_takes_the_lock_in_turn() -> 
     assert (hold.token, hold.owner, hold.key) == (7, "me", "k")
 
 
+@pytest.mark.parametrize(("vouched", "lease"), [(None, _engine.QUEUE_TTL), (60.0, 60.0)])
+def test_a_handed_over_lock_counts_its_lease_from_the_entry_write(
+    vouched: float | None, lease: float
+) -> None:
+    """A lock handed to a waiter is held without a call of its own, on a lease counted from
+    the send of its entry's last write: the lock's ttl capped by the entry's lease, unless
+    the store vouches for more (``granted_lease``: ZooKeeper's turn without a write)."""
+    steps = _engine.Acquisition(_traits(), Spec("k", 60.0), "me", blocking=True, timeout=5).run()
+    sub = _Sub()
+    steps.send(None)  # the first try
+    steps.send(None)  # busy: subscribe
+    steps.send(sub)  # enqueue
+    op = steps.send(None)  # the entry made: try again
+    op = steps.send(None)  # busy
+    while not isinstance(op, Wait):
+        op = steps.send(None)
+    sub.granted, sub.granted_lease = 9, vouched
+    op = steps.send(True)  # woken, holding
+    assert isinstance(op, Unsubscribe)
+    with pytest.raises(StopIteration) as done:
+        steps.send(None)
+    hold = done.value.value
+    assert (hold.token, hold.lease) == (9, lease)
+    assert sub.granted is None and sub.granted_lease is None
+
+
 def test_a_failure_while_waiting_leaves_the_queue_before_it_propagates() -> None:
     steps = _engine.Acquisition(_traits(), Spec("k", 30.0), "me", blocking=True, timeout=5).run()
     seen = [steps.send(None), steps.send(None), steps.send(_Sub()), steps.send(None)]

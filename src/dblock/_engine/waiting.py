@@ -320,17 +320,19 @@ class Acquisition:
         """The hold of a lock its releaser handed to us, or None if that lease already ran out
         (then we queue again).
 
-        The hand-over's lease is the lock's ttl, capped by what was left of our queue entry's,
-        and it started after our entry was last written: a conservative local bound. It is
+        The hand-over's lease is the lock's ttl, capped by what was left of our queue entry's
+        (or what the store vouches for, ``granted_lease``), and it started after our entry was
+        last written: a conservative local bound. It is
         renewed first if that leaves less than half of it, or if the hand-over may be an
         earlier one heard late: renewing checks owner, token and lease in the store.
         """
         spec, entry, sub = self.spec, self.entry, self.subscription
-        token = None
+        token, vouched = None, None
         if sub is not None:
             token, sub.granted = sub.granted, None
+            vouched, sub.granted_lease = sub.granted_lease, None
         if token is not None and entry.written_at is not None:
-            lease = min(spec.ttl, QUEUE_TTL)
+            lease = min(spec.ttl, QUEUE_TTL) if vouched is None else min(spec.ttl, vouched)
             hold = Hold(spec, self.owner, token, spec.ttl, entry.written_at, lease=lease)
             if entry.trusted and hold.expires_by - time.monotonic() >= lease / 2:
                 return hold

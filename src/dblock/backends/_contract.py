@@ -191,6 +191,9 @@ class Subscription(ABC):
     #: the token of a lock its releaser handed to this waiter; the waiter takes it by
     #: setting this back to None
     granted: int | None = None
+    #: that lock's lease (s) counted from the waiter's last write of its queue entry, where
+    #: the store knows it; else the engine assumes the lock's ttl capped by the entry's lease
+    granted_lease: float | None = None
 
     @abstractmethod
     def wait(self, timeout: float) -> bool:

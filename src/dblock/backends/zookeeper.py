@@ -822,9 +822,8 @@ class ZookeeperBackend(Store, FairQueue, SharedHolds, OnceRecords, Wakeups, Queu
         """Take a waiter's turn without a write, where its entry holds by itself (``h``,
         never refreshed) and was written moments ago: nothing blocks it, so it holds, on a
         lease that runs from that write on the server's clock. The engine takes it as a lock
-        handed over (``granted``), whose lease it counts from the entry's last write too, and
-        renews it in the background if it is held long. Else the waiter writes its node to
-        start a lease of its own."""
+        handed over (``granted``), with the node's whole lease (``granted_lease``), counted
+        from its own send of that write. Else the waiter writes its node to start a lease."""
         if not entry.data.get("h") or entry.sent is None:
             return False
         age = time.monotonic() - entry.sent
@@ -834,6 +833,7 @@ class ZookeeperBackend(Store, FairQueue, SharedHolds, OnceRecords, Wakeups, Queu
         self._remember(held)
         self._queued.pop((entry.key, entry.owner), None)
         self._turns[(entry.key, entry.owner)] = held
+        sub.granted_lease = int(entry.data.get("t", 0)) / 1000  # from the entry's write
         sub.granted = held.token
         sub.fire()
         return True
