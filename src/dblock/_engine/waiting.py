@@ -332,7 +332,7 @@ class Acquisition:
             token, sub.granted = sub.granted, None
             vouched, sub.granted_lease = sub.granted_lease, None
         if token is not None and entry.written_at is not None:
-            lease = min(spec.ttl, QUEUE_TTL) if vouched is None else min(spec.ttl, vouched)
+            lease = min(spec.ttl, QUEUE_TTL if vouched is None else vouched)
             hold = Hold(spec, self.owner, token, spec.ttl, entry.written_at, lease=lease)
             if entry.trusted and hold.expires_by - time.monotonic() >= lease / 2:
                 return hold

@@ -141,9 +141,13 @@ class Node:
     @property
     def expires(self) -> int:
         """The lease's end, server ms."""
+        return self.lease_end(waiting=self.waiting)
+
+    def lease_end(self, *, waiting: bool) -> int:
+        """The lease's end (server ms) if it waits (``q``) or holds (``t``)."""
         if "u" in self.data:
             return int(self.data["u"])
-        lease = self.data["q"] if self.waiting and "q" in self.data else self.data.get("t", 0)
+        lease = self.data["q"] if waiting and "q" in self.data else self.data.get("t", 0)
         return int(self.stat.mtime) + int(lease)
 
 
@@ -489,11 +493,10 @@ class ZookeeperBackend(Store, FairQueue, SharedHolds, OnceRecords, Wakeups, Queu
             n = Node(paths[i], _load(raw), stat, key)
             if estimate:  # ``now`` is a lower bound: so is every mtime read
                 now[0] = max(now[0], int(stat.mtime))
-            held = replace(n, waiting=False).expires > now[0]
-            queued = replace(n, waiting=True).expires > now[0]
-            if held == queued:  # either way; wake at the earlier of its two ends
-                n.waiting = replace(n, waiting=True).expires < replace(n, waiting=False).expires
-                alive = held
+            held_end, queued_end = n.lease_end(waiting=False), n.lease_end(waiting=True)
+            if (held_end > now[0]) == (queued_end > now[0]):
+                n.waiting = queued_end < held_end  # either way; wake at the earlier end
+                alive = held_end > now[0]
             elif n.kind not in EXCLUSIVE:
                 return False
             else:
@@ -826,14 +829,14 @@ class ZookeeperBackend(Store, FairQueue, SharedHolds, OnceRecords, Wakeups, Queu
         from its own send of that write. Else the waiter writes its node to start a lease."""
         if not entry.data.get("h") or entry.sent is None:
             return False
-        age = time.monotonic() - entry.sent
-        if age > min(TURN_AGE, int(entry.data.get("t", 0)) / 4000):
+        lease = int(entry.data.get("t", 0)) / 1000
+        if time.monotonic() - entry.sent > min(TURN_AGE, lease / 4):
             return False
         held = replace(entry, waiting=False)
         self._remember(held)
         self._queued.pop((entry.key, entry.owner), None)
         self._turns[(entry.key, entry.owner)] = held
-        sub.granted_lease = int(entry.data.get("t", 0)) / 1000  # from the entry's write
+        sub.granted_lease = lease  # from the entry's write
         sub.granted = held.token
         sub.fire()
         return True
