@@ -2,7 +2,8 @@
 
 A span ``dblock.acquire`` covers each acquire call, the wait included; it is started with the
 call's start time when the call ends, so an acquire costs nothing extra while it waits, and
-its attributes are made only for a span that records (an SDK is installed and samples it). A
+its attributes are made only for a span that records (an SDK is installed and samples it).
+With no SDK behind the API (the global provider still the API's proxy) no span is started. A
 lease loss becomes a span ``dblock.lease_lost`` with a ``lease lost`` event, linked to the span
 of the acquire that granted the hold.
 """
@@ -22,6 +23,10 @@ except ImportError:  # pragma: no cover - depends on the extras installed
 
 #: grants whose span a later loss links to, at most this many (the oldest are forgotten)
 _KEEP = 10_000
+#: the API's global provider until an SDK's is set
+_PROXY: Any = getattr(trace, "ProxyTracerProvider", None)
+#: providers with no SDK behind them: every span they start is a non-recording one
+_NO_SDK = tuple(t for t in (_PROXY, getattr(trace, "NoOpTracerProvider", None)) if t is not None)
 
 
 class Tracing:
@@ -30,6 +35,9 @@ class Tracing:
     def __init__(self, tracer_provider: Any = None) -> None:
         self.enabled = trace is not None
         self._tracer: Any = None
+        if _PROXY is not None and isinstance(tracer_provider, _PROXY):
+            tracer_provider = None  # the global proxy: the SDK may be set behind it later
+        self._provider = tracer_provider
         if trace is not None:
             self._tracer = trace.get_tracer("dblock", tracer_provider=tracer_provider)
         self._grants: dict[tuple[str, str, int], Any] = {}
@@ -49,6 +57,9 @@ class Tracing:
     def acquired(
         self, event: LockEvent, outcome: Outcome, wait: float, error: BaseException | None
     ) -> None:
+        provider = self._provider or trace.get_tracer_provider()
+        if isinstance(provider, _NO_SDK):
+            return  # not even a span to start: the API's no-op one costs more than the check
         end = time.time_ns()
         span = self._tracer.start_span("dblock.acquire", start_time=end - int(wait * 1e9))
         if not span.is_recording():

@@ -1,0 +1,50 @@
+"""``enable_tracing()`` without a provider follows OpenTelemetry's global one: nothing is
+started while no SDK is set (the API's proxy), and spans are recorded once the application
+sets its SDK, even after dblock's tracer was made. A subprocess: the global provider can be
+set only once per process."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("opentelemetry.sdk.trace")
+
+SCRIPT = textwrap.dedent(
+    """
+    import sys
+    import dblock
+    from dblock import observability
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    client = dblock.connect("sqlite:///" + sys.argv[1])
+    observability.enable_tracing()  # before the application sets its SDK
+    with client.lock("job:before"):
+        pass
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    trace.set_tracer_provider(provider)
+    with client.lock("job:after"):
+        pass
+    print(sorted(s.attributes["dblock.key"] for s in exporter.get_finished_spans()))
+    """
+)
+
+
+def test_spans_start_once_the_application_sets_its_sdk(tmp_path: Path) -> None:
+    out = subprocess.run(
+        [sys.executable, "-c", SCRIPT, str(tmp_path / "locks.db")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert out.stdout.strip() == "['job:after']", out.stderr
