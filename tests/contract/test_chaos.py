@@ -118,6 +118,8 @@ class FreezingProxy:
     def __init__(self, port: int) -> None:
         self.target = port
         self.frozen = threading.Event()
+        #: only the server's replies stop (requests still arrive and are served)
+        self.replies_frozen = threading.Event()
         self.closed = threading.Event()
         self.listener = socket.socket()
         self.listener.bind(("127.0.0.1", 0))
@@ -135,17 +137,20 @@ class FreezingProxy:
             except OSError:
                 return
             self.sockets += [client, server]
-            for a, b in ((client, server), (server, client)):
-                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+            for a, b, replies in ((client, server, False), (server, client, True)):
+                threading.Thread(target=self._pump, args=(a, b, replies), daemon=True).start()
 
-    def _pump(self, a: socket.socket, b: socket.socket) -> None:
+    def _held(self, replies: bool) -> bool:
+        return self.frozen.is_set() or (replies and self.replies_frozen.is_set())
+
+    def _pump(self, a: socket.socket, b: socket.socket, replies: bool) -> None:
         try:
             while True:
                 data = a.recv(65536)
                 if not data:
                     break
-                while self.frozen.is_set() and not self.closed.is_set():
-                    time.sleep(0.05)
+                while self._held(replies) and not self.closed.is_set():
+                    time.sleep(0.01)
                 b.sendall(data)
         except OSError:
             pass
@@ -171,6 +176,59 @@ def proxy(provider: Provider) -> Iterator[tuple[str, FreezingProxy]]:
     url = server_db_url.replace(host_port, f"127.0.0.1:{p.port}", 1)
     yield url, p
     p.close()
+
+
+@pytest.mark.slow
+def test_a_grant_whose_reply_outlives_its_lease_is_not_reported_held(
+    provider: Provider, table: str, proxy: tuple[str, FreezingProxy]
+) -> None:
+    """The acquire reaches the server and is granted, but its reply is held back past the
+    lease, while another client takes the lock once that lease has run out. When the reply
+    finally comes, the first acquire must not report the lock held while the other holds it
+    (the etcd partition test once saw this: a reply stuck on a stopped node)."""
+    url, p = proxy
+    ttl = 1.0
+    late: dict[str, Any] = {}
+    with provider.connect(table=table, url=url) as slow, provider.connect(table=table) as fast:
+        lock = slow.lock("k", ttl=ttl, reentrant=False)
+        assert lock.acquire(timeout=5)  # warm: a pooled connection, the key's row
+        lock.release()
+
+        def take() -> None:
+            try:
+                late["got"] = lock.acquire(timeout=8)
+                late["at"] = time.monotonic()
+                late["token"] = lock.token
+                if late["got"]:
+                    lock.release()
+            except dblock.DBLockError as exc:  # the store may give up on the stalled reply
+                late["exc"] = exc
+                late["at"] = time.monotonic()
+
+        p.replies_frozen.set()
+        thread = threading.Thread(target=take, daemon=True)
+        thread.start()
+        other = fast.lock("k", ttl=10, reentrant=False)
+        # tries (not a wait: nothing wakes a waiter at an expiry) until the stalled grant's
+        # lease has run out, well within the stalled call's 5 s deadline
+        until = time.monotonic() + 3
+        while not other.acquire(blocking=False):
+            assert time.monotonic() < until, "the stalled grant's lease did not run out"
+            time.sleep(0.05)
+        held_from, token = time.monotonic(), other.token
+        time.sleep(0.3)
+        p.replies_frozen.clear()  # the stalled reply arrives while `other` holds the lock
+        time.sleep(1.5)
+        held_until = time.monotonic()
+        other.release()
+        thread.join(15)
+    assert "at" in late, "the stalled acquire never returned"
+    if late.get("got"):
+        assert not held_from <= late["at"] <= held_until, (
+            f"reported held {late['at'] - held_from:.2f} s into another client's hold "
+            f"(tokens {late['token']} and {token})"
+        )
+        assert token is not None and late["token"] > token
 
 
 @pytest.mark.slow

@@ -28,6 +28,8 @@ PUSHED_POLL_CAP = 5.0
 FIRST_BACKOFF = 0.002
 #: lease of a waiter's queue entry: a waiter that died or froze leaves the queue after it
 QUEUE_TTL = 9.0
+#: renewals that may confirm a grant whose reply came late, before it is given up
+LATE_RENEWALS = 2
 #: a waiter that has not had the key this long looks, when it next wakes, whether a finished
 #: once-record is what stands in its way (it never ends: waiting would last forever); then
 #: twice as long each time, up to RECORD_CHECK_CAP. Its waits are never cut short for it: a
@@ -149,8 +151,10 @@ class Acquisition:
                         spec.try_call(self.traits, self.owner, entry.written_at is not None)
                     )
                     if token is not None:
-                        acquired = True
-                        return Hold(spec, self.owner, token, spec.ttl, sent)
+                        hold = yield from self._confirmed(token, sent)
+                        if hold is not None:
+                            acquired = True
+                            return hold
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if not self.blocking or (remaining is not None and remaining <= 0):
                     return None
@@ -314,7 +318,47 @@ class Acquisition:
             self.entry.written(sent)
             return None
         yield Unsubscribe(subscription)
-        return Hold(spec, self.owner, token, spec.ttl, sent)
+        return (yield from self._confirmed(token, sent))
+
+    def _confirmed(self, token: int, sent: float) -> Steps[Hold | None]:
+        """The hold of ``token``, granted by a request sent at ``sent``, or None if it may
+        already have ended.
+
+        Its lease began no earlier than ``sent``. A reply that took more than half of it
+        (a stalled network, a frozen server, a call resent to another node) may bring a
+        grant whose lease has run out while the reply was on its way, and another client
+        may hold the lock by now: reported as held, the caller's work would run unprotected.
+        Such a grant is renewed first (the renewal checks owner and token in the store).
+        Gone, or still not fresh after ``LATE_RENEWALS`` renewals, it is ended (best effort)
+        and this try counts as failed: the caller waits on, queued afresh."""
+        spec = self.spec
+        hold = Hold(spec, self.owner, token, spec.ttl, sent)
+        what = "gone from the store"
+        for _ in range(LATE_RENEWALS):
+            if hold.expires_by - time.monotonic() >= hold.lease / 2:
+                return hold
+            renewed_at = time.monotonic()
+            if not (yield spec.renew_call(self.owner, token, spec.ttl)):
+                break
+            hold.renewed(renewed_at, spec.ttl)
+        else:
+            if hold.expires_by - time.monotonic() >= hold.lease / 2:
+                return hold
+            what = "renewed, again too late, and ended"
+            try:
+                yield spec.end_call(self.owner, token)
+            except BackendError as exc:  # its lease ends it: the ttl at most
+                log.debug("ending a late grant of %r failed: %s", spec.key, exc)
+        log.warning(
+            "lock %r: a grant (token %d) came back after more than half its lease and was "
+            "%s: this acquire goes on",
+            spec.key,
+            token,
+            what,
+            extra={"key": spec.key, "token": token, "owner": self.owner},
+        )
+        self.entry.gone()
+        return None
 
     def _take_grant(self) -> Steps[Hold | None]:
         """The hold of a lock its releaser handed to us, or None if that lease already ran out
