@@ -324,25 +324,26 @@ class Acquisition:
         """The hold of ``token``, granted by a request sent at ``sent``, or None if it may
         already have ended.
 
-        Its lease began no earlier than ``sent``. A reply that took more than half of it
-        (a stalled network, a frozen server, a call resent to another node) may bring a
-        grant whose lease has run out while the reply was on its way, and another client
-        may hold the lock by now: reported as held, the caller's work would run unprotected.
-        Such a grant is renewed first (the renewal checks owner and token in the store).
-        Gone, or still not fresh after ``LATE_RENEWALS`` renewals, it is ended (best effort)
-        and this try counts as failed: the caller waits on, queued afresh."""
+        Its lease began no earlier than ``sent``. A reply that took longer than the lease (a
+        stalled network, a frozen server, a call resent to another node) brings a grant that
+        may have run out on its way, and another client may hold the lock by now: reported as
+        held, the caller's work would run unprotected. Such a grant is renewed first (the
+        renewal checks owner and token in the store). Gone, or still late after
+        ``LATE_RENEWALS`` renewals, it is ended (best effort) and this try counts as failed:
+        the caller waits on, queued afresh. A grant back in time is taken as it is, however
+        little of its lease is left (a store whose commits are slow)."""
         spec = self.spec
         hold = Hold(spec, self.owner, token, spec.ttl, sent)
         what = "gone from the store"
         for _ in range(LATE_RENEWALS):
-            if hold.expires_by - time.monotonic() >= hold.lease / 2:
+            if time.monotonic() < hold.expires_by:
                 return hold
             renewed_at = time.monotonic()
             if not (yield spec.renew_call(self.owner, token, spec.ttl)):
                 break
             hold.renewed(renewed_at, spec.ttl)
         else:
-            if hold.expires_by - time.monotonic() >= hold.lease / 2:
+            if time.monotonic() < hold.expires_by:
                 return hold
             what = "renewed, again too late, and ended"
             try:
@@ -350,8 +351,8 @@ class Acquisition:
             except BackendError as exc:  # its lease ends it: the ttl at most
                 log.debug("ending a late grant of %r failed: %s", spec.key, exc)
         log.warning(
-            "lock %r: a grant (token %d) came back after more than half its lease and was "
-            "%s: this acquire goes on",
+            "lock %r: a grant (token %d) came back after its lease and was %s: this acquire "
+            "goes on",
             spec.key,
             token,
             what,
