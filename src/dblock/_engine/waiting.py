@@ -339,7 +339,8 @@ class Acquisition:
             if time.monotonic() < hold.expires_by:
                 return hold
             renewed_at = time.monotonic()
-            if not (yield spec.renew_call(self.owner, token, spec.ttl)):
+            # interrupted in flight, the granted hold is ended, as the grant's own call is
+            if not (yield from self._granting(spec.renew_call(self.owner, token, spec.ttl))):
                 break
             hold.renewed(renewed_at, spec.ttl)
         else:
