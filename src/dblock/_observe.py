@@ -71,7 +71,6 @@ class Hold(Protocol):
     handle: object | None
     granted_at: float
     loss_reported: bool
-    event: Any
 
 
 class Lock(Protocol):
@@ -126,14 +125,6 @@ def _event(lock: Lock, hold: Hold | None = None, *, reentry: bool = False) -> Lo
     return LockEvent(name, spec.key, spec.kind, hold.owner, hold.token, reentry)
 
 
-def _held(lock: Lock, hold: Hold) -> LockEvent:
-    """The event of ``hold``, made once: its grant, release and loss report the same one."""
-    event: LockEvent | None = hold.event
-    if event is None:
-        event = hold.event = _event(lock, hold)
-    return event
-
-
 def _report(hook: str, *args: object) -> None:
     """Call ``hook`` on every observer; an observer's bug must not fail the lock."""
     for method in HUB.hooks[hook]:
@@ -143,21 +134,12 @@ def _report(hook: str, *args: object) -> None:
             log.exception("dblock observer hook %r failed", method)
 
 
-# The frequent hooks are called in loops written out where they are reported (not through a helper
-# taking *args): an acquire+release reports three times, and the rate with metrics on is
-# measured against the rate without (bench ``obs``).
-
-
 def acquire(
     lock: Lock, acquire: Callable[[bool, float | None], bool], blocking: bool, timeout: float | None
 ) -> bool:
     """Run ``acquire`` and report it (the caller checked :meth:`_Hub.active`)."""
     event = _event(lock)
-    for method in HUB.hooks["acquiring"]:
-        try:
-            method(event)
-        except Exception:
-            log.exception("dblock observer hook %r failed", method)
+    _report("acquiring", event)
     started = time.monotonic()
     try:
         ok = acquire(blocking, timeout)
@@ -185,12 +167,8 @@ def _acquired(
     if outcome == "granted":
         hold = lock._current()
         if hold is not None:
-            event = _event(lock, hold, reentry=True) if hold.count > 1 else _held(lock, hold)
-    for method in HUB.hooks["acquired"]:
-        try:
-            method(event, outcome, wait, error)
-        except Exception:
-            log.exception("dblock observer hook %r failed", method)
+            event = _event(lock, hold, reentry=hold.count > 1)
+    _report("acquired", event, outcome, wait, error)
     if outcome in ("granted", "error") and log.isEnabledFor(logging.DEBUG):
         if outcome == "granted":
             message = "granted lock %r (token %s) after %.3f s"
@@ -205,13 +183,9 @@ def released(lock: Lock, hold: Hold, lost: bool) -> None:
         found_lost(lock, hold)
     if not HUB.active():
         return
-    event = _held(lock, hold)
+    event = _event(lock, hold)
     held = time.monotonic() - hold.granted_at
-    for method in HUB.hooks["released"]:
-        try:
-            method(event, held, lost)
-        except Exception:
-            log.exception("dblock observer hook %r failed", method)
+    _report("released", event, held, lost)
     if log.isEnabledFor(logging.DEBUG):
         message = "released lock %r (token %d) after %.3f s"
         log.debug(message, event.key, hold.token, held, extra=_fields(event, held=held))
@@ -222,7 +196,7 @@ def found_lost(lock: Lock, hold: Hold) -> None:
     if hold.loss_reported:
         return
     hold.loss_reported = True
-    event = _held(lock, hold)
+    event = _event(lock, hold)
     what = "session hold" if event.kind == "session" else "lease"
     log.warning(
         "lost the %s of lock %r (token %d)", what, event.key, hold.token, extra=_fields(event)

@@ -66,8 +66,6 @@ class Hold:
         #: for observers (dblock._observe): when it was granted, and its loss was reported
         self.granted_at = time.monotonic()
         self.loss_reported = False
-        #: its observers' LockEvent, made at its first report (dblock._observe)
-        self.event: Any = None
 
     def live(self) -> bool:
         return not self.lost and self.ours() and time.monotonic() < self.expires_by

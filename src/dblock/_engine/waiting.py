@@ -336,7 +336,7 @@ class Acquisition:
         hold = Hold(spec, self.owner, token, spec.ttl, sent)
         what = "gone from the store"
         for _ in range(LATE_RENEWALS):
-            if time.monotonic() < hold.expires_by:
+            if hold.live():
                 return hold
             renewed_at = time.monotonic()
             # interrupted in flight, the granted hold is ended, as the grant's own call is
@@ -344,7 +344,7 @@ class Acquisition:
                 break
             hold.renewed(renewed_at, spec.ttl)
         else:
-            if time.monotonic() < hold.expires_by:
+            if hold.live():
                 return hold
             what = "renewed, again too late, and ended"
             try:
