@@ -25,7 +25,7 @@ from typing import Any
 from urllib.parse import quote, quote_plus
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import dblock
@@ -190,6 +190,9 @@ def _seconds_oracle(value: object, *, ttl: bool) -> type[BaseException] | None:
 
 @FUZZ
 @given(ttl=numbers, timeout=numbers, wait=numbers)
+# a ttl shorter than any round trip: granted with its lease already over, not refused (CI drew
+# it once, when a grant that came back after its lease was taken for a stalled reply)
+@example(ttl=3.1e-59, timeout=None, wait=None)
 def test_ttls_and_timeouts(client: dblock.Client, ttl: Any, timeout: Any, wait: Any) -> None:
     bounded(lambda: _ttl_scenario(client, ttl, timeout, wait))
 

@@ -203,6 +203,34 @@ def test_expired_lease_raises_lock_lost_even_if_nobody_took_it(
         lock.release()  # the hold is gone from the lock object too
 
 
+def test_a_ttl_shorter_than_any_reply_is_granted_with_its_lease_over(
+    client: dblock.Client, key: str
+) -> None:
+    """A lease no reply can outrun (1 ns) is not mistaken for a stalled reply: a blocking
+    acquire of the free key neither waits forever nor fails, and reports the grant with its
+    lease already over (a grant that came back late on a fast store is not reported held)."""
+    out: dict[str, object] = {}
+
+    def scenario() -> None:
+        lock = client.lock(key, ttl=1e-9, reentrant=False)
+        out["got"] = lock.acquire()  # no timeout: a wrong engine waits here forever
+        out["held"] = lock.held
+        try:
+            lock.release()
+        except dblock.LockLost:  # a store with a floor under its leases may still have it
+            out["lost"] = True
+
+    thread = threading.Thread(target=scenario, daemon=True)
+    thread.start()
+    thread.join(20)
+    assert not thread.is_alive(), "acquire() of a free key with a 1 ns ttl did not return"
+    assert out["got"] is True
+    assert out["held"] is False
+    other = client.lock(key, ttl=30, reentrant=False)
+    assert other.acquire(timeout=10)
+    other.release()
+
+
 @pytest.mark.needs("exact_ttl")  # a sub-second lease, or its exact length
 def test_taken_over_lease_raises_lock_lost_and_leaves_the_new_owner(
     client: dblock.Client, key: str

@@ -2,9 +2,26 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 
 from ..backends._contract import FairQueue, OnceRecords, QueueJoin, Store, Wakeups
+
+
+class Replies:
+    """The fastest reply this client has had to a grant or a renewal: what tells a reply that
+    stalled from a ttl no reply can ever beat. Shared by threads: a lost update only keeps a
+    slower figure a little longer."""
+
+    __slots__ = ("fastest",)
+
+    def __init__(self) -> None:
+        self.fastest = math.inf
+
+    def seen(self, seconds: float) -> float:
+        """Count one reply that took ``seconds``; the fastest so far."""
+        self.fastest = min(self.fastest, seconds)
+        return self.fastest
 
 
 @dataclass(frozen=True)
@@ -24,6 +41,8 @@ class Traits:
     joiner: QueueJoin | None
     #: the store keeps once-records, which share the keys' namespace with locks
     records: bool = False
+    #: round trips seen by this client's acquisitions (mutable, in a frozen record)
+    replies: Replies = field(default_factory=Replies, compare=False, repr=False)
 
     @classmethod
     def of(cls, store: Store) -> Traits:

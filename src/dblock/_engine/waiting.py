@@ -331,21 +331,42 @@ class Acquisition:
         renewal checks owner and token in the store). Gone, or still late after
         ``LATE_RENEWALS`` renewals, it is ended (best effort) and this try counts as failed:
         the caller waits on, queued afresh. A grant back in time is taken as it is, however
-        little of its lease is left (a store whose commits are slow)."""
-        spec = self.spec
+        little of its lease is left (a store whose commits are slow).
+
+        A ttl shorter than every reply this client has had (the grant's and the renewals'
+        included) is not a stall: no reply could ever confirm it, and waiting on would wait
+        forever. That grant is reported as the store made it, its lease already over: ``held``
+        is False and ``release()`` raises LockLost, as for any lease that ran out."""
+        spec, replies = self.spec, self.traits.replies
         hold = Hold(spec, self.owner, token, spec.ttl, sent)
-        what = "gone from the store"
+        fastest = replies.seen(time.monotonic() - sent)
+        if hold.live():
+            return hold
+        confirmed = True
         for _ in range(LATE_RENEWALS):
-            if hold.live():
-                return hold
             renewed_at = time.monotonic()
             # interrupted in flight, the granted hold is ended, as the grant's own call is
-            if not (yield from self._granting(spec.renew_call(self.owner, token, spec.ttl))):
+            renewal = spec.renew_call(self.owner, token, spec.ttl)
+            confirmed = bool((yield from self._granting(renewal)))
+            fastest = replies.seen(time.monotonic() - renewed_at)
+            if not confirmed:
                 break
             hold.renewed(renewed_at, spec.ttl)
-        else:
             if hold.live():
                 return hold
+        if spec.ttl < fastest:
+            log.warning(
+                "lock %r: its ttl (%g s) is shorter than any reply from the store (the "
+                "fastest took %.3g s): granted with its lease already over, it is not held",
+                spec.key,
+                spec.ttl,
+                fastest,
+                extra={"key": spec.key, "token": token, "owner": self.owner},
+            )
+            hold.lost = not confirmed
+            return hold
+        what = "gone from the store"
+        if confirmed:
             what = "renewed, again too late, and ended"
             try:
                 yield spec.end_call(self.owner, token)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import logging
+import math
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -117,6 +118,9 @@ class QuorumStore(Store, ScheduledRuns, FairQueue, Wakeups):
         self._pool_pid = 0
         self._pool_lock = _forksafe.lock()
         self._late: set[Any] = set()  # the async client's tasks for late answers
+        #: the quickest grant round a majority answered (shared by threads: a lost update only
+        #: keeps a slower figure a little longer)
+        self._fastest = math.inf
 
     # -- running one operation on every member ---------------------------------------------
     def _ask(self, member: Member, what: str, call: Callable[[Any], T]) -> T:
@@ -266,7 +270,9 @@ class QuorumStore(Store, ScheduledRuns, FairQueue, Wakeups):
             votes = self._fan_out(
                 "acquire",
                 lambda s: s.grant_fenced(key, owner, lease, token, kind),
-                within=min(ttl, ANSWER_WITHIN),
+                # a ttl shorter than any round waits for the answers: cut at the ttl, every
+                # store would count as slow, and none would grant it
+                within=ANSWER_WITHIN if ttl < self._fastest else min(ttl, ANSWER_WITHIN),
                 late=undo_late,
             )
         except BaseException:  # interrupted (a cancellation): no grant may outlive the call
@@ -276,7 +282,10 @@ class QuorumStore(Store, ScheduledRuns, FairQueue, Wakeups):
             raise
         granted = sum(v is True for v in votes)
         refused = sum(v is False for v in votes)
-        verdict = grant_verdict(self.n, granted, refused, time.monotonic() - start, ttl)
+        elapsed = time.monotonic() - start
+        if granted + refused >= majority(self.n):
+            self._fastest = min(self._fastest, elapsed)
+        verdict = grant_verdict(self.n, granted, refused, elapsed, ttl, fastest=self._fastest)
         if verdict == "held":
             return token, False
         settled = True
