@@ -9,15 +9,17 @@ order they asked. dblock uses one user lock per key as a doorbell, never as the 
 - A release by a holder that keeps the bell lets go of it inside the transaction that ends
   the lease, which wakes the next waiter at the bell, and only that one, and hands the lock
   to that waiter in the same commit (the lease row gets the new owner and token) if its queue
-  entry names its bell's connection (see MysqlBackend._build_hand_over).
+  entry names its bell's connection and no live entry is ahead of it (see
+  MysqlBackend._build_hand_over). The bell's order is not always the queue's: a waiter whose
+  ``GET_LOCK`` ran out asks again behind those that asked after it.
 - Whoever gets the bell first passes the key's gate, then reads the lease row: statements sent
   with its GET_LOCK in one packet. A release holds the gate from before it lets go of the bell
   until its commit is on disk: InnoDB lets others read a commit before that (it releases row
   locks before it writes the log), and a hand-over read then could be undone by a server crash,
   and its token issued again. Handed the lock, it holds it, and keeps the bell for as long as
-  it does. Free, it tries at once. Handed to another waiter
-  (whose bell's connection changed, say), it passes the bell on and waits for it again, a
-  little later each time.
+  it does. Free, it tries at once, unless a waiter is ahead of it in the queue. Handed to
+  another waiter (whose bell's connection changed, say), or free with a waiter ahead of it,
+  it passes the bell on and waits for it again, a little later each time.
 - A holder that took a free lock without waiting has no bell: the first waiter gets the bell
   at once and polls the table, paced like the head of a queue; the waiters behind it sleep.
 
@@ -329,7 +331,8 @@ class Doorbell(Subscription):
         hand-over it saw is on disk."""
         if row is not None and row[0] == 0 and row[1] == 1:
             # handed to a waiter behind us at the bell (its bell's connection changed since it
-            # queued, say): pass the bell on, to it
+            # queued, say), or free while a waiter ahead of us in the queue is behind us at
+            # the bell: pass the bell on, to it
             try:
                 self._run("DO RELEASE_LOCK(%(name)s)", {"name": self.name}, results=0)
             except Exception:  # noqa: BLE001 - a dead connection frees its bell anyway

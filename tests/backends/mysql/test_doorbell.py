@@ -348,36 +348,52 @@ def _queue(backend: MysqlBackend, key: str, owner: str, bell: int, ttl: float = 
     backend.run("queueing", lambda conn: backend._exec(conn, backend.sql.enqueue, params))
 
 
-def test_the_hand_over_goes_to_the_waiter_the_bell_wakes_not_the_queues_head(
+def _released_with_b_at_the_bell(
+    backend: MysqlBackend,
+    raw: Any,
+    table: str,
+    key: str,
+    a_conn: Any,
+    queue: list[tuple[str, Any]],
+) -> int:
+    """``a`` takes the lock and keeps its bell on ``a_conn``; ``queue`` (owner, connection)
+    queue in that order, for hand-overs at their connections' bells (with 5 s entries); b
+    sleeps at the bell; a's release runs. Returns a's token."""
+    bell = backend._bells.name(key)
+    held = backend.acquire_fair(key, "a", 30, queued=True)
+    assert held is not None
+    a_conn.cursor().execute("SELECT GET_LOCK(%s, 0)", (bell,))
+    for owner, conn in queue:
+        _queue(backend, key, owner, conn.thread_id(), ttl=5.0)
+    b_conn = dict(queue)["b"]
+    rang: list[Any] = []
+    sleeper = threading.Thread(target=lambda: rang.append(_get_lock(b_conn, bell)), daemon=True)
+    sleeper.start()
+    until(lambda: bool(_in_get_lock(raw, table, key)), "b sleeps at the bell")
+    params = {"key": key, "owner": "a", "token": held, "bell": bell}
+    counts = _batch(a_conn, backend.sql.release_and_hand_over, params)
+    assert counts[_HANDED] == 1, "a's hold was ended"
+    sleeper.join(10)
+    assert rang == [1], "the release let go of the bell"
+    return held
+
+
+def test_the_hand_over_goes_to_the_waiter_the_bell_wakes_if_it_heads_the_queue(
     table: str, raw: Any
 ) -> None:
-    """By the bell's connection id: the server's order at the bell decides, and the lock goes
-    where the bell wakes. Also: a retried release after it counts as released, and a waiter
-    that gives up after being handed the lock hands it on."""
+    """By the bell's connection id: the lock goes where the bell wakes, the queue's head. Also:
+    a retried release after it counts as released, and a waiter that gives up after being
+    handed the lock hands it on."""
     key = "k-" + uuid.uuid4().hex
     b_conn, c_conn = raw_connect(MYSQL_URL), raw_connect(MYSQL_URL)
     with dblock.connect(MYSQL_URL, table=table) as client:
         backend = store_of(client)
         assert isinstance(backend, MysqlBackend)
         a_conn = backend._connect()  # where a's bell is, as the hand-over needs it
-        bell = backend._bells.name(key)
         try:
-            held = backend.acquire_fair(key, "a", 30, queued=True)
-            assert held is not None
-            a_conn.cursor().execute("SELECT GET_LOCK(%s, 0)", (bell,))
-            _queue(backend, key, "c", c_conn.thread_id())  # first in the queue, not at the bell
-            _queue(backend, key, "b", b_conn.thread_id(), ttl=5.0)
-            rang: list[Any] = []
-            sleeper = threading.Thread(
-                target=lambda: rang.append(_get_lock(b_conn, bell)), daemon=True
+            held = _released_with_b_at_the_bell(
+                backend, raw, table, key, a_conn, [("b", b_conn), ("c", c_conn)]
             )
-            sleeper.start()
-            until(lambda: bool(_in_get_lock(raw, table, key)), "b sleeps at the bell")
-            params = {"key": key, "owner": "a", "token": held, "bell": bell}
-            counts = _batch(a_conn, backend.sql.release_and_hand_over, params)
-            assert counts[_HANDED] == 1
-            sleeper.join(10)
-            assert rang == [1], "the release let go of the bell"
             info = client.info(key)
             assert info is not None and (info.owner, info.token) == ("b", held + 1)
             remaining = (info.expires_at - info.acquired_at).total_seconds()
@@ -392,6 +408,38 @@ def test_the_hand_over_goes_to_the_waiter_the_bell_wakes_not_the_queues_head(
             # b's, not c's)
             backend.dequeue(key, "b")
             assert client.info(key) is None
+            assert backend.acquire_fair(key, "c", 30, queued=True) is not None
+        finally:
+            for conn in (a_conn, b_conn, c_conn):
+                conn.close()
+
+
+def test_a_waiter_the_bell_wakes_out_of_queue_order_is_not_handed_the_lock(
+    table: str, raw: Any
+) -> None:
+    """The bell's order is not the queue's: a waiter whose GET_LOCK ran out (RING_WAIT) asks
+    again behind those that asked after it. The release then frees the lock instead of
+    handing it to the waiter it woke; that waiter, told it is not its turn, passes the bell
+    on, and the queue's head takes the lock (CI once saw [0, 1, 2, 4, 3] from five fair
+    waiters that waited longer than RING_WAIT)."""
+    key = "k-" + uuid.uuid4().hex
+    b_conn, c_conn = raw_connect(MYSQL_URL), raw_connect(MYSQL_URL)
+    with dblock.connect(MYSQL_URL, table=table) as client:
+        backend = store_of(client)
+        assert isinstance(backend, MysqlBackend)
+        a_conn = backend._connect()
+        try:
+            # c first in the queue, but not at the bell
+            _released_with_b_at_the_bell(
+                backend, raw, table, key, a_conn, [("c", c_conn), ("b", b_conn)]
+            )
+            assert client.info(key) is None, "freed, not handed to b ahead of c"
+            raw.execute(f"SELECT holder FROM `{table}_holders` ORDER BY holder")
+            assert [row[0] for row in raw.fetchall()] == ["b", "c"], "both still queue"
+            cur = b_conn.cursor()
+            cur.execute(backend.sql.granted, {"key": key, "owner": "b"})
+            assert cur.fetchone() == (0, 1), "b at the bell is told it is not its turn"
+            assert backend.acquire_fair(key, "b", 30, queued=True) is None, "b does not barge"
             assert backend.acquire_fair(key, "c", 30, queued=True) is not None
         finally:
             for conn in (a_conn, b_conn, c_conn):
@@ -516,3 +564,36 @@ def test_a_newcomer_to_a_busy_key_joins_its_queue_without_waiting_for_its_row(
         first.release.set()
         waiting.join(30)
         assert got == [True]
+
+
+def test_fair_waiters_that_wait_past_a_ring_wait_are_served_in_order(table: str, raw: Any) -> None:
+    """Processes: each waiter's GET_LOCK runs out (RING_WAIT) and is asked again while the
+    others wait, so the order at the bell turns round; the lock still goes in queue order."""
+    key = "k-" + uuid.uuid4().hex
+    procs: list[subprocess.Popen[str]] = []
+    with dblock.connect(MYSQL_URL, table=table) as client:
+        holder = client.lock(key, ttl=60, fair=True)
+        assert holder.acquire()
+        try:
+            for idx in range(4):
+                procs.append(worker("fair", MYSQL_URL, table, key, str(idx), "90"))
+
+                def queued(n: int = idx + 1) -> bool:
+                    raw.execute(
+                        f"SELECT count(*) FROM `{table}_holders` WHERE lock_key = %s "
+                        "AND waiting = 1",
+                        (key,),
+                    )
+                    return bool(raw.fetchone()[0] == n)
+
+                until(queued, f"{idx + 1} waiters queue", 30)
+                time.sleep(_doorbell.RING_WAIT * 0.6)
+            holder.release()
+            outs = [proc.communicate(timeout=90)[0].strip() for proc in procs]
+        finally:
+            for proc in procs:
+                finish(proc)
+    pairs = [out.split() for out in outs]
+    assert all(got != "timeout" for _, got in pairs), outs
+    order = [int(idx) for idx, _ in sorted(pairs, key=lambda pair: int(pair[1]))]
+    assert order == [0, 1, 2, 3]

@@ -413,7 +413,9 @@ class MysqlStatements(HolderStatements):
         # again); its wake-up overlaps the rest of the transaction. The lock goes to that
         # waiter, found by its bell's connection id (IS_USED_LOCK; ids are compared in 32 bits,
         # as the connection handshake gives them), if it has a live queue entry that takes
-        # hand-overs, and the gate was had: the next token, and a lease of its own, but no
+        # hand-overs and no live entry is ahead of it (a waiter whose GET_LOCK ran out asks
+        # again behind those that asked after it: the bell's order is not the queue's), and
+        # the gate was had: the next token, and a lease of its own, but no
         # longer than its queue entry's (a waiter that died or froze holds it up no longer
         # than its place in the queue would); its entry goes. `note` keeps the token that
         # handed it over, for a retried release, and tells a waiter at the bell that the
@@ -431,10 +433,13 @@ class MysqlStatements(HolderStatements):
             "DO RELEASE_LOCK(%(bell)s);\n"
             "SELECT MAX(holder), MAX(LEAST("
             f"{NOW} + INTERVAL ROUND(lease * 1000000) MICROSECOND, expires_at))\n"
-            f"INTO @dblock_h, @dblock_until FROM {holders} WHERE @dblock_r = 2 AND\n"
+            f"INTO @dblock_h, @dblock_until FROM {holders} h WHERE @dblock_r = 2 AND\n"
             "    @dblock_g = 1 AND lock_key = %(key)s AND waiting = 1 AND kind = 'lock' AND\n"
             f"    lease IS NOT NULL AND holder <> %(owner)s AND expires_at > {NOW} AND\n"
-            "    bell = IS_USED_LOCK(%(bell)s) & 4294967295 FOR UPDATE;\n"
+            "    bell = IS_USED_LOCK(%(bell)s) & 4294967295 AND NOT EXISTS (\n"
+            f"        SELECT 1 FROM {holders} w WHERE w.lock_key = %(key)s AND w.waiting = 1\n"
+            f"        AND w.kind = 'lock' AND w.expires_at > {NOW}\n"
+            "        AND (w.acquired_at, w.holder) < (h.acquired_at, h.holder)) FOR UPDATE;\n"
             f"UPDATE {t} SET owner = @dblock_h,\n"
             f"    token = IF({given}, {next_token}, token),\n"
             f"    acquired_at = IF({given}, {NOW}, acquired_at),\n"
@@ -455,10 +460,15 @@ class MysqlStatements(HolderStatements):
         # is 1 if a release handed it to that one; no row if it is free. A locking read: it
         # waits for a release that is committing, and reads what it committed (a waiter asks
         # it after the gate, which also waits for that commit to be on disk).
+        # key owner -> at the bell: (1, token) if the lock was handed to owner; (0, 1) if it
+        # was handed to another, or it is free but another waiter is ahead of owner in the
+        # queue (both: the bell is passed on); (0, 0) if it is held; no row if it is free
+        held_row = f"lock_key = %(key)s AND owner IS NOT NULL AND expires_at > {NOW}"
         self.granted = (
-            f"SELECT owner = %(owner)s, IF(owner = %(owner)s, token, note IS NOT NULL) FROM {t} "
-            f"WHERE lock_key = %(key)s AND owner IS NOT NULL AND expires_at > {NOW} "
-            "LOCK IN SHARE MODE"
+            f"(SELECT owner = %(owner)s, IF(owner = %(owner)s, token, note IS NOT NULL) FROM {t} "
+            f"WHERE {held_row} LOCK IN SHARE MODE) UNION ALL (SELECT 0, 1 FROM DUAL WHERE "
+            f"NOT EXISTS (SELECT 1 FROM {t} WHERE {held_row}) AND "
+            f"EXISTS (SELECT 1 FROM {holders} w WHERE {self.waiter_ahead}))"
         )
 
     def create_sequence(self, start: int) -> str:
