@@ -52,20 +52,20 @@ Verdict = Literal["held", "retry", "unreachable"]
 
 
 def grant_verdict(
-    n: int, granted: int, refused: int, elapsed: float, ttl: float, *, fastest: float = 0.0
+    n: int, granted: int, refused: int, elapsed: float, ttl: float, *, too_short: bool = False
 ) -> Verdict:
     """What a round of fenced grants on ``n`` stores gave.
 
     ``held``: a majority granted the same token and the time spent (``elapsed``, from before
     the first request) leaves a positive validity (the drift allowance is in the stores'
-    longer leases); or no round was ever that fast (``fastest``: the quickest round a majority
-    answered), so the ttl is shorter than any round, not outrun by a slow one: the grant is
-    held with its lease already over, as the engine reports any grant such a ttl brings.
+    longer leases); or the ttl is ``too_short`` for ordinary rounds to beat, so a round that
+    outlasted it is no sign of a stall: the grant is held with its lease perhaps over, and the
+    engine confirms it, or reports it so (dblock._engine.replies).
     ``retry``: the stores answered but no valid majority granted (release what was granted,
     then wait). ``unreachable``: fewer than a majority answered at all.
     """
     need = majority(n)
-    if granted >= need and (elapsed < ttl or ttl < fastest):
+    if granted >= need and (elapsed < ttl or too_short):
         return "held"
     if granted + refused < need:
         return "unreachable"

@@ -2,26 +2,10 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 from ..backends._contract import FairQueue, OnceRecords, QueueJoin, Store, Wakeups
-
-
-class Replies:
-    """The fastest reply this client has had to a grant or a renewal: what tells a reply that
-    stalled from a ttl no reply can ever beat. Shared by threads: a lost update only keeps a
-    slower figure a little longer."""
-
-    __slots__ = ("fastest",)
-
-    def __init__(self) -> None:
-        self.fastest = math.inf
-
-    def seen(self, seconds: float) -> float:
-        """Count one reply that took ``seconds``; the fastest so far."""
-        self.fastest = min(self.fastest, seconds)
-        return self.fastest
+from .replies import Replies
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,8 @@ FIRST_BACKOFF = 0.002
 QUEUE_TTL = 9.0
 #: renewals that may confirm a grant whose reply came late, before it is given up
 LATE_RENEWALS = 2
+#: tries again of a try without waiting (blocking=False) whose grant came back too late to use
+LATE_RETRIES = 1
 #: a waiter that has not had the key this long looks, when it next wakes, whether a finished
 #: once-record is what stands in its way (it never ends: waiting would last forever); then
 #: twice as long each time, up to RECORD_CHECK_CAP. Its waits are never cut short for it: a
@@ -127,6 +129,7 @@ class Acquisition:
         acquired = False
         should_try = True
         ahead = -1  # waiters ahead of us, as last probed (-1: not known)
+        late_retries = LATE_RETRIES
         pacer = _TurnPacer(cap)
         # what waits inside a statement (a busy SQLite file, a free pooled connection) waits no
         # longer than this acquire may; leaving the queue afterwards is not bounded by it
@@ -155,6 +158,11 @@ class Acquisition:
                         if hold is not None:
                             acquired = True
                             return hold
+                        if not self.blocking and late_retries:
+                            # a grant too late to use was no answer: one try without waiting
+                            # gets one more
+                            late_retries -= 1
+                            continue
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if not self.blocking or (remaining is not None and remaining <= 0):
                     return None
@@ -333,13 +341,14 @@ class Acquisition:
         the caller waits on, queued afresh. A grant back in time is taken as it is, however
         little of its lease is left (a store whose commits are slow).
 
-        A ttl shorter than every reply this client has had (the grant's and the renewals'
-        included) is not a stall: no reply could ever confirm it, and waiting on would wait
-        forever. That grant is reported as the store made it, its lease already over: ``held``
-        is False and ``release()`` raises LockLost, as for any lease that ran out."""
+        A ttl that ordinary replies do not beat (``Replies.too_short``: the grant's and the
+        renewals' replies count) cannot tell a stall from an ordinary reply, and waiting on
+        could wait forever for a free key. Unconfirmed, such a grant is reported as the store
+        made it, its lease perhaps already over: ``held`` is then False and ``release()``
+        raises LockLost, as for any lease that ran out."""
         spec, replies = self.spec, self.traits.replies
         hold = Hold(spec, self.owner, token, spec.ttl, sent)
-        fastest = replies.seen(time.monotonic() - sent)
+        replies.seen(time.monotonic() - sent)
         if hold.live():
             return hold
         confirmed = True
@@ -348,19 +357,18 @@ class Acquisition:
             # interrupted in flight, the granted hold is ended, as the grant's own call is
             renewal = spec.renew_call(self.owner, token, spec.ttl)
             confirmed = bool((yield from self._granting(renewal)))
-            fastest = replies.seen(time.monotonic() - renewed_at)
+            replies.seen(time.monotonic() - renewed_at)
             if not confirmed:
                 break
             hold.renewed(renewed_at, spec.ttl)
             if hold.live():
                 return hold
-        if spec.ttl < fastest:
+        if replies.too_short(spec.ttl):
             log.warning(
-                "lock %r: its ttl (%g s) is shorter than any reply from the store (the "
-                "fastest took %.3g s): granted with its lease already over, it is not held",
+                "lock %r: its ttl (%g s) is too short for the store's replies to confirm: "
+                "granted, its lease may be over (held is False)",
                 spec.key,
                 spec.ttl,
-                fastest,
                 extra={"key": spec.key, "token": token, "owner": self.owner},
             )
             hold.lost = not confirmed

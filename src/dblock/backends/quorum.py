@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import logging
-import math
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -39,6 +38,7 @@ from .._engine.quorum import (
     split_pause,
     store_lease,
 )
+from .._engine.replies import Replies
 from .._errors import BackendError, ConfigurationError, DBLockError
 from .._runtime import THREADS, Runtime
 from .._types import LockInfo
@@ -118,9 +118,8 @@ class QuorumStore(Store, ScheduledRuns, FairQueue, Wakeups):
         self._pool_pid = 0
         self._pool_lock = _forksafe.lock()
         self._late: set[Any] = set()  # the async client's tasks for late answers
-        #: the quickest grant round a majority answered (shared by threads: a lost update only
-        #: keeps a slower figure a little longer)
-        self._fastest = math.inf
+        #: how long the grant rounds a majority answered took
+        self._rounds = Replies()
 
     # -- running one operation on every member ---------------------------------------------
     def _ask(self, member: Member, what: str, call: Callable[[Any], T]) -> T:
@@ -270,9 +269,9 @@ class QuorumStore(Store, ScheduledRuns, FairQueue, Wakeups):
             votes = self._fan_out(
                 "acquire",
                 lambda s: s.grant_fenced(key, owner, lease, token, kind),
-                # a ttl shorter than any round waits for the answers: cut at the ttl, every
-                # store would count as slow, and none would grant it
-                within=ANSWER_WITHIN if ttl < self._fastest else min(ttl, ANSWER_WITHIN),
+                # a ttl that ordinary rounds do not beat waits for the answers: cut at the
+                # ttl, every store would count as slow, and none would grant it
+                within=ANSWER_WITHIN if self._rounds.too_short(ttl) else min(ttl, ANSWER_WITHIN),
                 late=undo_late,
             )
         except BaseException:  # interrupted (a cancellation): no grant may outlive the call
@@ -284,8 +283,9 @@ class QuorumStore(Store, ScheduledRuns, FairQueue, Wakeups):
         refused = sum(v is False for v in votes)
         elapsed = time.monotonic() - start
         if granted + refused >= majority(self.n):
-            self._fastest = min(self._fastest, elapsed)
-        verdict = grant_verdict(self.n, granted, refused, elapsed, ttl, fastest=self._fastest)
+            self._rounds.seen(elapsed)
+        short = self._rounds.too_short(ttl)
+        verdict = grant_verdict(self.n, granted, refused, elapsed, ttl, too_short=short)
         if verdict == "held":
             return token, False
         settled = True

@@ -1,0 +1,43 @@
+"""How long a client's grants take to come back: what tells a stalled reply from a ttl that
+ordinary replies do not beat. No I/O here.
+
+A grant whose reply comes back after its lease may have run out on its way, and another client
+may hold the key by then (the engine confirms it, or waits on). That reasoning needs the ttl to
+outlast an ordinary reply by a margin: a lease shorter than ``STALL_FACTOR`` typical replies
+comes back late as a matter of course, and treating every such reply as a stall would refuse a
+free key forever. Such a lease is taken as asked, its end perhaps already past when the grant
+is reported (``held`` is False, ``release()`` raises LockLost): it cannot protect anything, and
+the caller learns so, as of any lease that ran out.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+#: a reply slower than this many typical ones is a stall; a ttl under it is too short to tell
+STALL_FACTOR = 4.0
+#: the replies the typical one is the median of
+WINDOW = 32
+
+
+class Replies:
+    """The recent replies of one client (or quorum) to grants and renewals. Shared by threads
+    (a deque appends atomically)."""
+
+    __slots__ = ("_recent",)
+
+    def __init__(self) -> None:
+        self._recent: deque[float] = deque(maxlen=WINDOW)
+
+    def seen(self, seconds: float) -> None:
+        """Count one reply that took ``seconds``."""
+        self._recent.append(seconds)
+
+    def too_short(self, ttl: float) -> bool:
+        """True if a lease of ``ttl`` is under ``STALL_FACTOR`` typical replies (the lower
+        median of the recent ones; with none yet, any lease is), so a reply later than the
+        lease is no sign of a stall."""
+        recent = sorted(self._recent)
+        if not recent:
+            return True
+        return ttl < STALL_FACTOR * recent[(len(recent) - 1) // 2]
