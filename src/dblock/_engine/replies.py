@@ -21,8 +21,9 @@ WINDOW = 32
 
 
 class Replies:
-    """The recent replies of one client (or quorum) to grants and renewals. Shared by threads
-    (a deque appends atomically)."""
+    """The recent replies of one client to grants (of a quorum: its grant rounds). Renewals
+    do not count: they do less than a grant, and would make grants look quicker than they
+    are. Shared by threads (a deque appends atomically)."""
 
     __slots__ = ("_recent",)
 

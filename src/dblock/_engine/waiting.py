@@ -341,8 +341,8 @@ class Acquisition:
         the caller waits on, queued afresh. A grant back in time is taken as it is, however
         little of its lease is left (a store whose commits are slow).
 
-        A ttl that ordinary replies do not beat (``Replies.too_short``: the grant's and the
-        renewals' replies count) cannot tell a stall from an ordinary reply, and waiting on
+        A ttl that ordinary grants do not beat (``Replies.too_short``, over this client's
+        recent grants, this one included) cannot tell a stall from an ordinary reply, and waiting on
         could wait forever for a free key. Unconfirmed, such a grant is reported as the store
         made it, its lease perhaps already over: ``held`` is then False and ``release()``
         raises LockLost, as for any lease that ran out."""
@@ -357,7 +357,6 @@ class Acquisition:
             # interrupted in flight, the granted hold is ended, as the grant's own call is
             renewal = spec.renew_call(self.owner, token, spec.ttl)
             confirmed = bool((yield from self._granting(renewal)))
-            replies.seen(time.monotonic() - renewed_at)
             if not confirmed:
                 break
             hold.renewed(renewed_at, spec.ttl)
