@@ -162,8 +162,14 @@ def test_processes_mixing_kinds_never_overlap_wrongly(
         )
         for kind in kinds
     ]
-    for proc in procs:
-        assert proc.wait(timeout=240) == 0
+    try:
+        codes = [proc.wait(timeout=240) for proc in procs]
+    finally:  # none left running into the next test
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert codes == [0] * len(kinds), list(zip(kinds, codes, strict=True))
     intervals = [line.split() for line in log.read_text().splitlines()]
     assert len(intervals) == 15 * len(kinds)
     spans = [(kind, int(start), int(end)) for kind, start, end in intervals]
