@@ -219,8 +219,10 @@ def _ttl_scenario(client: dblock.Client, ttl: Any, timeout: Any, wait: Any) -> N
     assert got is False
     assert time.monotonic() - t0 < float(wait) + 2.0
     holder.release()
-    # uncontended: taken at once; a tiny ttl may have expired by the release (LockLost)
-    got, exc = capture(lambda: lock.acquire(blocking=False))
+    # uncontended: taken soon (a try without waiting may find its grant came back after a
+    # lease about as short as the round trip: not usable); a tiny ttl may have expired by the
+    # release (LockLost)
+    got, exc = capture(lambda: lock.acquire(timeout=5))
     assert exc is None, f"acquire(ttl={ttl!r}) raised {exc!r}"
     assert got is True
     _, exc = capture(lock.release)

@@ -209,27 +209,28 @@ def test_a_ttl_about_as_short_as_a_reply_neither_hangs_nor_refuses_a_free_key(
     client: dblock.Client, key: str, ttl: float
 ) -> None:
     """Leases about as long as a round trip (1 ns: none beats it; 0.1-3 ms: some replies do,
-    some not) are not mistaken for stalled replies: a blocking acquire of the free key
-    returns True at once rather than wait forever (a grant that came back late is not
-    reported held where the ttl outlasts ordinary replies: test_chaos.py), and so does a
-    try without waiting. A 1 ns grant comes with its lease already over."""
+    some not): a blocking acquire of the free key returns True rather than wait forever. A
+    grant that came back after its lease is not reported held where ordinary grants beat the
+    ttl (test_chaos.py), so there a try without waiting may find none it can use; a 1 ns
+    grant is reported as made, its lease already over."""
     out: dict[str, object] = {}
 
     def scenario() -> None:
         for blocking in (True, False):
             lock = client.lock(key, ttl=ttl, reentrant=False)
-            out[f"got {blocking}"] = lock.acquire(blocking=blocking)  # blocking: no timeout
+            got = out[f"got {blocking}"] = lock.acquire(blocking=blocking)  # no timeout
             out[f"held {blocking}"] = lock.held
             with contextlib.suppress(dblock.LockLost):  # the lease may be over by now
-                lock.release()
+                if got:
+                    lock.release()
 
     thread = threading.Thread(target=scenario, daemon=True)
     thread.start()
     thread.join(20)
     assert not thread.is_alive(), f"acquire() of a free key with a {ttl} s ttl did not return"
     assert out["got True"] is True
-    assert out["got False"] is True
     if ttl < 1e-6:
+        assert out["got False"] is True
         assert out["held True"] is False
     other = client.lock(key, ttl=30, reentrant=False)
     assert other.acquire(timeout=10)
