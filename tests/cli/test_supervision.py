@@ -23,7 +23,7 @@ import termios
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
@@ -132,7 +132,10 @@ if pid == 0:
     os.tcsetpgrp(0, os.getpgrp())
     signal.signal(signal.SIGTTOU, signal.SIG_DFL)
     os.execvp(sys.argv[1], sys.argv[1:])
-os.setpgid(pid, pid)
+try:
+    os.setpgid(pid, pid)
+except PermissionError:  # the child has run exec already, after its own setpgid: as shells do
+    pass
 os.tcsetpgrp(0, pid)
 _, status = os.waitpid(pid, 0)
 os.tcsetpgrp(0, os.getpgrp())  # the terminal back, as a shell takes it: its hang-up is ours
@@ -180,6 +183,15 @@ class Terminal:
         with contextlib.suppress(OSError):  # EIO once every process has closed the terminal
             while data := os.read(self.master, 65536):
                 self.output += data
+
+    def wait_for(self, predicate: Callable[[], object], what: str) -> None:
+        """:func:`wait_for`, failing at once, with what the terminal showed, if the command
+        ended meanwhile or the wait runs out."""
+        try:
+            wait_for(lambda: predicate() or self.process.poll() is not None, what=what)
+        except pytest.fail.Exception as exc:
+            raise AssertionError(f"{exc}; the terminal showed {self.output!r}") from None
+        assert predicate(), f"{what}: the terminal's command ended; it showed {self.output!r}"
 
     def type(self, data: bytes) -> None:
         os.write(self.master, data)
@@ -242,7 +254,7 @@ def test_lease_loss_stops_the_whole_job_on_a_terminal(
     nxt = beats_dir / "next"
     cmd = in_shell('"$0" "$1" "$2" ignore-term & wait', child)
     term = Terminal(first.argv("run", "--ttl", TTL, key, "--", *cmd), first.env)
-    wait_for(lambda: beats(child), what="CMD's child to start")
+    term.wait_for(lambda: beats(child), what="CMD's child to start")
     second = start_second(pg, key, nxt)
     proxy.blackhole()
     status = term.wait()
@@ -266,7 +278,7 @@ def test_ctrl_c_on_a_terminal_reaches_cmd_and_its_children(
         ' > "$3"; "$0" "$1" "$2" & wait'
     )
     term = Terminal(pg.argv("run", key, "--", *in_shell(script, child, probe)), pg.env)
-    wait_for(lambda: beats(child), what="CMD's child to start")
+    term.wait_for(lambda: beats(child), what="CMD's child to start")
     term.type(b"\x03")
     assert term.wait() == 128 + signal.SIGINT, term.output
     (pid,) = {pid for pid, _ in beats(child)}
@@ -314,22 +326,22 @@ def test_ctrl_z_and_fg_in_an_interactive_shell(
     try:
         argv = pg.argv("run", "--ttl", TTL, key, "--", *heartbeat(cmd))
         term.type(shlex.join(argv).encode() + b"\n")
-        wait_for(lambda: beats(cmd), what="CMD to start")
+        term.wait_for(lambda: beats(cmd), what="CMD to start")
         term.type(b"\x1a")
-        wait_for(lambda: b"Stopped" in term.output, what="bash to see the job stopped")
+        term.wait_for(lambda: b"Stopped" in term.output, what="bash to see the job stopped")
         assert stalled(cmd)
         stopped_at = time.monotonic()
         time.sleep(stopped_for)
         term.type(b"fg\n")
         if stopped_for:
             term.type(b"echo status=$?\n")
-            wait_for(lambda: b"status=70" in term.output, what="dblock to exit 70")
+            term.wait_for(lambda: b"status=70" in term.output, what="dblock to exit 70")
             assert last_beat(cmd) < stopped_at  # never continued
         else:
-            wait_for(lambda: not stalled(cmd, 0.1), what="CMD to continue")
+            term.wait_for(lambda: not stalled(cmd, 0.1), what="CMD to continue")
             term.type(b"\x03")
             term.type(b"echo status=$?\n")
-            wait_for(lambda: b"status=130" in term.output, what="dblock to exit 130")
+            term.wait_for(lambda: b"status=130" in term.output, what="dblock to exit 130")
         assert pg.run("info", key).returncode == 1
         term.type(b"exit\n")
         assert term.wait() == 0
