@@ -82,6 +82,11 @@ class ConfigurationError(DBLockError, ValueError):
 class BackendError(DBLockError):
     """The database failed or could not be reached. ``__cause__`` is the driver's error."""
 
+    #: set by a store: the failed statement overran its deadline, was aborted, and then its
+    #: server session was ended, so what it did is settled (committed or undone) and can be
+    #: looked for
+    _settled: bool = False
+
 
 for _cls in (
     DBLockError,

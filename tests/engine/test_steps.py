@@ -158,6 +158,22 @@ def test_a_failed_grant_is_not_looked_for() -> None:
     assert _grant_interrupted(BackendError("down"), []) == []
 
 
+def test_a_grant_aborted_past_its_deadline_and_then_settled_is_looked_for() -> None:
+    """A statement the store aborted past its deadline and whose server session it then
+    ended (``_settled``) may have committed first: the steps look for the hold and end it."""
+    from dblock._errors import BackendError
+    from dblock._types import LockInfo
+
+    ours = LockInfo("k", "me", 7, None, None, "lock")  # type: ignore[arg-type]
+    settled = BackendError("did not complete within 5 s")
+    settled._settled = True
+    calls = _grant_interrupted(settled, [ours])
+    assert [(c.method, c.args) for c in calls] == [
+        ("list", ("k",)),
+        ("release", ("k", "me", 7)),
+    ]
+
+
 def test_a_session_acquire_waits_in_the_store_and_backs_off_only_when_stepped_back() -> None:
     """The server's queue does the waiting (one call with what is left of the timeout); a
     None before the deadline (a lease held the key) sleeps and asks again."""

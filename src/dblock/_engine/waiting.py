@@ -228,14 +228,15 @@ class Acquisition:
     # -- a grant interrupted ------------------------------------------------------------------
     def _granting(self, call: Call) -> Steps[int | None]:
         """Run a statement that may grant the hold. If it is interrupted in flight (an asyncio
-        cancellation, a timeout around the acquire, Ctrl-C), the store may have granted it
-        anyway: that hold is ended before the interruption propagates, so none is left for
-        only its lease to free. (A failed statement is not: the store retried it, and it
+        cancellation, a timeout around the acquire, Ctrl-C), or aborted past its deadline on
+        a server that then ended it (BackendError ``_settled``), the store may have granted
+        it anyway: that hold is ended before the error propagates, so none is left for only
+        its lease to free. (Another failed statement is not: the store retried it, and it
         failed because the database cannot be reached.)"""
         try:
             token: int | None = yield call
         except BaseException as exc:
-            if not isinstance(exc, Exception):
+            if not isinstance(exc, Exception) or getattr(exc, "_settled", False):
                 yield from self._disown()
             raise
         return token

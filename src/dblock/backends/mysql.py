@@ -56,7 +56,7 @@ from ._contract import (
 )
 from ._doorbell import BELL_IDLE, Bells
 from .mysql_session import MysqlSessions
-from .sql.base import MAINTENANCE_DEADLINE, Failure, Sleeper
+from .sql.base import ABANDONED_CONNECT_TIMEOUT, MAINTENANCE_DEADLINE, Failure, Sleeper
 from .sql.holders import HoldersMixin, Rows
 from .sql.mysql import HANDED as _HANDED
 from .sql.mysql import NOPAD_MARIADB, NOPAD_MYSQL, MysqlStatements
@@ -332,8 +332,9 @@ class MysqlBackend(
         except DBLockError as exc:
             log.warning("could not end the interrupted statement of session %s: %s", session, exc)
 
-    def _kill(self, conn: Any, session: int) -> None:
+    def _kill(self, conn: Any, session: int, sleep: Callable[[float], None] | None = None) -> None:
         """KILL ``session`` and wait (briefly) until the server has ended it."""
+        sleep = self.rt.sleep if sleep is None else sleep
         with conn.cursor() as cur:
             try:
                 cur.execute("KILL %s", (session,))
@@ -345,7 +346,29 @@ class MysqlBackend(
                 cur.execute(_SESSION_ALIVE, (session,))
                 if cur.fetchone() is None:
                     return
-                self.rt.sleep(0.01)
+                sleep(0.01)
+
+    def _end_abandoned(self, conn: Any) -> Callable[[], None] | None:
+        try:
+            session = int(conn.thread_id())
+        except Exception:  # noqa: BLE001 - never connected: nothing runs in the server
+            return None
+        kwargs = {
+            **self._kwargs,
+            "connect_timeout": ABANDONED_CONNECT_TIMEOUT,
+            "read_timeout": ABANDONED_CONNECT_TIMEOUT,
+            "write_timeout": ABANDONED_CONNECT_TIMEOUT,
+            "init_command": None,
+        }
+
+        def end() -> None:
+            side = pymysql.connect(**kwargs)
+            try:
+                self._kill(side, session, sleep=time.sleep)
+            finally:
+                side.close()
+
+        return end
 
     def _abort(self, conn: Any) -> None:
         if self._green is not None:
@@ -383,21 +406,26 @@ class MysqlBackend(
         names = (*sql.table_names, *sql.session_names)
         required = dict(zip(names, (MAIN, META, HOLDERS, SESSIONS, MYSQL_SEQUENCE), strict=True))
 
+        def look(cur: Any) -> tuple[bool, bool, bool]:
+            """(MySQL 8, every table there, what session holds need there)"""
+            cur.execute(sql.find_tables, (self._schema, *names))
+            rows = cur.fetchall()
+            if not rows:
+                cur.execute(sql.is_mysql8)
+            mysql8 = bool(rows[0][2] if rows else cur.fetchone()[0])
+            found: dict[str, set[str]] = {}
+            ours = {name.lower(): name for name in names}  # lower_case_table_names
+            for name, column, _ in rows:
+                found.setdefault(ours[name.lower()], set()).update([column] if column else [])
+            refuse_foreign(self.table, self.safe_url, found, required)
+            tables = all(name in found for name in sql.table_names)
+            sessions = not mysql8 and all(name in found for name in sql.session_names)
+            return mysql8, tables, sessions
+
         def op(conn: Any) -> bool | None:
             """True: session holds can be had; False: not in this table; None: MySQL 8."""
             with conn.cursor() as cur:
-                cur.execute(sql.find_tables, (self._schema, *names))
-                rows = cur.fetchall()
-                if not rows:
-                    cur.execute(sql.is_mysql8)
-                mysql8 = bool(rows[0][2] if rows else cur.fetchone()[0])
-                found: dict[str, set[str]] = {}
-                ours = {name.lower(): name for name in names}  # lower_case_table_names
-                for name, column, _ in rows:
-                    found.setdefault(ours[name.lower()], set()).update([column] if column else [])
-                refuse_foreign(self.table, self.safe_url, found, required)
-                tables = all(name in found for name in sql.table_names)
-                sessions = not mysql8 and all(name in found for name in sql.session_names)
+                mysql8, tables, sessions = look(cur)
                 if tables and (sessions or not create):
                     return None if mysql8 else sessions
                 if not tables and not create:
@@ -406,6 +434,13 @@ class MysqlBackend(
                     return None
                 cur.execute(sql.take_ddl_lock, (sql.ddl_lock_name,))
                 try:
+                    # another process may have made it all while this one waited for the
+                    # lock: made again, the sequence (CREATE SEQUENCE IF NOT EXISTS waits for
+                    # every statement using it, and holds up every later one) would stall the
+                    # grants of all who use the table
+                    mysql8, tables, sessions = look(cur)
+                    if tables and (sessions or mysql8):
+                        return None if mysql8 else sessions
                     for statement in sql.ddl:
                         if statement is not sql.create_sequence_ddl:
                             cur.execute(_for_server(statement, mysql8))

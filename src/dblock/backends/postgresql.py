@@ -26,7 +26,7 @@ import logging
 import os
 import secrets
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from typing import Any, cast
@@ -47,7 +47,7 @@ from ._contract import (
 )
 from ._listener import Listener, PushedWakeups
 from .pg_session import PgSessions
-from .sql.base import MAINTENANCE_DEADLINE, Failure
+from .sql.base import ABANDONED_CONNECT_TIMEOUT, MAINTENANCE_DEADLINE, Failure
 from .sql.holders import HoldersMixin, Rows
 from .sql.postgresql import PostgresStatements
 from .sql.schema import HOLDERS, MAIN, SEQUENCE, missing, refuse_foreign
@@ -192,6 +192,18 @@ class PostgresBackend(
             self.run("ending an interrupted statement", lambda c: _terminate(c, pid))
         except DBLockError as exc:
             log.warning("could not end the interrupted statement of process %s: %s", pid, exc)
+
+    def _end_abandoned(self, conn: psycopg.Connection[Any]) -> Callable[[], None] | None:
+        pid = self._pids.get(id(conn))
+        if pid is None:
+            return None
+        options = {**self._options, "connect_timeout": ABANDONED_CONNECT_TIMEOUT}
+
+        def end() -> None:
+            with psycopg.connect(autocommit=True, **options) as side:
+                _terminate(side, pid)
+
+        return end
 
     def _classify(self, exc: BaseException) -> Failure | None:
         if not isinstance(exc, psycopg.Error):

@@ -9,7 +9,12 @@ becomes :class:`BackendError` at once.
 
 No statement may hang: a watchdog aborts one that has not finished within its deadline (a
 frozen server or a network partition that drops packets without a reset), by shutting its
-connection's socket down, and the caller gets BackendError.
+connection's socket down, and the caller gets BackendError. A server that is only slow does
+not notice a client gone while its statement waits (for a row lock, say): it would run the
+statement to its end, and a grant would commit that nobody knows of. So the statement's
+server session is ended from another connection first, within ``ABANDONED_WAIT`` (a frozen
+server is not waited for), and the error says whether it was: an acquire then ends any hold
+the statement left (see the engine's ``_granting``).
 
 The pool holds at most ``max_connections`` connections, idle or in use (``connect()``'s option;
 all of them stay open for reuse). A connection is held only while one statement (or one
@@ -21,7 +26,9 @@ acquire's timeout), else within ``MAINTENANCE_DEADLINE``.
 from __future__ import annotations
 
 import contextlib
+import logging
 import random
+import threading
 import time
 from abc import abstractmethod
 from collections import deque
@@ -48,6 +55,12 @@ DEFAULT_MAX_CONNECTIONS = 10
 STATEMENT_DEADLINE = 5.0
 #: the same for maintenance over many rows (list, purge, creating the schema)
 MAINTENANCE_DEADLINE = 120.0
+#: how long an aborted statement's caller waits for its server session to be ended
+ABANDONED_WAIT = 2.0
+#: the connect timeout of the connection that ends it, whole seconds
+ABANDONED_CONNECT_TIMEOUT = 2
+
+log = logging.getLogger("dblock")
 
 
 class Failure(Enum):
@@ -118,6 +131,34 @@ class SqlBackend(Store, Generic[C]):
     @abstractmethod
     def _close_connection(self, conn: C) -> None:
         """Close a connection, ignoring errors."""
+
+    def _end_abandoned(self, conn: C) -> Callable[[], None] | None:
+        """For a statement on ``conn`` aborted past its deadline: what ends its server
+        session from a new connection of the blocking driver, waiting until it has ended
+        (run on a thread of its own). None where the abort itself ended the statement."""
+        return None
+
+    def _settle_abandoned(self, conn: C) -> bool:
+        """Run :meth:`_end_abandoned`'s task; whether it finished within ``ABANDONED_WAIT``
+        (True: the statement no longer runs, whatever it did is committed or undone)."""
+        task = self._end_abandoned(conn)
+        if task is None:
+            return False
+        done = threading.Event()
+        ended: list[bool] = []
+
+        def end() -> None:
+            try:
+                task()
+                ended.append(True)
+            except Exception as exc:  # noqa: BLE001 - the caller's error says it stays unknown
+                log.warning("could not end an abandoned statement on %s: %s", self.safe_url, exc)
+            finally:
+                done.set()
+
+        threading.Thread(target=end, name="dblock-end-abandoned", daemon=True).start()
+        self.rt.offload(done.wait, ABANDONED_WAIT)
+        return bool(ended)
 
     @abstractmethod
     def _classify(self, exc: BaseException) -> Failure | None:
@@ -303,12 +344,15 @@ class SqlBackend(Store, Generic[C]):
                         raise
                     raise interruption from exc
                 if watch.aborted:
+                    settled = self._settle_abandoned(conn)
                     self._discard(conn)
-                    raise BackendError(
+                    error = BackendError(
                         f"{what} on {self.safe_url} did not complete within {deadline:g} s "
                         f"(table {self.table}): the server or the network is not answering",
                         key=key,
-                    ) from exc
+                    )
+                    error._settled = settled
+                    raise error from exc
                 if failure is None:
                     self._discard(conn)
                     raise
