@@ -15,6 +15,7 @@ import json
 import subprocess
 import sys
 import uuid
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -216,6 +217,27 @@ def test_the_watchdog_ends_a_statement_that_hangs_with_backend_error(table: str)
             lock = client.lock("k-" + uuid.uuid4().hex, ttl=30)
             assert await lock.acquire(blocking=False), "the pool did not recover"
             await lock.release()
+
+    asyncio.run(main())
+
+
+def test_a_statement_with_warnings_warns_nothing(table: str) -> None:
+    """aiomysql would ask the server for the warnings (a round trip) and ``warnings.warn``
+    each: a look at ``information_schema`` warns of another client's table whose DDL is in
+    flight, which ``-W error`` (as in this suite) turned into a failed connect."""
+
+    async def main() -> None:
+        async with await dblock.connect_async(MYSQL_URL, table=table) as client:
+            store = store_of(client._sync)
+
+            def divide(conn: Any) -> Any:
+                with conn.cursor() as cur:
+                    cur.execute("SELECT 1 / 0")  # NULL, and the warning "Division by 0"
+                    return cur.fetchone()
+
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")
+                assert await spawn(functools.partial(store.run, "dividing", divide)) == (None,)
 
     asyncio.run(main())
 

@@ -26,9 +26,7 @@ acquire's timeout), else within ``MAINTENANCE_DEADLINE``.
 from __future__ import annotations
 
 import contextlib
-import logging
 import random
-import threading
 import time
 from abc import abstractmethod
 from collections import deque
@@ -43,7 +41,7 @@ from ..._runtime import Event
 from ..._timing import DeadlinePassed, bounded_wait
 from ..._url import DatabaseURL, scrub, scrub_exception
 from .._contract import Store, Subscription
-from .watchdog import Watchdog
+from .watchdog import Watchdog, run_aside
 
 C = TypeVar("C")
 T = TypeVar("T")
@@ -59,8 +57,6 @@ MAINTENANCE_DEADLINE = 120.0
 ABANDONED_WAIT = 2.0
 #: the connect timeout of the connection that ends it, whole seconds
 ABANDONED_CONNECT_TIMEOUT = 2
-
-log = logging.getLogger("dblock")
 
 
 class Failure(Enum):
@@ -144,21 +140,9 @@ class SqlBackend(Store, Generic[C]):
         task = self._end_abandoned(conn)
         if task is None:
             return False
-        done = threading.Event()
-        ended: list[bool] = []
-
-        def end() -> None:
-            try:
-                task()
-                ended.append(True)
-            except Exception as exc:  # noqa: BLE001 - the caller's error says it stays unknown
-                log.warning("could not end an abandoned statement on %s: %s", self.safe_url, exc)
-            finally:
-                done.set()
-
-        threading.Thread(target=end, name="dblock-end-abandoned", daemon=True).start()
-        self.rt.offload(done.wait, ABANDONED_WAIT)
-        return bool(ended)
+        what = f"end an abandoned statement on {self.safe_url}"
+        wait = run_aside(task, "dblock-end-abandoned", what)
+        return self.rt.offload(wait, ABANDONED_WAIT)
 
     @abstractmethod
     def _classify(self, exc: BaseException) -> Failure | None:

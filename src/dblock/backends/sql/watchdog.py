@@ -102,3 +102,28 @@ class Watchdog:
             asked = max(wake, time.monotonic() + 0.001)
             if self._stopped.wait(asked - time.monotonic()):
                 return
+
+
+def run_aside(task: Callable[[], None], name: str, what: str) -> Callable[[float], bool]:
+    """Start ``task`` on a daemon thread of its own, and return a wait for it: ``wait(s)``
+    blocks at most ``s`` seconds (call it through the runtime) and says whether the task
+    ended without an error. A task that fails is logged as failing to do ``what``."""
+    done = threading.Event()
+    ended: list[bool] = []
+
+    def target() -> None:
+        try:
+            task()
+            ended.append(True)
+        except Exception as exc:  # noqa: BLE001 - the waiter learns it did not end
+            log.warning("could not %s: %s", what, exc)
+        finally:
+            done.set()
+
+    threading.Thread(target=target, name=name, daemon=True).start()
+
+    def wait(seconds: float) -> bool:
+        done.wait(seconds)
+        return bool(ended)
+
+    return wait
