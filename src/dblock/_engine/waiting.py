@@ -236,7 +236,7 @@ class Acquisition:
         try:
             token: int | None = yield call
         except BaseException as exc:
-            if not isinstance(exc, Exception) or getattr(exc, "_settled", False):
+            if not isinstance(exc, Exception) or (isinstance(exc, BackendError) and exc._settled):
                 yield from self._disown()
             raise
         return token

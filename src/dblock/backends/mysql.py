@@ -323,9 +323,8 @@ class MysqlBackend(
         notices a closed client only when it next reads from it: one waiting for a row lock
         would get it and commit a grant nobody knows of. So its session is killed from
         another connection, and gone, before the acquire looks for a grant to undo."""
-        try:
-            session = int(conn.thread_id())
-        except Exception:  # noqa: BLE001 - never connected: nothing runs in the server
+        session = _server_session(conn)
+        if session is None:
             return
         try:
             self.run("ending an interrupted statement", lambda c: self._kill(c, session))
@@ -349,9 +348,8 @@ class MysqlBackend(
                 sleep(0.01)
 
     def _end_abandoned(self, conn: Any) -> Callable[[], None] | None:
-        try:
-            session = int(conn.thread_id())
-        except Exception:  # noqa: BLE001 - never connected: nothing runs in the server
+        session = _server_session(conn)
+        if session is None:
             return None
         kwargs = {
             **self._kwargs,
@@ -855,6 +853,14 @@ class MysqlBackend(
                 return count
 
         return self.run("purge", op, deadline=MAINTENANCE_DEADLINE)
+
+
+def _server_session(conn: Any) -> int | None:
+    """The server's id of ``conn``'s session (None: it never connected, nothing runs there)."""
+    try:
+        return int(conn.thread_id())
+    except Exception:  # noqa: BLE001 - any failure here means no session
+        return None
 
 
 def _for_server(ddl: str, mysql8: bool) -> str:
