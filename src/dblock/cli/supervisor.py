@@ -50,6 +50,8 @@ _REAP_INTERVAL: Final = 0.01
 #: how long SIGKILLed processes may take to go (one stuck in the kernel, or that dblock may
 #: not signal, such as a command run as another user) before dblock reports them, seconds
 KILL_WAIT: Final = 5.0
+#: how often a signal that interrupted the wait is delivered again until the wait has ended
+REDELIVER_INTERVAL: Final = 0.2
 
 
 def stop_margin(ttl: float) -> float:
@@ -393,6 +395,11 @@ class SignalRelay:
     wait ends at once. After :meth:`defer` signals are queued, and :meth:`attach` forwards them
     and every later one to the child. Handlers are installed only in the main thread and
     restored on exit.
+
+    A driver may swallow the exception on its way up (kazoo turns any exception raised while
+    it wakes its connection thread into ``ConnectionClosedError``, which the wait retries): so
+    once raised, the signal is delivered again every :data:`REDELIVER_INTERVAL` seconds until
+    the wait has ended, and :meth:`defer` raises it if the lock was granted meanwhile.
     """
 
     def __init__(self) -> None:
@@ -400,10 +407,20 @@ class SignalRelay:
         self._raise = True
         self._previous: dict[int, object] = {}
         self._queued: list[int] = []
+        self._pending: int | None = None
+        self._installed = False
+        self._guard = threading.RLock()  # the handler takes it too, in the main thread
+        self._redeliverer: threading.Thread | None = None
 
     def defer(self) -> None:
-        """From now on queue signals until a child is attached (no more Interrupted)."""
-        self._raise = False
+        """From now on queue signals until a child is attached (no more Interrupted).
+
+        Raises :class:`Interrupted` if a signal arrived while waiting and was lost on its way.
+        """
+        with self._guard:
+            pending, self._raise = self._pending, False
+        if pending is not None:
+            raise Interrupted(pending)
 
     def attach(self, child: Child) -> None:
         self._child = child
@@ -416,14 +433,31 @@ class SignalRelay:
         if child is not None:
             child.forward(signum)
         elif self._raise:
-            raise Interrupted(signum)
+            with self._guard:
+                if self._pending is None:
+                    self._pending = signum
+                    self._redeliverer = threading.Thread(
+                        target=self._redeliver, name="dblock-signal-redelivery", daemon=True
+                    )
+                    self._redeliverer.start()
+            raise Interrupted(self._pending)
         else:
             self._queued.append(signum)
+
+    def _redeliver(self) -> None:
+        main = threading.main_thread().ident or 0  # set: the main thread runs the handler
+        while True:
+            time.sleep(REDELIVER_INTERVAL)
+            with self._guard:  # __exit__ takes the guard before it restores the handlers
+                if not (self._installed and self._raise) or self._pending is None:
+                    return
+                signal.pthread_kill(main, self._pending)
 
     def __enter__(self) -> SignalRelay:
         if threading.current_thread() is threading.main_thread():
             for signum in FORWARDED:
                 self._previous[signum] = signal.signal(signum, self._handle)
+            self._installed = True
         return self
 
     def __exit__(
@@ -432,6 +466,8 @@ class SignalRelay:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        with self._guard:
+            self._installed = False
         for signum, handler in self._previous.items():
             signal.signal(signum, handler)  # type: ignore[arg-type]
         self._previous.clear()

@@ -1,0 +1,65 @@
+"""The signal relay ends `dblock run`'s wait even when a driver swallows the first Interrupted."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from contextlib import suppress
+
+import pytest
+
+from dblock.cli.supervisor import Interrupted, SignalRelay
+
+
+def _signal_soon(signum: int, delay: float = 0.1) -> None:
+    threading.Timer(delay, os.kill, (os.getpid(), signum)).start()
+
+
+def _swallowing_wait(seconds: float) -> None:
+    """A driver's call that turns any exception into its own error, as kazoo's ``_call`` does."""
+    with suppress(BaseException):
+        threading.Event().wait(seconds)
+
+
+def test_a_swallowed_signal_still_ends_the_wait() -> None:
+    with SignalRelay():
+        _signal_soon(signal.SIGTERM)
+        _swallowing_wait(5)  # the first Interrupted is lost here
+        started = time.monotonic()
+        with pytest.raises(Interrupted) as caught:
+            threading.Event().wait(10)  # the wait goes on, as the engine's retry does
+    assert caught.value.signum == signal.SIGTERM
+    assert time.monotonic() - started < 5  # redelivered; without it the wait ran its 10 s
+
+
+def test_a_grant_after_a_swallowed_signal_does_not_start_cmd() -> None:
+    with SignalRelay() as relay:
+        _signal_soon(signal.SIGINT)
+        _swallowing_wait(5)
+        with pytest.raises(Interrupted) as caught:
+            relay.defer()  # the lock was granted: CMD must not start
+    assert caught.value.signum == signal.SIGINT
+
+
+def test_no_signal_is_redelivered_after_the_relay_ends() -> None:
+    got: list[int] = []
+    previous = signal.signal(signal.SIGHUP, lambda signum, _frame: got.append(signum))
+    try:
+        with SignalRelay():
+            _signal_soon(signal.SIGHUP)
+            with pytest.raises(Interrupted):
+                threading.Event().wait(5)
+        time.sleep(0.6)  # three redelivery intervals
+    finally:
+        signal.signal(signal.SIGHUP, previous)
+    assert got == []
+
+
+def test_after_defer_signals_are_queued_not_raised() -> None:
+    with SignalRelay() as relay:
+        relay.defer()
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.3)
+        assert relay._queued == [signal.SIGTERM]
