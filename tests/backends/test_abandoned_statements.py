@@ -69,6 +69,16 @@ def _let_go(raw: Any) -> None:
     raw.close()
 
 
+def _assert_nothing_granted(url: str, table: str, key: str) -> None:
+    """After the row lock is let go: no phantom hold appears, and the key can be taken."""
+    time.sleep(SETTLE)
+    with dblock.connect(url, table=table) as client:
+        assert client.info(key) is None, "the failed acquire was granted after all"
+        lock = client.lock(key, ttl=60)
+        assert lock.acquire(blocking=False)
+        lock.release()
+
+
 def _free_key(url: str, table: str) -> str:
     """A key whose row exists and is free (its hold released)."""
     key = "k-" + uuid.uuid4().hex
@@ -89,12 +99,7 @@ def test_an_acquire_aborted_past_its_deadline_grants_nothing_later(url: str, tab
             assert time.monotonic() - started < 15
     finally:
         _let_go(raw)
-    time.sleep(SETTLE)
-    with dblock.connect(url, table=table) as client:
-        assert client.info(key) is None, "the aborted acquire was granted after all"
-        lock = client.lock(key, ttl=60)
-        assert lock.acquire(blocking=False)
-        lock.release()
+    _assert_nothing_granted(url, table, key)
 
 
 @pytest.mark.slow
@@ -123,3 +128,39 @@ def test_an_async_acquire_aborted_past_its_deadline_grants_nothing_later(
             await lock.release()
 
     asyncio.run(after())
+
+
+@pytest.fixture
+def short_read_timeout(url: str) -> str:
+    """MySQL's URL with a ``read_timeout`` shorter than the statement deadline: PyMySQL's
+    socket timeout, not the watchdog, is what gives up on the statement."""
+    return url + ("&" if "?" in url else "?") + "read_timeout=2"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dialect", ["mysql"])  # read_timeout is a MySQL URL option
+@pytest.mark.parametrize("client_kind", ["sync", "async"])
+def test_a_statement_past_the_urls_read_timeout_grants_nothing_later(
+    short_read_timeout: str, table: str, client_kind: str
+) -> None:
+    url = short_read_timeout
+    key = _free_key(url, table)
+    raw = _lock_the_row(url, table, key)
+
+    async def aborted_async() -> None:
+        async with await dblock.connect_async(url, table=table) as client:
+            await asyncio.wait_for(client.lock(key, ttl=60).acquire(timeout=30), 20)
+
+    def aborted() -> None:
+        if client_kind == "async":
+            asyncio.run(aborted_async())
+            return
+        with dblock.connect(url, table=table) as client:
+            client.lock(key, ttl=60).acquire(timeout=30)
+
+    try:
+        with pytest.raises(dblock.BackendError, match="timed out"):
+            aborted()
+    finally:
+        _let_go(raw)
+    _assert_nothing_granted(url, table, key)

@@ -37,7 +37,7 @@ from datetime import datetime, timezone
 from typing import Any, ClassVar
 
 import pymysql
-from pymysql.constants import CLIENT
+from pymysql.constants import CLIENT, CR
 
 from .._errors import ConfigurationError, DBLockError
 from .._runtime import THREADS, Runtime
@@ -317,6 +317,15 @@ class MysqlBackend(
         if code in _TRANSIENT:
             return Failure.TRANSIENT
         return Failure.FATAL
+
+    def _read_timed_out(self, exc: BaseException) -> bool:
+        # PyMySQL's socket timeout, and GreenConnection's timer, both end the read this way
+        return (
+            isinstance(exc, pymysql.err.OperationalError)
+            and bool(exc.args)
+            and exc.args[0] == CR.CR_SERVER_LOST
+            and "(timed out)" in str(exc)
+        )
 
     def _interrupted(self, conn: Any) -> None:
         """A statement interrupted (a cancellation, Ctrl-C) may still run in the server, which

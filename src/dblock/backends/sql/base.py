@@ -144,6 +144,11 @@ class SqlBackend(Store, Generic[C]):
         wait = run_aside(task, "dblock-end-abandoned", what)
         return self.rt.offload(wait, ABANDONED_WAIT)
 
+    def _read_timed_out(self, exc: BaseException) -> bool:
+        """Whether ``exc`` is the driver giving up on a statement that took longer than the
+        connection's read timeout (the server may still be running it)."""
+        return False
+
     @abstractmethod
     def _classify(self, exc: BaseException) -> Failure | None:
         """Classify a driver exception; None if it is not the driver's."""
@@ -341,25 +346,30 @@ class SqlBackend(Store, Generic[C]):
                     self._discard(conn)
                     raise
                 if failure is Failure.DISCONNECT:
+                    # a statement the driver gave up on may still run in the server (waiting
+                    # for a row lock) and commit later: it is ended before anything is retried
+                    settled = self._read_timed_out(exc) and self._settle_abandoned(conn)
                     self._discard(conn)
                     self._drain()
-                    if not reconnected:
+                    if not reconnected and (settled or not self._read_timed_out(exc)):
                         reconnected = True
                         continue
-                else:
-                    self._reset_or_discard(conn)
-                    if failure is Failure.TRANSIENT and (
-                        attempt < _TRANSIENT_ATTEMPTS or time.monotonic() < give_up
-                    ):
-                        self.rt.sleep(self._transient_pause(attempt))
-                        continue
-                    if failure is Failure.TRANSIENT and cut:
-                        # busy past the caller's deadline; the statement did nothing
-                        raise DeadlinePassed(
-                            f"{what} on {self.safe_url} (table {self.table}) found the database "
-                            "busy until the caller's deadline",
-                            key=key,
-                        ) from None
+                    error = self._wrap(exc, f"{what} failed on {self.safe_url}", key)
+                    error._settled = settled
+                    raise error from exc
+                self._reset_or_discard(conn)
+                if failure is Failure.TRANSIENT and (
+                    attempt < _TRANSIENT_ATTEMPTS or time.monotonic() < give_up
+                ):
+                    self.rt.sleep(self._transient_pause(attempt))
+                    continue
+                if failure is Failure.TRANSIENT and cut:
+                    # busy past the caller's deadline; the statement did nothing
+                    raise DeadlinePassed(
+                        f"{what} on {self.safe_url} (table {self.table}) found the database "
+                        "busy until the caller's deadline",
+                        key=key,
+                    ) from None
                 raise self._wrap(exc, f"{what} failed on {self.safe_url}", key) from exc
             self._watchdog.done(ident)
             if watch.aborted:  # it finished just as it was being aborted
