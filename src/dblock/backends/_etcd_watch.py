@@ -1,17 +1,26 @@
 """The etcd store's wake-ups: watches, never polling.
 
-A waiter's subscription watches its key's range for deletions from just after its failed try
-(so a release in between still wakes it). Once it has a place in the fair queue it watches
-only what can make it next: the entry just ahead of its own (its predecessor) while there is
-one, else the hold and the shared holds. A release thus wakes one waiter, not all of them
-(etcd's own lock recipe). A watch whose stream broke (its node died) is made again through
-another endpoint, and the waiter looks again meanwhile.
+A waiter's subscription is one watch on its key's range, for deletions only, kept for the
+whole wait. A plain waiter wakes on any deletion (a release, an expiry), and its watch starts
+just after its failed try, so a release in between still wakes it. A waiter with a place in
+the fair queue wakes only for what can make it next: the entry just ahead of its own (its
+predecessor) leaving, and once it is at the head the holds ending. So a release makes one
+waiter try, not all of them (etcd's own lock recipe); the others hear it and sleep on.
+
+One watch, not a new one per predecessor: etcd serves a watch that starts at a past revision
+from its "unsynced" group, which it catches up only every 100 ms, and a new watch can land
+there even when it asks for no past revision (the server picks the current revision, and a
+write just before the watch is registered makes that revision past). A waiter that re-made
+its watch each time its predecessor left would hear of its turn up to 100 ms late now and
+then. A watch whose stream broke (its node died) is made again through another endpoint, and
+the waiter looks again meanwhile.
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -30,33 +39,32 @@ class EtcdSubscription(Subscription):
         """``store``: the EtcdBackend whose key layout, reads and queue entries it uses."""
         self._store = store
         self._key = key
-        #: the owner whose place in the lock queue narrows the watch (None: a plain waiter)
+        self._base = store._base(key)
+        #: the owner whose place in the lock queue narrows the wake-ups (None: a plain waiter)
         self._owner = queued_owner
         self._event = store.rt.event()
         self._watch: int | None = None
-        #: what is watched: None (the key's whole range), or the key of one predecessor,
-        #: or b"" (the holds: this waiter is at the head of the queue)
+        #: what a queued waiter waits for: the key suffix of its predecessor's entry, or None
+        #: (it is at the head: the holds ending); and the revision it was last looked up at
         self._target: bytes | None = None
-        self._heads_only = False
+        self._looked_at = 0
+        #: (key suffix, revision) of deletions heard and not yet looked at (a queued waiter)
+        self._heard_deletions: deque[tuple[bytes, int]] = deque()
+        # a queued waiter looks before it waits, so its watch need not start in the past
         self.latched = since is not None
         self.targeted = queued_owner is not None
-        self.live = self._start(since)
+        self.live = self._start(None if self.targeted else since)
 
-    # -- watches ---------------------------------------------------------------------------
-    def _start(self, since: int | None, target: bytes | None = None) -> bool:
-        base = self._store._base(self._key)
+    # -- the watch -------------------------------------------------------------------------
+    def _start(self, since: int | None) -> bool:
         callback: Callable[[Any], None] = self._heard
         extra: dict[str, Any] = {"filters": _NOPUT}
         if since is not None:
             extra["start_revision"] = since + 1
 
         def add(client: Any, _a: tuple[Any, ...]) -> int:
-            if target:  # one key: the predecessor's entry
-                return int(client.add_watch_callback(target, callback, **extra))
-            return int(client.add_watch_prefix_callback(base, callback, **extra))
+            return int(client.add_watch_prefix_callback(self._base, callback, **extra))
 
-        self._target = target
-        self._heads_only = target == b""
         try:
             self._watch = self._store.rpc.call("subscribing", add, self._key)
         except BackendError:
@@ -71,17 +79,18 @@ class EtcdSubscription(Subscription):
                 self._store.rpc.call("unsubscribing", lambda c, _a: c.cancel_watch(watch))
 
     def _heard(self, response: Any) -> None:
+        """pyetcd's watch thread: a response, or the stream's end (None or an exception)."""
         if response is None or isinstance(response, BaseException):
             self._watch = None  # the stream ended (a node lost): look again, watch again
-        elif self._heads_only:
-            base = self._store._base(self._key)
-            parts = [bytes(e.key)[len(base) :] for e in response.events]
-            if not any(p == b"l" or p.startswith(b"s/") for p in parts):
-                return  # a queue entry behind us left: nothing for us
+        elif self._owner is not None:
+            revision = int(response.header.revision)  # no event of it is later than this
+            cut = len(self._base)
+            self._heard_deletions.extend((bytes(e.key)[cut:], revision) for e in response.events)
         self._event.set()
 
-    def _retarget(self) -> bool:
-        """Watch what can make this waiter next; True if it may try now (it is at the head
+    # -- a queued waiter -------------------------------------------------------------------
+    def _look(self) -> bool:
+        """Find what can make this waiter next; True if it may try now (it is at the head
         and the lock is free)."""
         with self._store._mutex:
             entry = self._store._entries.get((self._key, self._owner or ""))
@@ -90,40 +99,71 @@ class EtcdSubscription(Subscription):
         mine = entry[2]
         hold, _, shared, queue = self._store._parts(self._key)
         line = queue + b"lock/"
-        rev, kvs = self._store._read("waiting", self._key)
+        revision, kvs = self._store._read("waiting", self._key)
         ahead = [kv for kv in kvs if bytes(kv.key).startswith(line) and kv.create_revision < mine]
+        self._looked_at = revision
         if ahead:
-            target = bytes(max(ahead, key=lambda kv: kv.create_revision).key)
-        elif any(bytes(kv.key) == hold or bytes(kv.key).startswith(shared) for kv in kvs):
-            target = b""
-        else:
-            return True
-        if target != self._target or self._watch is None:
-            self._stop()
+            self._target = bytes(max(ahead, key=lambda kv: kv.create_revision).key)[
+                len(self._base) :
+            ]
+            return False
+        self._target = None
+        return not any(bytes(kv.key) == hold or bytes(kv.key).startswith(shared) for kv in kvs)
+
+    def _concerns_us(self) -> bool:
+        """Whether a deletion heard since the last look can make this waiter next."""
+        relevant = False
+        while self._heard_deletions:
+            part, revision = self._heard_deletions.popleft()
+            if revision <= self._looked_at:
+                continue  # the look already saw it
+            if self._target is None:
+                relevant = relevant or part == b"l" or part.startswith(b"s/")
+            else:
+                relevant = relevant or part == self._target
+        return relevant
+
+    def _wait_queued(self, end: float) -> bool:
+        while True:
+            if self._watch is None and not self._start(None):
+                self._store.rt.sleep(min(max(0.0, end - time.monotonic()), self._store.poll_cap))
+                return True
             self._event.clear()
-            self._start(rev, target)
-        return False
+            self._heard_deletions.clear()  # the look below sees what they did
+            if self._look():
+                return True
+            while True:
+                if not self._event.wait(max(0.0, end - time.monotonic())):
+                    return False
+                self._event.clear()
+                if self._watch is None:
+                    break  # watch again, then look
+                if self._concerns_us():
+                    if self._target is None:
+                        return True  # a hold ended: our turn
+                    break  # our predecessor left: look who is next
 
     # -- Subscription ----------------------------------------------------------------------
     def wait(self, timeout: float) -> bool:
         """Sleep up to ``timeout`` s; True early on a release. A queued waiter returns only
-        when it is at the head and the holds are gone (its predecessor leaving just moves
-        its watch), so it need not probe before it tries."""
+        when it is at the head and the holds are gone (its predecessor leaving just makes it
+        look again), so it need not probe before it tries."""
         end = time.monotonic() + timeout
-        while True:
-            if self._event.is_set():
-                self._event.clear()
-                return True
-            if self._owner is not None and self._retarget():
-                return True
-            if self._watch is None and not self._start(None, self._target):
-                self._store.rt.sleep(min(timeout, self._store.poll_cap))
-                return True
-            woken = bool(self._event.wait(max(0.0, end - time.monotonic())))
+        if self._owner is not None:
+            with self._store._mutex:
+                queued = (self._key, self._owner) in self._store._entries
+            if queued:
+                return self._wait_queued(end)
+        self._heard_deletions.clear()  # (a queued waiter's, between its places in the queue)
+        if self._event.is_set():
             self._event.clear()
-            if not woken or self._owner is None or self._heads_only or self._watch is None:
-                return woken
-            # the entry ahead of ours left: watch the next one, or the holds
+            return True
+        if self._watch is None and not self._start(None):
+            self._store.rt.sleep(min(timeout, self._store.poll_cap))
+            return True
+        woken = bool(self._event.wait(max(0.0, end - time.monotonic())))
+        self._event.clear()
+        return woken
 
     def close(self) -> None:
         self._stop()
