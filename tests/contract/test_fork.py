@@ -174,12 +174,14 @@ def test_a_hold_inherited_by_a_forked_child_stays_the_parents(
             wrong = "the child failed"
             try:
                 wrong = _child_keeps_off(lock, key, provider, table)
+            except BaseException as exc:  # reported to the parent, which fails the test
+                wrong = f"the child raised {type(exc).__name__}: {exc}"
             finally:
-                os.write(write, wrong.encode() or b"-")
+                os.write(write, wrong.encode()[:4000] or b"-")
                 os._exit(0)
         os.close(write)
         assert _wait_for(pid, 30) == 0
-        assert os.read(read, 200) == b"-"
+        assert os.read(read, 4096) == b"-"
         os.close(read)
         assert lock.held and lock.token == token
         with provider.connect(table=table) as other:

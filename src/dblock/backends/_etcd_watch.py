@@ -83,9 +83,14 @@ class EtcdSubscription(Subscription):
         if response is None or isinstance(response, BaseException):
             self._watch = None  # the stream ended (a node lost): look again, watch again
         elif self._owner is not None:
+            # kept for the waiter to judge after its next look; it is woken only for what
+            # can make it next as it stands now (the others sleep on through a hand-off)
             revision = int(response.header.revision)  # no event of it is later than this
             cut = len(self._base)
-            self._heard_deletions.extend((bytes(e.key)[cut:], revision) for e in response.events)
+            parts = [bytes(e.key)[cut:] for e in response.events]
+            self._heard_deletions.extend((part, revision) for part in parts)
+            if not any(self._matters(part, revision) for part in parts):
+                return
         self._event.set()
 
     # -- a queued waiter -------------------------------------------------------------------
@@ -110,17 +115,20 @@ class EtcdSubscription(Subscription):
         self._target = None
         return not any(bytes(kv.key) == hold or bytes(kv.key).startswith(shared) for kv in kvs)
 
+    def _matters(self, part: bytes, revision: int) -> bool:
+        """Whether the deletion of ``part`` (a key suffix) at ``revision`` can make this
+        waiter next, as of its last look."""
+        if revision <= self._looked_at:
+            return False  # the look already saw it
+        target = self._target
+        return (part == b"l" or part.startswith(b"s/")) if target is None else part == target
+
     def _concerns_us(self) -> bool:
         """Whether a deletion heard since the last look can make this waiter next."""
         relevant = False
         while self._heard_deletions:
             part, revision = self._heard_deletions.popleft()
-            if revision <= self._looked_at:
-                continue  # the look already saw it
-            if self._target is None:
-                relevant = relevant or part == b"l" or part.startswith(b"s/")
-            else:
-                relevant = relevant or part == self._target
+            relevant = self._matters(part, revision) or relevant
         return relevant
 
     def _wait_queued(self, end: float) -> bool:
@@ -132,16 +140,17 @@ class EtcdSubscription(Subscription):
             self._heard_deletions.clear()  # the look below sees what they did
             if self._look():
                 return True
-            while True:
+            # what was heard during the look is judged against what it found
+            while not self._concerns_us():
+                if self._watch is None:
+                    break  # watch again, then look
                 if not self._event.wait(max(0.0, end - time.monotonic())):
                     return False
                 self._event.clear()
-                if self._watch is None:
-                    break  # watch again, then look
-                if self._concerns_us():
-                    if self._target is None:
-                        return True  # a hold ended: our turn
-                    break  # our predecessor left: look who is next
+            else:
+                if self._target is None:
+                    return True  # a hold ended: our turn
+                # our predecessor left: look who is next
 
     # -- Subscription ----------------------------------------------------------------------
     def wait(self, timeout: float) -> bool:

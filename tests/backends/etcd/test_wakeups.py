@@ -1,5 +1,5 @@
-"""Waiting on etcd: a release wakes the head of the queue only (each waiter watches its
-predecessor), and waiters never poll."""
+"""Waiting on etcd: a release wakes the head of the queue only (each waiter acts on its
+predecessor leaving, nothing else), waiters never poll, and a waiter keeps one watch."""
 
 from __future__ import annotations
 
