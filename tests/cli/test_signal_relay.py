@@ -10,7 +10,13 @@ from contextlib import suppress
 
 import pytest
 
+from dblock.cli import supervisor
 from dblock.cli.supervisor import Interrupted, SignalRelay
+
+
+@pytest.fixture(autouse=True)
+def _quick_redelivery(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(supervisor, "REDELIVER_INTERVAL", 0.1)
 
 
 def _signal_soon(signum: int, delay: float = 0.1) -> None:
@@ -51,7 +57,7 @@ def test_no_signal_is_redelivered_after_the_relay_ends() -> None:
             _signal_soon(signal.SIGHUP)
             with pytest.raises(Interrupted):
                 threading.Event().wait(5)
-        time.sleep(0.6)  # three redelivery intervals
+        time.sleep(0.5)  # five redelivery intervals
     finally:
         signal.signal(signal.SIGHUP, previous)
     assert got == []

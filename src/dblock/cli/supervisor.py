@@ -50,8 +50,9 @@ _REAP_INTERVAL: Final = 0.01
 #: how long SIGKILLed processes may take to go (one stuck in the kernel, or that dblock may
 #: not signal, such as a command run as another user) before dblock reports them, seconds
 KILL_WAIT: Final = 5.0
-#: how often a signal that interrupted the wait is delivered again until the wait has ended
-REDELIVER_INTERVAL: Final = 0.2
+#: how often a signal that interrupted the wait is delivered again until the wait has ended,
+#: seconds: long enough that the wait's own cleanup (leaving the queue) is not cut short
+REDELIVER_INTERVAL = 1.0
 
 
 def stop_margin(ttl: float) -> float:
