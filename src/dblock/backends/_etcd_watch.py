@@ -131,10 +131,17 @@ class EtcdSubscription(Subscription):
             relevant = self._matters(part, revision) or relevant
         return relevant
 
+    def _unwatchable(self, end: float) -> bool:
+        """Make the watch again if its stream ended; True (after a pause, so the waiter looks
+        again without a watch) if it cannot be made now."""
+        if self._watch is None and not self._start(None):
+            self._store.rt.sleep(min(max(0.0, end - time.monotonic()), self._store.poll_cap))
+            return True
+        return False
+
     def _wait_queued(self, end: float) -> bool:
         while True:
-            if self._watch is None and not self._start(None):
-                self._store.rt.sleep(min(max(0.0, end - time.monotonic()), self._store.poll_cap))
+            if self._unwatchable(end):
                 return True
             self._event.clear()
             self._heard_deletions.clear()  # the look below sees what they did
@@ -167,8 +174,7 @@ class EtcdSubscription(Subscription):
         if self._event.is_set():
             self._event.clear()
             return True
-        if self._watch is None and not self._start(None):
-            self._store.rt.sleep(min(timeout, self._store.poll_cap))
+        if self._unwatchable(end):
             return True
         woken = bool(self._event.wait(max(0.0, end - time.monotonic())))
         self._event.clear()

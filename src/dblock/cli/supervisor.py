@@ -411,7 +411,6 @@ class SignalRelay:
         self._pending: int | None = None
         self._installed = False
         self._guard = threading.RLock()  # the handler takes it too, in the main thread
-        self._redeliverer: threading.Thread | None = None
 
     def defer(self) -> None:
         """From now on queue signals until a child is attached (no more Interrupted).
@@ -435,12 +434,11 @@ class SignalRelay:
             child.forward(signum)
         elif self._raise:
             with self._guard:
-                if self._pending is None:
+                if self._pending is None:  # the first one: start redelivering it
                     self._pending = signum
-                    self._redeliverer = threading.Thread(
+                    threading.Thread(
                         target=self._redeliver, name="dblock-signal-redelivery", daemon=True
-                    )
-                    self._redeliverer.start()
+                    ).start()
             raise Interrupted(self._pending)
         else:
             self._queued.append(signum)

@@ -348,10 +348,11 @@ class SqlBackend(Store, Generic[C]):
                 if failure is Failure.DISCONNECT:
                     # a statement the driver gave up on may still run in the server (waiting
                     # for a row lock) and commit later: it is ended before anything is retried
-                    settled = self._read_timed_out(exc) and self._settle_abandoned(conn)
+                    timed_out = self._read_timed_out(exc)
+                    settled = timed_out and self._settle_abandoned(conn)
                     self._discard(conn)
                     self._drain()
-                    if not reconnected and (settled or not self._read_timed_out(exc)):
+                    if not reconnected and (settled or not timed_out):
                         reconnected = True
                         continue
                     error = self._wrap(exc, f"{what} failed on {self.safe_url}", key)
