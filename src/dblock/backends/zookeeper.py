@@ -36,7 +36,7 @@ import contextlib
 import json
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Any, Literal, TypeVar
@@ -72,6 +72,7 @@ from ._contract import (
     Subscription,
     Wakeups,
 )
+from ._zk_handler import PollHandler
 
 T = TypeVar("T")
 PREFIX = {
@@ -188,6 +189,17 @@ class Look:
         ]
 
 
+def _sole(
+    below: list[str], blocker: Node | Literal[False] | None, record: dict[str, Any]
+) -> str | None:
+    """The blocker's path if it is the only node below the waiter's and a plain lock's,
+    with no once-record: once it goes, nothing is below (nodes below only go, and a lock's
+    holder never makes a record), so the waiter holds without reading the children again."""
+    if blocker and below == [blocker.path] and blocker.kind == "lock" and not record:
+        return blocker.path
+    return None
+
+
 def _ms(seconds: float) -> int:
     return max(1, round(seconds * 1000))
 
@@ -238,6 +250,12 @@ class ZkSubscription(Subscription):
         self.closed = False
         #: the node that blocks the waiter, whose watch wakes it (others' events are stale)
         self.watching: str | None = None
+        #: the blocker, when it was the only node below the waiter's and a plain lock's (it
+        #: never makes a once-record): its deletion leaves nothing below, so the waiter is
+        #: at the head without reading the children again (nodes below only go)
+        self.sole: str | None = None
+        #: ``sole`` went: the next try knows nothing is below
+        self.at_head = False
 
     def fire(self, _event: object = None) -> None:
         self.event.set()
@@ -249,6 +267,7 @@ class ZkSubscription(Subscription):
         if self.closed or path != self.watching:
             return
         if getattr(event, "type", None) != "CHANGED":
+            self.at_head = getattr(event, "type", None) == "DELETED" and path == self.sole
             self.fire()
             return
         with contextlib.suppress(Exception):  # the client closed: nothing to watch
@@ -328,7 +347,9 @@ class ZookeeperBackend(Store, FairQueue, SharedHolds, OnceRecords, Wakeups, Queu
                 self._subs.clear()
                 self._losses.clear()
             if self._zk is None:
-                zk = KazooClient(hosts=self.hosts, timeout=self.session_timeout)
+                zk = KazooClient(
+                    hosts=self.hosts, timeout=self.session_timeout, handler=PollHandler()
+                )
                 try:
                     zk.start(timeout=self.connect_timeout)
                 except BaseException as exc:
@@ -414,6 +435,7 @@ class ZookeeperBackend(Store, FairQueue, SharedHolds, OnceRecords, Wakeups, Queu
         estimate: bool = False,
         nearest: bool = False,
         watch: ZkSubscription | None = None,
+        names: Sequence[str] | None = None,
     ) -> Look:
         """Read the key's contenders (only those whose sequence number is under ``below``, if
         given: all that can block that node); delete the expired ones (versioned).
@@ -421,12 +443,10 @@ class ZookeeperBackend(Store, FairQueue, SharedHolds, OnceRecords, Wakeups, Queu
         ``nearest`` (an exclusive node's try, ``below`` given): only what blocks it, the
         nearest live node below, is read (Curator's way: one read, not one per waiter ahead);
         ``live`` then holds that node alone. ``watch``: the waiter whose watch that read sets
-        (as Curator's, it saves a separate ``exists``)."""
+        (as Curator's, it saves a separate ``exists``). ``names``: the key's children, if
+        just read."""
         kpath = self._kpath(key)
-        try:
-            names = zk.get_children(kpath)
-        except NoNodeError:
-            names = []
+        names = self._children(zk, kpath) if names is None else names
         record = self._record(zk, key)[0] if RECORD in names else {}
         names = [n for n in names if n != RECORD]
         if below is not None:
@@ -435,6 +455,8 @@ class ZookeeperBackend(Store, FairQueue, SharedHolds, OnceRecords, Wakeups, Queu
                 paths = [f"{kpath}/{n}" for n in sorted(names, key=lambda n: n[-10:])]
                 clock = [now]
                 found = self._nearest(zk, key, paths, clock, estimate=estimate, sub=watch)
+                if watch is not None:
+                    watch.sole, watch.at_head = _sole(paths, found, record), False
                 if found is not False:
                     look = Look(
                         clock[0], record=record, watched=paths[-1] if watch and paths else None
@@ -466,6 +488,14 @@ class ZookeeperBackend(Store, FairQueue, SharedHolds, OnceRecords, Wakeups, Queu
                     continue
             look.live.append(n)
         return look
+
+    @staticmethod
+    def _children(zk: KazooClient, kpath: str) -> list[str]:
+        try:
+            names: list[str] = zk.get_children(kpath)
+        except NoNodeError:
+            return []
+        return names
 
     def _nearest(
         self,
@@ -516,22 +546,36 @@ class ZookeeperBackend(Store, FairQueue, SharedHolds, OnceRecords, Wakeups, Queu
                 return n  # written meanwhile (renewed): live
         return None
 
-    def _create(self, zk: KazooClient, key: str, data: dict[str, Any]) -> Node:
-        """A new contender of ``key`` (data: owner ``o``, kind ``k``, lease ``t``, ...)."""
+    def _create(
+        self, zk: KazooClient, key: str, data: dict[str, Any]
+    ) -> tuple[Node, Sequence[str] | None]:
+        """A new contender of ``key`` (data: owner ``o``, kind ``k``, lease ``t``, ...), and
+        the key's children read right behind the create, in the same round trip: a session's
+        requests are answered in the order sent, so the list holds the new node (None if it
+        could not be read that way; ``_look`` then reads it)."""
         kind = str(data["k"])
+        kpath = self._kpath(key)
         sent = time.monotonic()
-        path, stat = zk.create(
+        created = zk.create_async(
             # a random part, as Curator's protected mode has: a purge may delete the key node
             # and its sequence restarts with the next, so a sequence number alone would name
             # a later contender's node, and a stale release or renewal would hit it
-            f"{self._kpath(key)}/{PREFIX[kind]}{secrets.token_hex(6)}-",
+            f"{kpath}/{PREFIX[kind]}{secrets.token_hex(6)}-",
             _dump(data),
             ephemeral=kind != "scheduled",
             sequence=True,
             makepath=True,
             include_data=True,
         )
-        return Node(path, data, stat, key, sent)
+        listed = zk.get_children_async(kpath)
+        path, stat = created.get()
+        try:
+            names: Sequence[str] | None = listed.get()
+        except NoNodeError:  # the key node was made by this create, after the read
+            names = None
+        if names is not None and path.rsplit("/", 1)[1] not in names:
+            names = None  # not read behind the create (never expected): read again
+        return Node(path, data, stat, key, sent), names
 
     def _arm(self, zk: KazooClient, key: str, owner: str, look: Look, me: Node | None) -> None:
         """Point the waiter's subscription at what blocks it now: a watch on that node alone
@@ -662,10 +706,10 @@ class ZookeeperBackend(Store, FairQueue, SharedHolds, OnceRecords, Wakeups, Queu
         def go(zk: KazooClient) -> int | None:
             nonlocal tries
             tries += 1
-            me = self._create(zk, key, _data(owner, kind, ttl, h=1))
+            me, names = self._create(zk, key, _data(owner, kind, ttl, h=1))
             # a retry reads every node below: ours from a try whose reply was lost among them
             nearest = tries == 1 and kind in EXCLUSIVE
-            look = self._look(zk, key, me.stat.ctime, me.seq, nearest=nearest)
+            look = self._look(zk, key, me.stat.ctime, me.seq, nearest=nearest, names=names)
             for n in list(look.live):  # our own earlier grant (a reply lost before a retry)
                 if n.seq < me.seq and n.owner == owner and n.kind == kind and n.data.get("h"):
                     with contextlib.suppress(NoNodeError, BadVersionError):
@@ -803,9 +847,15 @@ class ZookeeperBackend(Store, FairQueue, SharedHolds, OnceRecords, Wakeups, Queu
             # else the latest mtime seen, which is earlier (nobody looks expired too soon)
             now = self._now(zk) if sub is not None and sub.due else int(entry.stat.mtime)
             nearest = entry.kind in EXCLUSIVE
-            look = self._look(
-                zk, entry.key, now, entry.seq, estimate=True, nearest=nearest, watch=sub
-            )
+            head = sub is not None and sub.at_head and not sub.due
+            if sub is not None:
+                sub.at_head = False
+            if head:
+                look = Look(now)  # its only blocker went: nothing is below it
+            else:
+                look = self._look(
+                    zk, entry.key, now, entry.seq, estimate=True, nearest=nearest, watch=sub
+                )
             if look.blocker(entry) is not None or look.kept_from(entry):
                 self._arm(zk, entry.key, entry.owner, look, entry)
                 return None
@@ -859,11 +909,14 @@ class ZookeeperBackend(Store, FairQueue, SharedHolds, OnceRecords, Wakeups, Queu
             old = self._queued.get((key, owner))
             if old is not None and self._write(zk, old, old.data) is not None:
                 return
-            entry = self._queued[(key, owner)] = self._create(zk, key, _data(owner, kind, ttl))
+            entry, names = self._create(zk, key, _data(owner, kind, ttl))
+            self._queued[(key, owner)] = entry
             entry.waiting = True
             sub = self._subs.get((key, owner))
             nearest = kind in EXCLUSIVE
-            look = self._look(zk, key, entry.stat.ctime, entry.seq, nearest=nearest, watch=sub)
+            look = self._look(
+                zk, key, entry.stat.ctime, entry.seq, nearest=nearest, watch=sub, names=names
+            )
             self._arm(zk, key, owner, look, entry)
 
         self._run("enqueue", go)
@@ -905,9 +958,9 @@ class ZookeeperBackend(Store, FairQueue, SharedHolds, OnceRecords, Wakeups, Queu
 
         def go(zk: KazooClient) -> int | None:
             # ``q``: its lease while it waits (refreshed by its waiter), however short ``t``
-            me = self._create(zk, key, _data(owner, "lock", ttl, h=1, q=_ms(queue_ttl)))
+            me, names = self._create(zk, key, _data(owner, "lock", ttl, h=1, q=_ms(queue_ttl)))
             sub = self._subs.get((key, owner))
-            look = self._look(zk, key, me.stat.ctime, me.seq, nearest=True, watch=sub)
+            look = self._look(zk, key, me.stat.ctime, me.seq, nearest=True, watch=sub, names=names)
             if look.blocker(me) is None and not look.kept_from(me):
                 self._remember(me)
                 return me.token
@@ -925,11 +978,12 @@ class ZookeeperBackend(Store, FairQueue, SharedHolds, OnceRecords, Wakeups, Queu
         data = _data(owner, kind, ttl, h=1)
         if permits is not None:
             data["p"] = permits
-        return self._run("acquire", lambda zk: self._take_new(zk, self._create(zk, key, data)))
+        return self._run("acquire", lambda zk: self._take_new(zk, *self._create(zk, key, data)))
 
-    def _take_new(self, zk: KazooClient, me: Node) -> int | None:
+    def _take_new(self, zk: KazooClient, me: Node, names: Sequence[str] | None) -> int | None:
         nearest = me.kind in EXCLUSIVE
-        return self._take(zk, me, self._look(zk, me.key, me.stat.ctime, me.seq, nearest=nearest))
+        look = self._look(zk, me.key, me.stat.ctime, me.seq, nearest=nearest, names=names)
+        return self._take(zk, me, look)
 
     def release_shared(self, key: str, owner: str, token: int) -> bool:
         return self.release(key, owner, token)
@@ -949,8 +1003,8 @@ class ZookeeperBackend(Store, FairQueue, SharedHolds, OnceRecords, Wakeups, Queu
             old, version = self._record(zk, key)
             if old.get("s") == "S":
                 return None
-            me = self._create(zk, key, _data(owner, "once", ttl, h=1))
-            token = self._take_new(zk, me)
+            me, names = self._create(zk, key, _data(owner, "once", ttl, h=1))
+            token = self._take_new(zk, me, names)
             if token is None:
                 return None
             record = _dump({"s": "P", "o": owner, "n": note})

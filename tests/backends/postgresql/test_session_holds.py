@@ -3,6 +3,9 @@ connections set aside for holds, and the lease statements' try-lock (backends/pg
 
 from __future__ import annotations
 
+import threading
+import time
+
 import dblock
 from dblock.backends.postgresql import PostgresBackend
 from tests._internals import store_of
@@ -79,3 +82,41 @@ def test_without_temp_privilege_the_grant_is_a_pipeline_of_two_statements(
         assert lock.acquire(timeout=5)
         assert first is not None and lock.token is not None and lock.token > first
         lock.release()
+
+
+def test_a_lease_committed_while_the_grant_waited_steps_it_back(pg_table: str) -> None:
+    """The grant's look for a live lease runs after its lock wait, with a snapshot of its
+    own: a lease committed while the session acquire waited in the server's queue keeps it
+    from the key (a look with the statement's own snapshot, taken before the wait, would
+    miss it and grant a second holder)."""
+    with dblock.connect(POSTGRESQL_URL, table=pg_table) as client:
+        sql = _backend(client).sql
+        raw = raw_connect(POSTGRESQL_URL)
+        try:
+            raw.execute(f"SELECT pg_advisory_lock({sql.advisory_key})", {"key": "k"})
+            outcome: list[bool] = []
+            waiter = threading.Thread(
+                target=lambda: outcome.append(client.lock("k", ttl=None).acquire(timeout=3))
+            )
+            waiter.start()
+            deadline = time.monotonic() + 10
+            while not raw.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                "AND wait_event = 'advisory' AND query LIKE %s",
+                ("%dblock_session_take%",),
+            ).fetchone()[0]:
+                assert time.monotonic() < deadline, "the session acquire never waited"
+                time.sleep(0.01)
+            with dblock.connect(POSTGRESQL_URL, table=pg_table) as other:
+                lease = other.lock("elsewhere", ttl=30)
+                assert lease.acquire(timeout=5)
+                # the lease is the key's now, committed while the acquire waits (a lease
+                # statement could not take the key's try-lock while ``raw`` holds it)
+                raw.execute(f"UPDATE {sql.main} SET lock_key = 'k' WHERE lock_key = 'elsewhere'")
+                raw.execute(f"SELECT pg_advisory_unlock({sql.advisory_key})", {"key": "k"})
+                waiter.join(10)
+                assert outcome == [False]
+                info = client.info("k")
+                assert info is not None and info.token == lease.token
+        finally:
+            raw.close()

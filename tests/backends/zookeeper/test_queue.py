@@ -1,6 +1,8 @@
-"""The queue's requests. A waiter reads only what it waits behind (Curator's way): joining the
-queue is a create, one read of the key's children and one read of the node just below, which
-also sets the watch that wakes it; never a read per waiter ahead. At its turn a waiter whose
+"""The queue's requests. A try sends its create with the read of the key's children right
+behind it, one round trip (a session's requests are answered in order, so the list holds the
+new node): a free key is taken in that round trip. A waiter reads only what it waits behind
+(Curator's way): joining the queue is that round trip and one read of the node just below,
+which also sets the watch that wakes it; never a read per waiter ahead. At its turn a waiter whose
 entry still holds by itself takes the lock without a write (kazoo's recipe makes none
 either): a read of the children, and the engine takes it as a lock handed over."""
 
@@ -33,6 +35,62 @@ def counting(store: Any) -> Iterator[Counter[str]]:
         del zk._call
 
 
+@contextmanager
+def rounds(store: Any) -> Iterator[list[list[str]]]:
+    """The requests the calling thread sends meanwhile, grouped by when it waits for replies:
+    one group per round trip (a new group starts with the first request after a wait)."""
+    zk = store._client()
+    groups: list[list[str]] = []
+    waited = [True]
+    call, make = zk._call, zk.handler.async_result
+
+    def sent(request: Any, async_object: Any) -> Any:
+        if waited[0]:
+            groups.append([])
+            waited[0] = False
+        groups[-1].append(type(request).__name__)
+        return call(request, async_object)
+
+    def result() -> Any:
+        made = make()
+        get = made.get
+
+        def waiting(*args: Any, **kwargs: Any) -> Any:
+            waited[0] = True
+            return get(*args, **kwargs)
+
+        made.get = waiting
+        return made
+
+    zk._call, zk.handler.async_result = sent, result
+    try:
+        yield groups
+    finally:
+        del zk._call, zk.handler.async_result
+
+
+def test_a_free_key_is_taken_in_one_round_trip(url: str, table: str) -> None:
+    with dblock.connect(url, table=table) as client:
+        store = store_of(client)
+        first = client.lock("k", ttl=30)
+        first.acquire()  # the key's node exists, as after any first use
+        first.release()
+        with rounds(store) as trips:
+            token = store.acquire("k", "me", 30.0, "lock")
+        assert token is not None
+        assert trips == [["Create2", "GetChildren"]]
+        with rounds(store) as trips:
+            assert store.release("k", "me", token)
+        assert trips == [["Delete"]]
+        # a try that finds the key held is the same round trip, then its node's delete
+        holder = client.lock("k", ttl=30)
+        holder.acquire()
+        with rounds(store) as trips:
+            assert store.acquire("k", "other", 30.0, "lock") is None
+        assert trips[0] == ["Create2", "GetChildren"]
+        holder.release()
+
+
 def test_joining_a_queue_of_six_reads_one_node_and_watches_it(url: str, table: str) -> None:
     with dblock.connect(url, table=table) as client:
         store = store_of(client)
@@ -43,9 +101,9 @@ def test_joining_a_queue_of_six_reads_one_node_and_watches_it(url: str, table: s
         for owner in owners:
             assert store.acquire_or_enqueue("k", owner, 30.0, 9.0) is None
         last = store.subscribe("k", "last", "lock")
-        with counting(store) as calls:
+        with rounds(store) as trips:
             assert store.acquire_or_enqueue("k", "last", 30.0, 9.0) is None
-        assert calls == {"Create2": 1, "GetChildren": 1, "GetData": 1}
+        assert trips == [["Create2", "GetChildren"], ["GetData"]]
         # that read's watch is the waiter's: the waiter just ahead leaving wakes it
         assert not last.wait(0.2)
         store.dequeue("k", owners[-1])
@@ -70,15 +128,16 @@ def _waiting_at_the_head(client: dblock.Client, owner: str) -> tuple[Any, Any]:
     return store, sub
 
 
-def test_a_waiter_takes_its_turn_without_a_write(url: str, table: str) -> None:
-    """The holder goes; the head waiter's try reads the children, finds nothing below its
-    entry (which holds by itself), and hands it over through its subscription: no setData.
-    The lock then works as any: others wait behind it, its release frees it."""
+def test_a_waiter_takes_its_turn_without_a_request(url: str, table: str) -> None:
+    """The holder, the only node below the waiter's, goes: nothing can be below the waiter's
+    entry now (nodes below only go), so its try sends nothing, and its entry, which holds by
+    itself, is handed over through its subscription. The lock then works as any: others
+    wait behind it, its release frees it."""
     with dblock.connect(url, table=table) as client:
         store, sub = _waiting_at_the_head(client, "head")
         with counting(store) as calls:
             assert store.acquire_fair("k", "head", 30.0, True) is None
-        assert calls == {"GetChildren": 1}
+        assert calls == {}
         token = sub.granted
         assert token is not None and sub.wait(0)
         sub.close()
@@ -103,3 +162,38 @@ def test_a_turn_its_waiter_leaves_untaken_frees_the_lock(url: str, table: str) -
         other = client.lock("k", ttl=30)
         assert other.acquire(timeout=0)
         other.release()
+
+
+def test_a_waiter_ahead_leaving_is_not_the_waiters_turn(url: str, table: str) -> None:
+    """The waiter just ahead leaves the queue while the holder below it still holds: that
+    deletion does not make the next waiter the head. Its try reads the children again,
+    finds the holder, and waits on, watching it; the holder's release then is its turn."""
+    with dblock.connect(url, table=table) as client:
+        store = store_of(client)
+        holder = client.lock("k", ttl=30)
+        holder.acquire()
+        ahead = store.subscribe("k", "ahead", "lock")
+        assert store.acquire_or_enqueue("k", "ahead", 30.0, 9.0) is None
+        sub = store.subscribe("k", "next", "lock")
+        assert store.acquire_or_enqueue("k", "next", 30.0, 9.0) is None
+        store.dequeue("k", "ahead")
+        ahead.close()
+        assert sub.wait(10)
+        with counting(store) as calls:
+            assert store.acquire_fair("k", "next", 30.0, True) is None
+        assert calls["GetChildren"] == 1
+        assert sub.granted is None
+        assert not sub.wait(0.2)
+        info = client.info("k")
+        assert info is not None and info.owner != "next"
+        holder.release()
+        assert sub.wait(10)
+        with counting(store) as calls:
+            assert store.acquire_fair("k", "next", 30.0, True) is None
+        assert calls == {}
+        token = sub.granted
+        assert token is not None
+        sub.close()
+        info = client.info("k")
+        assert info is not None and (info.owner, info.token) == ("next", token)
+        assert store.release("k", "next", token)

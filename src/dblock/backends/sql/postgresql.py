@@ -23,6 +23,12 @@ NOW = "statement_timestamp()"
 NOT_DURABLE = "set_config('synchronous_commit', 'off', true)"
 
 
+def _advisory_key(table: str, key: str) -> str:
+    """SQL for the 64-bit server lock of a session hold: a hash of the table's name and the
+    key (the SQL expression ``key``), stable across servers."""
+    return f"hashtextextended('{table}:' || {key}, 0)"
+
+
 class PostgresStatements(HolderStatements):
     """Every statement of the PostgreSQL store, for one lock table."""
 
@@ -105,7 +111,8 @@ class PostgresStatements(HolderStatements):
         # statement commits, so a session acquire that gets the server lock after it sees the
         # committed lease (see session_grant) and steps back.
         plain = (f"{schema}." if schema else "") + table
-        self.advisory_key = f"hashtextextended('{plain}:' || %(key)s::text, 0)"
+        self.advisory_key = _advisory_key(plain, "%(key)s::text")
+        self._plain = plain
         no_session = f"pg_try_advisory_xact_lock({self.advisory_key})"
 
         # -- fenced grants (FencedGrants, for a quorum: docs/quorum.md). The table's sequence
@@ -455,32 +462,43 @@ class PostgresStatements(HolderStatements):
             f"        WHERE lock_key = %(key)s AND expires_at > {NOW}) AS busy) s"
         )
         # The same in one statement, where the connection could make this temporary function
-        # (pg_temp: no privilege on the schema, nothing left behind). A VOLATILE SQL function
-        # runs its query with a snapshot of its own and is never inlined, so, called after the
-        # lock in the same statement (LATERAL on the lock's row), it sees a lease committed
-        # while the lock waited. Its clock is clock_timestamp(): the statement started before.
+        # (pg_temp: no privilege on the schema, nothing left behind). A VOLATILE PL/pgSQL
+        # function takes a new snapshot for each query it runs, so its look for a live lease,
+        # after the lock, sees a lease committed while the lock waited; and the session keeps
+        # its plans (a SQL function's query is planned anew at every call: 60 µs of server
+        # time per grant, measured). Its clock is clock_timestamp(): the statement started
+        # before the wait. No row: a try that did not get the lock.
         at = "to_hex(floor(extract(epoch from clock_timestamp()) * 1000)::bigint)"
+        hashed = _advisory_key(self._plain, "k")
         self.session_function = (
-            "CREATE OR REPLACE FUNCTION pg_temp.dblock_session_grant(k text, o text, "
-            "locked boolean)\nRETURNS TABLE (tok bigint, busy boolean, app text, pid integer)\n"
-            "LANGUAGE sql VOLATILE AS $dblock$\n"
-            "SELECT s.tok, s.busy, CASE WHEN locked THEN set_config('application_name', "
-            f"left(format('d:%s:%s:%s', s.tok, {at}, o), 63), false) END, pg_backend_pid()\n"
-            f"FROM (SELECT CASE WHEN locked THEN nextval('{self.seq}') END AS tok,\n"
-            f"    locked AND EXISTS (SELECT 1 FROM {t} WHERE lock_key = k\n"
-            "        AND expires_at > clock_timestamp()) AS busy) s\n"
+            "CREATE OR REPLACE FUNCTION pg_temp.dblock_session_take(k text, o text, lt text, "
+            "wait boolean)\nRETURNS TABLE (tok bigint, busy boolean, app text, pid integer)\n"
+            "LANGUAGE plpgsql VOLATILE AS $dblock$\n"
+            "#variable_conflict use_variable\n"
+            "BEGIN\n"
+            "    IF wait THEN\n"
+            "        PERFORM set_config('lock_timeout', lt, false);\n"
+            f"        PERFORM pg_advisory_lock({hashed});\n"
+            f"    ELSIF NOT pg_try_advisory_lock({hashed}) THEN\n"
+            "        RETURN;\n"
+            "    END IF;\n"
+            f"    tok := nextval('{self.seq}');\n"
+            f"    busy := EXISTS (SELECT 1 FROM {t} d WHERE d.lock_key = k\n"
+            "        AND d.expires_at > clock_timestamp());\n"
+            "    app := set_config('application_name', "
+            f"left(format('d:%s:%s:%s', tok, {at}, o), 63), false);\n"
+            "    pid := pg_backend_pid();\n"
+            "    RETURN NEXT;\n"
+            "END\n"
             "$dblock$"
         )
         one = (
-            "SELECT g.tok, g.busy, g.app, g.pid FROM (SELECT {lock} AS locked OFFSET 0) l,\n"
-            "    LATERAL pg_temp.dblock_session_grant(%(key)s::text, %(owner)s::text, l.locked) g"
+            "SELECT tok, busy, app, pid FROM pg_temp.dblock_session_take(%(key)s::text, "
+            "%(owner)s::text, %(lt)s::text, {wait})"
         )
-        # lt (ms) key owner -> (token or NULL if not had, a live lease holds it, -, process)
-        self.session_lock_one = one.format(
-            lock=f"set_config('lock_timeout', %(lt)s, false) IS NOT NULL AND "
-            f"pg_advisory_lock({k}) IS NOT NULL"
-        )
-        self.session_try_one = one.format(lock=f"pg_try_advisory_lock({k})")
+        # lt (ms) key owner -> (token, a live lease holds it, -, process), or no row
+        self.session_lock_one = one.format(wait="true")
+        self.session_try_one = one.format(wait="false")
         self.session_unlock_all = "SELECT pg_advisory_unlock_all()"
         # key -> ends the hold; lease waiters queued for the key are rung (delivered at the
         # statement's commit, after the unlock), as a lease's release would
