@@ -114,7 +114,7 @@ class PgSessions(SessionConnections):
         if self._one_statement.get(id(conn)):
             one = sql.session_try_one if timeout <= 0 else sql.session_lock_one
             row = conn.execute(one, params).fetchone()
-            if row is None or row[0] is None:
+            if row is None:  # a try that did not get the lock
                 return None
             return self._granted(conn, row)
         with conn.pipeline():

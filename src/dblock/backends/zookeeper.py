@@ -274,6 +274,12 @@ class ZkSubscription(Subscription):
             result = self._store._client().exists_async(path, watch=self.blocker_changed)
             result.rawlink(lambda r: self.fire() if r.exception or r.value is None else None)
 
+    def took_head(self) -> bool:
+        """Whether ``sole`` went since the waiter last looked (told once). Not when a lease's
+        end woke it (``due``): that try reads the server's time and looks."""
+        head, self.at_head = self.at_head and not self.due, False
+        return head
+
     def wait(self, timeout: float) -> bool:
         if self.until is not None:
             timeout = max(0.0, min(timeout, self.until - time.monotonic()))
@@ -491,6 +497,7 @@ class ZookeeperBackend(Store, FairQueue, SharedHolds, OnceRecords, Wakeups, Queu
 
     @staticmethod
     def _children(zk: KazooClient, kpath: str) -> list[str]:
+        """The children of ``kpath`` ([] if it does not exist)."""
         try:
             names: list[str] = zk.get_children(kpath)
         except NoNodeError:
@@ -629,11 +636,7 @@ class ZookeeperBackend(Store, FairQueue, SharedHolds, OnceRecords, Wakeups, Queu
         if node is not None:
             return node
         kpath = self._kpath(key)
-        try:
-            names = zk.get_children(kpath)
-        except NoNodeError:
-            return None
-        for name in names:
+        for name in self._children(zk, kpath):
             if name == RECORD:
                 continue
             with contextlib.suppress(NoNodeError):
@@ -776,10 +779,7 @@ class ZookeeperBackend(Store, FairQueue, SharedHolds, OnceRecords, Wakeups, Queu
 
     def list(self, prefix: str) -> list[LockInfo]:
         def go(zk: KazooClient) -> list[LockInfo]:
-            try:
-                names = zk.get_children(self.keys)
-            except NoNodeError:
-                return []
+            names = self._children(zk, self.keys)
             keys = sorted(k for k in map(unquote, names) if k.startswith(prefix))
             return [info for k in keys for info in self._infos(zk, k)]
 
@@ -847,10 +847,7 @@ class ZookeeperBackend(Store, FairQueue, SharedHolds, OnceRecords, Wakeups, Queu
             # else the latest mtime seen, which is earlier (nobody looks expired too soon)
             now = self._now(zk) if sub is not None and sub.due else int(entry.stat.mtime)
             nearest = entry.kind in EXCLUSIVE
-            head = sub is not None and sub.at_head and not sub.due
-            if sub is not None:
-                sub.at_head = False
-            if head:
+            if sub is not None and sub.took_head():
                 look = Look(now)  # its only blocker went: nothing is below it
             else:
                 look = self._look(

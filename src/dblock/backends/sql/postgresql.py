@@ -112,7 +112,6 @@ class PostgresStatements(HolderStatements):
         # committed lease (see session_grant) and steps back.
         plain = (f"{schema}." if schema else "") + table
         self.advisory_key = _advisory_key(plain, "%(key)s::text")
-        self._plain = plain
         no_session = f"pg_try_advisory_xact_lock({self.advisory_key})"
 
         # -- fenced grants (FencedGrants, for a quorum: docs/quorum.md). The table's sequence
@@ -322,7 +321,7 @@ class PostgresStatements(HolderStatements):
             "AND NOT a.attisdropped WHERE n.oid IS NOT NULL"
         )
         self.table_names = {"t": t, "s": seq, "h": holders}
-        self._session_statements(t)
+        self._session_statements(t, plain)
         digest = hashlib.sha1(t.encode(), usedforsecurity=False).digest()
         self.ddl_lock_id = int.from_bytes(digest[:8], "big", signed=True)
 
@@ -435,9 +434,10 @@ class PostgresStatements(HolderStatements):
     def earlier(self, name: str) -> str:
         return f"{NOW} - make_interval(secs => %({name})s)"
 
-    def _session_statements(self, t: str) -> None:
+    def _session_statements(self, t: str, plain: str) -> None:
         """Session holds (ttl=None): the server's advisory lock on ``advisory_key``, held by a
-        connection set aside for it; see backends/pg_session.py."""
+        connection set aside for it; see backends/pg_session.py. ``plain``: the table's name
+        as ``advisory_key`` hashes it."""
         k = self.advisory_key
         this_db = "(SELECT oid FROM pg_database WHERE datname = current_database())"
         # lt (ms, 0: forever) key -> waits in the server's queue; lock_timeout is read when the
@@ -469,7 +469,7 @@ class PostgresStatements(HolderStatements):
         # time per grant, measured). Its clock is clock_timestamp(): the statement started
         # before the wait. No row: a try that did not get the lock.
         at = "to_hex(floor(extract(epoch from clock_timestamp()) * 1000)::bigint)"
-        hashed = _advisory_key(self._plain, "k")
+        hashed = _advisory_key(plain, "k")
         self.session_function = (
             "CREATE OR REPLACE FUNCTION pg_temp.dblock_session_take(k text, o text, lt text, "
             "wait boolean)\nRETURNS TABLE (tok bigint, busy boolean, app text, pid integer)\n"
