@@ -141,6 +141,62 @@ class DblockStatementsByHand:
         self.client.close()
 
 
+class DblockSessionByHand:
+    """dblock's session grant and release statements (``ttl=None``), sent by hand on a session
+    connection that dblock set up, waiting in the server's queue as dblock does: the server's
+    share of a session hold (the token, the look for a live lease, the holder's name), without
+    dblock's Python. The ceiling of any session lock that keeps those guarantees."""
+
+    def __init__(self, backend_name: str, t: Targets, key: str) -> None:
+        import dblock
+
+        self.client = dblock.connect(t.url(backend_name), table=t.table)
+        # one hold through dblock first: the key's row exists, so every grant is one statement
+        lock = self.client.lock(key, ttl=None)
+        lock.acquire()
+        lock.release()
+        backend: Any = self.client._store
+        self.sessions = backend._sessions
+        self.sql = backend.sql
+        self.conn = self.sessions._open()
+        self.mysql = backend_name == "mysql"
+        owner = f"by-hand:{uuid.uuid4().hex}"
+        if self.mysql:
+            name = self.sessions.name(key)
+            self.params: dict[str, Any] = {"key": key, "owner": owner, "sname": name, "s": 3600}
+        else:
+            self.params = {"key": key, "owner": owner, "lt": "0"}
+
+    def acquire(self) -> None:
+        if self.mysql:
+            from dblock.backends.mysql_session import _granted
+
+            code = _granted(self.conn, self.sql.session_grant, self.params, 1)
+        else:
+            row = self.conn.execute(self.sql.session_lock_one, self.params).fetchone()
+            code = None if row is None or row[1] else row[0]
+        if code is None:
+            raise RuntimeError("the session grant granted nothing (a lease holds the key?)")
+
+    def release(self) -> None:
+        if self.mysql:
+            with self.conn.cursor() as cur:
+                cur.execute(self.sql.session_release, self.params)
+        else:
+            self.conn.execute(self.sql.session_release, self.params).fetchone()
+
+    def close(self) -> None:
+        self.sessions._close(self.conn)
+        self.client.close()
+
+
+def _session_by_hand(backend: str) -> Factory:
+    def make(t: Targets, key: str) -> LockAdapter:
+        return DblockSessionByHand(backend, t, key)
+
+    return make
+
+
 def _dblock_for(backend: str, ttl: float | None = 60.0) -> Factory:
     def make(t: Targets, key: str) -> LockAdapter:
         return DblockAdapter(t.url(backend), t.table, key, ttl)
@@ -532,6 +588,50 @@ class SherlockAdapter:
         self.r.close()
 
 
+class RedisTicketFloor:
+    """The fastest fair lock Redis allows, as a floor: a ticket lock with no lease, token or
+    crash safety. Acquire draws a ticket (one script) and, unless it is already being served,
+    blocks on its own list; release serves the next ticket and pushes to its list (one script).
+    Every hand-off goes to the next process in line, as with dblock's queue."""
+
+    _TAKE = (
+        "local t = redis.call('INCR', KEYS[1])\n"
+        "local s = tonumber(redis.call('GET', KEYS[2]) or '1')\n"
+        "if t <= s then return 0 end\n"
+        "return t"
+    )
+    _SERVE = (
+        "local s = redis.call('INCR', KEYS[2])\n"
+        "if s <= tonumber(redis.call('GET', KEYS[1]) or '0') then\n"
+        "  redis.call('RPUSH', ARGV[1] .. s, '1')\n"
+        "end\n"
+        "return s"
+    )
+
+    def __init__(self, t: Targets, key: str) -> None:
+        self.r = _redis_client(t.redis)
+        base = f"bench:ticket:{{{key}}}:"
+        self.keys = (base + "issued", base + "serving")
+        self.turn = base + "turn:"
+        # every process of a run sets them up the same way; the first one's stay (the run's
+        # key is its own: nothing is left from an earlier run)
+        self.r.set(self.keys[0], 0, nx=True, ex=3600)
+        self.r.set(self.keys[1], 1, nx=True, ex=3600)
+        self.take = self.r.register_script(self._TAKE)
+        self.serve = self.r.register_script(self._SERVE)
+
+    def acquire(self) -> None:
+        ticket = int(self.take(keys=self.keys))
+        if ticket:
+            self.r.blpop([self.turn + str(ticket)])
+
+    def release(self) -> None:
+        self.serve(keys=self.keys, args=[self.turn])
+
+    def close(self) -> None:
+        self.r.close()
+
+
 class KazooLockAdapter:
     """kazoo's own Lock recipe: an ephemeral sequential node, each waiter watching its
     predecessor (what Curator's InterProcessMutex does)."""
@@ -615,6 +715,16 @@ def all_contenders() -> list[Contender]:
         Contender("postgresql", "pg_advisory_lock", "floor", PgAdvisory, note="raw, psycopg 3")
     )
     c.append(Contender("mysql", "GET_LOCK", "floor", MyGetLock, note="raw, PyMySQL"))
+    for b in ("postgresql", "mysql"):
+        c.append(
+            Contender(
+                b,
+                "floor: session SQL by hand",
+                "floor",
+                _session_by_hand(b),
+                note="dblock's session grant and release statements without its Python",
+            )
+        )
     c.append(
         Contender(
             "mysql",
@@ -647,6 +757,15 @@ def all_contenders() -> list[Contender]:
     c.append(Contender("redis", "sherlock", "peer", SherlockAdapter, note="polls every 0.1 s"))
     c.append(Contender("redis", "python-redis-lock", "peer", RedisLockAdapter, note="BLPOP"))
     c.append(Contender("redis", "redis-py Lock", "peer", RedisPyAdapter, note="polls every 0.1 s"))
+    c.append(
+        Contender(
+            "redis",
+            "floor: FIFO ticket lock",
+            "floor",
+            RedisTicketFloor,
+            note="no lease, token or crash safety: the ceiling of a fair Redis lock",
+        )
+    )
     c.append(Contender("zookeeper", "kazoo Lock", "peer", KazooLockAdapter, note="kazoo recipe"))
     c.append(Contender("zookeeper", "tooz", "peer", _tooz("zookeeper"), note="kazoo Lock inside"))
     c.append(Contender("etcd", "tooz", "peer", _tooz("etcd"), note="etcd3gw (HTTP gateway)"))

@@ -772,6 +772,13 @@ def evaluate_targets(res: dict[str, Any], contenders: list[Contender]) -> list[d
                     f"{v['throughput'] / best:.2f}×",
                     v["throughput"] / best >= need,
                 )
+                ceiling = b.get(f"{backend}/floor: FIFO ticket lock", {}).get("throughput")
+                if ceiling:  # what any lock that hands over in turn could reach here
+                    add(
+                        f"(b) {backend}: (the FIFO ticket floor: best peer × …)",
+                        f"{ceiling / best:.2f}×",
+                        None,
+                    )
         c = res.get("c", {})
         if me in c and c[me].get("repeats"):
             p50 = c[me]["p50_ms"]
@@ -874,6 +881,13 @@ def _session_targets(res: dict[str, Any]) -> list[dict[str, Any]]:
                     f"{rate / floor:.2f}×",
                     rate / floor >= 0.8,
                 )
+                by_hand = b.get(f"{backend}/floor: session SQL by hand", {}).get("throughput")
+                if by_hand:  # the server's share of a session hold, without dblock's Python
+                    add(
+                        f"(b) {backend} session: (its SQL by hand: raw {raw} × …)",
+                        f"{by_hand / floor:.2f}×",
+                        None,
+                    )
     return out
 
 

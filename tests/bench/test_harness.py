@@ -147,13 +147,19 @@ def test_check_exclusion_on_synthetic_records() -> None:
     assert percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.0
 
 
-def test_threads_scenario_stays_within_the_pool(tmp_path: Path) -> None:
+def _on_sqlite(tmp_path: Path, scenario: str) -> tuple[dict, str]:
+    """Run ``scenario`` for dblock on SQLite: its results, and the markdown report."""
     code, report, md = _main(
-        tmp_path, *TINY, "--backends", "sqlite", "--scenarios", "f", "--contenders", "dblock"
+        tmp_path, *TINY, "--backends", "sqlite", "--scenarios", scenario, "--contenders", "dblock"
     )
     assert code == 0
-    f = report["results"]["f"]["sqlite"]
-    assert "error" not in f, f
+    res = report["results"][scenario]["sqlite"]
+    assert "error" not in res, res
+    return res, md
+
+
+def test_threads_scenario_stays_within_the_pool(tmp_path: Path) -> None:
+    f, md = _on_sqlite(tmp_path, "f")
     for threads in (8, 32):
         for pool in (10, 32):
             cell = f[f"{threads}/{pool}"]
@@ -179,3 +185,51 @@ def test_async_scenario_puts_tasks_and_processes_side_by_side(tmp_path: Path) ->
         assert v["statements_per_section"] >= 2
     assert "(async) 20 asyncio tasks on one async client vs 3 blocking processes" in md
     assert "| sqlite | tasks / processes |" in md
+
+
+@pytest.mark.parametrize(
+    ("backend", "floor"),
+    [
+        ("redis", "floor: FIFO ticket lock"),
+        ("postgresql", "floor: session SQL by hand"),
+        ("mysql", "floor: session SQL by hand"),
+    ],
+)
+def test_the_fair_floors_lock_and_hand_over_in_turn(
+    backend: str, floor: str, tmp_path: Path
+) -> None:
+    """The floors that bound the open targets are locks: no lost update across processes, and
+    every process gets its turns (a floor that let one process run alone would flatter)."""
+    from tests._servers import REDIS_URL, require_server, server_url
+
+    url = REDIS_URL if backend == "redis" else server_url(backend, str(tmp_path))
+    require_server(backend, url)
+    flag = {"redis": "--redis-url", "postgresql": "--pg-url", "mysql": "--mysql-url"}[backend]
+    code, report, _ = _main(
+        tmp_path,
+        *TINY,
+        flag,
+        url,
+        "--backends",
+        backend,
+        "--scenarios",
+        "b",
+        "--contenders",
+        floor,
+        "--workers",
+        "3",
+    )
+    assert code == 0
+    b = report["results"]["b"][f"{backend}/{floor}"]
+    assert b["exclusive"], b
+    per_worker = b["repeats"][0]["per_worker"]
+    assert sum(per_worker) == b["repeats"][0]["sections"] > 0
+    assert min(per_worker) > 0 and b["fairness"] >= 0.5, per_worker
+
+
+def test_obs_scenario_reports_every_side_and_the_sdk_alone(tmp_path: Path) -> None:
+    v, md = _on_sqlite(tmp_path, "obs")
+    for side in ("off", "metrics", "api", "sampled", "on", "span"):
+        assert v[side]["pairs_per_s"] > 0, side
+    assert v["span_ratio"] > 0
+    assert "span/off" in md
