@@ -29,6 +29,24 @@ from ._contract import LossPush, QueueJoin, Subscription, Wakeups
 log = logging.getLogger("dblock")
 
 
+def parse(payload: str) -> tuple[bool, str, str, int | None] | None:
+    """A message (see the module) as (a force-release notice, owner, key, the token of a
+    hand-over), or None if it is not one."""
+    if payload.startswith("!"):
+        owner, _, key = payload[1:].partition(" ")
+        return True, owner, key, None
+    granted = None
+    if payload.startswith("="):
+        token, _, payload = payload[1:].partition(" ")
+        if not token.isdigit():
+            return None
+        granted = int(token)
+    owner, _, key = payload.partition(" ")
+    if granted is not None and not owner:
+        return None
+    return False, owner, key, granted
+
+
 class PushedSubscription(Subscription):
     """A waiter's registration with its client's listener."""
 
@@ -124,8 +142,11 @@ class Listener(ABC):
 
     def _heard(self, payload: str) -> None:
         """One message (see the module)."""
-        if payload.startswith("!"):
-            owner, _, key = payload[1:].partition(" ")
+        message = parse(payload)
+        if message is None:
+            return
+        lost, owner, key, granted = message
+        if lost:
             with self._lock:
                 heard = self._watches.get((key, owner))  # ends when the hold does
             if heard is not None:
@@ -133,15 +154,6 @@ class Listener(ABC):
                     heard()
                 except Exception:  # a watcher's failure must not stop the wake-ups
                     log.exception("dblock loss watch of %r failed", key)
-            return
-        granted = None
-        if payload.startswith("="):
-            token, _, payload = payload[1:].partition(" ")
-            if not token.isdigit():
-                return
-            granted = int(token)
-        owner, _, key = payload.partition(" ")
-        if granted is not None and not owner:
             return
         self._wake(key, owner, granted)
 

@@ -12,10 +12,11 @@ microseconds, so they keep increasing across a restart of a Redis that keeps not
 (see redis_scripts for what breaks it). What such a restart does lose is every hold: its
 holders learn of it at their next renewal (``on_lost``).
 
-Releases hand the lock to the head of the key's wait queue and PUBLISH it to the waiter's
-client, whose listener (one pub/sub connection per client, :mod:`._listener`) wakes it; other
-releases PUBLISH on the table's channel. A waiter whose listener lost its connection is woken
-to look again, and polls until the listener is back.
+Releases hand the lock to the head of the key's wait queue and PUBLISH it on the channel its
+queue entry names: a waiting thread's own pub/sub connection (:mod:`._redis_waiter`), or its
+client's listener (one pub/sub connection per client, :mod:`._listener`), which wakes it; other
+releases PUBLISH on the table's channel. A waiter whose connection was lost is woken to look
+again, and polls until one is back.
 
 Connections: a pool of ``max_connections`` (one statement each at a time), the retry policy
 and deadlines of :class:`~dblock.backends.sql.base.SqlBackend`. The async client runs each
@@ -51,8 +52,10 @@ from ._contract import (
     FencedGrants,
     OnceRecords,
     SharedHolds,
+    Subscription,
 )
 from ._listener import Listener, PushedWakeups
+from ._redis_waiter import OwnChannels, OwnSubscription
 from .redis_scripts import SCRIPTS
 from .sql.base import MAINTENANCE_DEADLINE, STATEMENT_DEADLINE, Failure, SqlBackend
 from .sql.schema import MissingTable
@@ -135,6 +138,10 @@ class RedisBackend(
         self.prefix = f"dblock:{{{self.table}}}:"
         self.channel = self.prefix + "released"
         self._meta = self.prefix + "meta"
+        #: the blocking client's waiting threads' own pub/sub connections (_redis_waiter)
+        self._own: OwnChannels | None = None
+        #: owner -> the channel its queue entry names, while it waits on its own connection
+        self._waiting_on: dict[str, str] = {}
 
     @staticmethod
     def _parse(url: DatabaseURL, tls: bool) -> dict[str, Any]:
@@ -205,8 +212,38 @@ class RedisBackend(
         return client
 
     def _pubsub(self) -> Any:
-        """A pub/sub connection of its own, for the listener."""
+        """A pub/sub connection of its own, for the listener or a waiting thread."""
         return redis.Redis(**self._options).pubsub()  # type: ignore[no-untyped-call]
+
+    # -- waiters that hear their own messages (_redis_waiter) ---------------------------------
+    def subscribe(self, key: str, owner: str, queue: str | None = None) -> Subscription:
+        listener = self._listening()  # holders' loss notices, and the async client's waiters
+        if self.rt is not THREADS:
+            return listener.subscribe(key, owner)
+        with self._listener_lock:
+            if self._own is None:
+                self._own = OwnChannels(self._pubsub, self.channel, listener.channel + ":w")
+            channels = self._own
+        own = channels.mine()
+        if own is None:
+            return listener.subscribe(key, owner)
+        self._waiting_on[owner] = own.name
+
+        def done() -> None:
+            self._waiting_on.pop(owner, None)
+
+        return OwnSubscription(channels, own, key, owner, done)
+
+    def _channel_of(self, owner: str) -> str:
+        """The channel ``owner``'s queue entry names: its own connection's, or the listener's."""
+        return self._waiting_on.get(owner) or self._own_channel("") or ""
+
+    def close(self) -> None:
+        with self._listener_lock:
+            channels, self._own = self._own, None
+        if channels is not None:
+            channels.close()
+        super().close()
 
     def _close_connection(self, conn: Any) -> None:
         with contextlib.suppress(redis.RedisError, OSError):
@@ -351,7 +388,7 @@ class RedisBackend(
     ) -> None:
         lease_us = "-" if lease is None else _us(lease)
         self._call(
-            "queueing", "enqueue", key, owner, kind, _us(ttl), lease_us, self._own_channel("")
+            "queueing", "enqueue", key, owner, kind, _us(ttl), lease_us, self._channel_of(owner)
         )
 
     def requeue(self, key: str, owner: str, kind: str, ttl: float) -> bool:
@@ -369,7 +406,7 @@ class RedisBackend(
             owner,
             _us(ttl),
             _us(queue_ttl),
-            self._own_channel(""),
+            self._channel_of(owner),
         )
         return self._token(reply)
 
