@@ -25,6 +25,7 @@ from typing import Any
 import redis
 
 from .. import _forksafe
+from .._runtime import Runtime
 from ._contract import Subscription
 from ._listener import parse
 
@@ -57,7 +58,11 @@ class _Keeper:
 class OwnChannels:
     """A client's ``OwnChannel`` per waiting thread."""
 
-    def __init__(self, connect: Callable[[], Any], table_channel: str, base: str) -> None:
+    def __init__(
+        self, rt: Runtime, connect: Callable[[], Any], table_channel: str, base: str
+    ) -> None:
+        #: the blocking client's runtime (only its waiters have connections of their own)
+        self.rt = rt
         self._connect = connect
         self._table_channel = table_channel
         self._base = base
@@ -87,8 +92,10 @@ class OwnChannels:
         try:
             while own.pubsub.get_message(timeout=0) is not None:
                 pass  # messages of an earlier wait: they name owners that are gone
-        except _FAILED:
+        except BaseException as exc:  # an interrupt too: a reply may be left half read
             self.drop(own)
+            if not isinstance(exc, _FAILED):
+                raise
             return None
         return own
 
@@ -100,22 +107,23 @@ class OwnChannels:
                 return None
             self._opening += 1  # its place is taken while it connects
             name = f"{self._base}:{next(self._serial)}"
-        pubsub = None
+        pubsub, own, kept = None, None, False
         try:
             pubsub = self._connect()
-            subscribed = self._subscribed(pubsub, name)
+            if self._subscribed(pubsub, name):
+                own = OwnChannel(pubsub, name)
         except _FAILED:
-            subscribed = False
-        own = OwnChannel(pubsub, name) if subscribed else None
-        with self._lock:
-            self._opening -= 1
-            if own is not None and not self._closed:
-                self._all.append(own)
-                return own
-        if pubsub is not None:
-            with contextlib.suppress(*_FAILED):
-                pubsub.close()
-        return None
+            pass
+        finally:  # an interrupt too: the place is given back, the connection closed
+            with self._lock:
+                self._opening -= 1
+                if own is not None and not self._closed:
+                    self._all.append(own)
+                    kept = True
+            if pubsub is not None and not kept:
+                with contextlib.suppress(*_FAILED):
+                    pubsub.close()
+        return own if kept else None
 
     def _subscribed(self, pubsub: Any, name: str) -> bool:
         """Subscribe to the table's channel and ``name``: True once the server confirmed both
@@ -168,7 +176,7 @@ class OwnSubscription(Subscription):
         waiter (a hand-over sets ``granted``), or when the connection failed (look again:
         a message may be lost; the rest of this acquire polls, as with no listener)."""
         if not self.live:
-            time.sleep(timeout)
+            self._channels.rt.sleep(timeout)
             return False
         deadline = time.monotonic() + timeout
         while True:

@@ -222,7 +222,9 @@ class RedisBackend(
             return listener.subscribe(key, owner)
         with self._listener_lock:
             if self._own is None:
-                self._own = OwnChannels(self._pubsub, self.channel, listener.channel + ":w")
+                self._own = OwnChannels(
+                    self.rt, self._pubsub, self.channel, listener.channel + ":w"
+                )
             channels = self._own
         own = channels.mine()
         if own is None:
