@@ -77,17 +77,13 @@ def _pairs(t: Targets, backend: str, table: str, duration: float) -> dict[str, A
             pairs = 0
             c0, w0 = time.process_time(), time.perf_counter()
             stop = w0 + SLICE
-            if side == "span" and tracer is not None:
-                while time.perf_counter() < stop:
-                    lock.acquire()
-                    lock.release()
+            spans = side == "span" and tracer is not None
+            while time.perf_counter() < stop:
+                lock.acquire()
+                lock.release()
+                if spans:
                     _span(tracer, backend)
-                    pairs += 1
-            else:
-                while time.perf_counter() < stop:
-                    lock.acquire()
-                    lock.release()
-                    pairs += 1
+                pairs += 1
             wall, cpu = time.perf_counter() - w0, time.process_time() - c0
             for observer in observers:
                 observability.remove_observer(observer)
