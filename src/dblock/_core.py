@@ -3,7 +3,7 @@ re-entrant holds. Locks, patterns and the CLI reach the client only through this
 
 from __future__ import annotations
 
-import secrets
+import random
 import socket
 from typing import TypeVar
 
@@ -45,7 +45,10 @@ class Core:
         return self.rt.owner_serial()
 
     def new_owner(self) -> str:
-        return f"{self.identity()}:{secrets.token_hex(8)}"
+        # 64 random bits tell holds apart; they are no secret (list() shows owners), so the
+        # random module's generator serves (reseeded in a forked child) without the system
+        # call per acquire that secrets makes
+        return f"{self.identity()}:{random.getrandbits(64):016x}"
 
     # -- re-entrant holds, by key and thread ----------------------------------------------
     def reentrant_hold(self, key: str, tid: int) -> Hold | None:

@@ -282,9 +282,13 @@ class MysqlBackend(
     def _session_connection(self, init_command: str) -> Any:
         """A connection for a session hold or waiter: ``init_command`` instead of the pool's,
         and reads without a timeout (a GET_LOCK waits as long as its caller allows; the
-        sockets' keepalives and the watchdog bound a dead peer)."""
+        sockets' keepalives and the watchdog bound a dead peer). Writes have none either:
+        a statement is a few hundred bytes, and a read and a write timeout that differ cost
+        PyMySQL two more system calls per statement, switching the socket between them."""
         conn = self._new_connection({**self._kwargs, "init_command": init_command})
         setattr(conn, "_read_timeout", None)  # noqa: B010 - PyMySQL's, and GreenConnection's
+        if self._green is None:
+            conn._write_timeout = None
         return conn
 
     def _socket_of(self, conn: Any) -> Any:

@@ -106,16 +106,21 @@ class MysqlSessions(SessionConnections):
             self.store._interrupted(conn)
         self._close(conn)
 
-    def _first_row(self, conn: Any, sql: str, params: dict[str, Any] | None) -> Any:
-        return _first_row(conn, sql, params)
+    def _answer(self, conn: Any, sql: str, params: dict[str, Any] | None) -> Any:
+        """The number of rows the statement matched: a hold's checks and release are
+        ``SELECT ... INTO``, whose answer is an OK packet (a result set costs PyMySQL three
+        more packets to parse, on the path from one holder to the next)."""
+        with conn.cursor() as cur:
+            cur.execute(sql, params)
+            return cur.rowcount
 
     def _alive(self, conn: Any, key: str, seen: Any) -> bool | None:
-        row = self._on_hold(conn, self.store.sql.session_alive, {"sname": self.name(key)})
-        return None if row is None else row[0] == 1
+        matched = self._on_hold(conn, self.store.sql.session_alive, {"sname": self.name(key)})
+        return None if matched is None else matched == 1
 
     def _release(self, conn: Any, key: str) -> bool | None:
-        row = self._on_hold(conn, self.store.sql.session_release, {"sname": self.name(key)})
-        return None if row is None else row[0] == 1
+        matched = self._on_hold(conn, self.store.sql.session_release, {"sname": self.name(key)})
+        return None if matched is None else matched == 1
 
     # -- granting -------------------------------------------------------------------------
     def _grant(self, conn: Any, key: str, owner: str, timeout: float) -> tuple[int, None] | None:

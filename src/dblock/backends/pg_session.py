@@ -84,9 +84,10 @@ class PgSessions(SessionConnections):
     def _timed_out(self, exc: Exception) -> bool:
         return isinstance(exc, psycopg.errors.LockNotAvailable)  # lock_timeout
 
-    def _first_row(
+    def _answer(
         self, conn: psycopg.Connection[Any], sql: str, params: dict[str, Any] | None
     ) -> Any:
+        """The first row."""
         return conn.execute(sql, params).fetchone()
 
     # -- the capability -------------------------------------------------------------------

@@ -576,10 +576,16 @@ class ZookeeperBackend(Store, FairQueue, SharedHolds, OnceRecords, Wakeups, Queu
         )
         listed = zk.get_children_async(kpath)
         path, stat = created.get()
-        try:
-            names: Sequence[str] | None = listed.get()
-        except NoNodeError:  # the key node was made by this create, after the read
-            names = None
+        # read without raising: a raised error would keep, in its traceback, the frames of
+        # this call and its callers (a lock's hold among their locals) in a cycle with the
+        # result that keeps it, which only the cycle collector frees, and a key node made by
+        # this create (after the read) is the common case
+        listed.wait()
+        names: Sequence[str] | None = None
+        if listed.successful():
+            names = listed.value
+        elif not isinstance(listed.exception, NoNodeError):
+            listed.get()  # raises it
         if names is not None and path.rsplit("/", 1)[1] not in names:
             names = None  # not read behind the create (never expected): read again
         return Node(path, data, stat, key, sent), names

@@ -50,8 +50,9 @@ class SessionConnections:
         live lease holds the key (the lock given back)."""
         raise NotImplementedError
 
-    def _first_row(self, conn: Any, sql: str, params: dict[str, Any] | None) -> Any:
-        """Run ``sql`` on ``conn``: the first row of its first result."""
+    def _answer(self, conn: Any, sql: str, params: dict[str, Any] | None) -> Any:
+        """Run ``sql`` on ``conn``: what it answers (the store says what: the first row of its
+        first result, or the number of rows it matched)."""
         raise NotImplementedError
 
     def _alive(self, conn: Any, key: str, seen: Any) -> bool | None:
@@ -174,13 +175,13 @@ class SessionConnections:
         return released
 
     def _on_hold(self, conn: Any, sql: str, params: dict[str, Any] | None = None) -> Any:
-        """Run ``sql`` on a hold's connection within ``CHECK_DEADLINE``: its first row; None,
+        """Run ``sql`` on a hold's connection within ``CHECK_DEADLINE``: its answer; None,
         the connection closed (which frees the server's lock if it still had it), if it
         failed or overran."""
         watchdog = self._watchdog
         ident, watch = watchdog.watch(CHECK_DEADLINE, partial(self.store._abort, conn))
         try:
-            row = self._first_row(conn, sql, params)
+            row = self._answer(conn, sql, params)
         except BaseException as exc:
             watchdog.done(ident)
             # nothing of this statement can grant anything later: just close (ending the
