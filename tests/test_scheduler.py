@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 
+from dblock._engine import Hold, Spec
 from dblock._renewer import Scheduler
+from dblock._session_checks import SessionChecks
 
 
 def test_a_job_due_before_the_one_the_thread_sleeps_for_still_runs_on_time() -> None:
@@ -32,5 +35,51 @@ def test_jobs_run_in_the_order_of_their_times_and_cancelled_ones_not_at_all() ->
         scheduler.at(now + 0.2, lambda: order.append("b"))
         assert done.wait(10)
         assert order == ["a", "b", "c"]
+    finally:
+        scheduler.stop()
+
+
+# -- the checks of session holds: one job for all of a client's holds ----------------------------
+def _session_hold(key: str) -> Hold:
+    return Hold(Spec(key, math.inf, "session"), f"owner-{key}", 1, math.inf, time.monotonic())
+
+
+def test_session_holds_are_checked_when_due_until_discarded_and_a_failing_check_stops_none() -> (
+    None
+):
+    scheduler = Scheduler("test-scheduler")
+    checks = SessionChecks(scheduler)
+    seen: list[str] = []
+    twice = threading.Event()
+
+    def check(hold: Hold) -> None:
+        seen.append(hold.key)
+        if hold.key == "bad":
+            raise RuntimeError("a check that fails")
+        hold.due = time.monotonic() + 0.1
+        if seen.count("a") >= 2:
+            twice.set()
+
+    try:
+        a, bad, gone = _session_hold("a"), _session_hold("bad"), _session_hold("gone")
+        for hold in (a, bad, gone):
+            hold.due = time.monotonic()
+            checks.add(hold, check)
+        checks.discard(gone)
+        assert twice.wait(10), "a hold due again was not checked again"
+        assert "gone" not in seen
+        assert seen.count("bad") == 1  # it failed: no more checks of it, "a" still checked
+        checks.discard(a)
+        checks.discard(bad)
+        time.sleep(1.2)  # the job sees no hold left and stops
+        assert not checks._armed
+        count = len(seen)
+        later = _session_hold("later")
+        later.due = time.monotonic()
+        checks.add(later, check)
+        deadline = time.monotonic() + 10
+        while "later" not in seen and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert "later" in seen[count:], "a hold added after the job stopped was not checked"
     finally:
         scheduler.stop()

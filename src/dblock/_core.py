@@ -11,6 +11,7 @@ from . import _forksafe
 from ._drive import run
 from ._engine import Hold, Steps, Traits
 from ._runtime import THREADS, Runtime
+from ._session_checks import SessionChecks
 from .backends._contract import Store
 
 T = TypeVar("T")
@@ -27,6 +28,8 @@ class Core:
         #: what the store declares, read once
         self.traits = Traits.of(store)
         self.scheduler = runtime.jobs(f"dblock-renewer[{store.table}]")
+        #: the checks of session holds' connections, run by the scheduler
+        self.checks = SessionChecks(self.scheduler)
         self._reentrant: dict[tuple[str, int], Hold] = {}
         self._registry_lock = _forksafe.lock()
 

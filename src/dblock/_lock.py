@@ -269,6 +269,8 @@ class Lock:
             self._pop(tid)
             return
         with hold.mutex:
+            if self._session and hold.count == 1:  # no more checks (the engine stops renewals)
+                self._core.checks.discard(hold)
             released = self._core.run(_engine.release(hold))
             if released.final:
                 _observe.released(self, hold, released.lost)
@@ -329,8 +331,27 @@ class Lock:
 
     def _schedule_locked(self, hold: Hold) -> None:
         when = hold.next_check(self._auto_renew, self._on_lost is not None)
-        if when is not None:
+        if when is None:
+            return
+        if self._session:
+            hold.due = when
+            self._core.checks.add(hold, self._check_session)
+        else:
             hold.job = self._core.scheduler.at(when, lambda: self._tick(hold))
+
+    def _check_session(self, hold: Hold) -> None:
+        """Runs on the client's background job: does the session hold's connection still
+        hold the server's lock?"""
+        with hold.mutex:
+            checked = self._core.run(
+                _engine.check(hold, self._auto_renew, self._on_lost is not None)
+            )
+            if checked.again is None:
+                self._core.checks.discard(hold)
+            else:
+                hold.due = checked.again
+        if checked.lost_now:
+            self._report_lost(hold)
 
     def _tick(self, hold: Hold) -> None:
         """Runs on the client's background thread: renew, or notice the lease is gone."""

@@ -27,6 +27,26 @@ class Cancellable(Protocol):
 class Hold:
     """One acquisition in the store, shared by the re-entrant acquisitions of its owner."""
 
+    __slots__ = (
+        "count",
+        "due",
+        "expires_by",
+        "granted_at",
+        "handle",
+        "job",
+        "key",
+        "lease",
+        "loss_reported",
+        "lost",
+        "mutex",
+        "owner",
+        "pid",
+        "spec",
+        "token",
+        "ttl",
+        "unwatch",
+    )
+
     def __init__(
         self,
         spec: Spec,
@@ -56,6 +76,8 @@ class Hold:
         #: async client puts one of its runtime's in its place
         self.mutex: AbstractContextManager[Any] = _forksafe.lock()
         self.job: Cancellable | None = None
+        #: a session hold: when its connection is next checked (monotonic; see next_check)
+        self.due = math.inf
         #: stops the pushed loss notice (stores that push a force-release to its holder)
         self.unwatch: Callable[[], None] | None = None
         #: the client-side object that took it (re-entry by another object of the same key

@@ -23,10 +23,10 @@ def acquire_session(
     spec: Spec, owner: str, cap: float, *, blocking: bool, timeout: float | None
 ) -> Steps[Hold | None]:
     """Take ``spec.key``'s server lock, waiting up to ``timeout`` s (None: forever)."""
-    deadline = math.inf if timeout is None else time.monotonic() + timeout
-    backoff = Backoff(FIRST_BACKOFF, cap)
+    sent = time.monotonic()
+    deadline = math.inf if timeout is None else sent + timeout
+    backoff = None  # made when first needed: most grants are had at the first ask
     while True:
-        sent = time.monotonic()
         wait = 0.0 if not blocking else max(0.0, deadline - sent)
         token = yield Call("acquire_session", (spec.key, owner, wait))
         if token is not None:
@@ -34,4 +34,6 @@ def acquire_session(
         remaining = deadline - time.monotonic()
         if wait == 0 or remaining <= 0:
             return None
+        backoff = backoff or Backoff(FIRST_BACKOFF, cap)
         yield Sleep(min(backoff.next(), remaining))
+        sent = time.monotonic()

@@ -7,21 +7,23 @@ for the hold.
 - Waiting is the server's queue: a blocking ``GET_LOCK`` with the caller's timeout, on the
   waiter's own connection. A release hands the lock to the waiter that asked first, with no
   wake-up message.
-- Grant and token are one round trip: ``GET_LOCK``, then one ``INSERT ... SELECT`` whose
-  locking read of the key's row waits for a lease being taken or released and reads what it
-  committed; if the row is free it writes a MEMORY row naming the holder (info, list) with the
-  token, ``GREATEST(NEXTVAL(<table>_token_seq), row token + 1)``, which comes back as the
-  insert id. The sequence is the one every lease token also exceeds (sql/mysql.py), so the
-  tokens of a key increase whatever the mix of kinds. Nothing granted: one more statement says
-  why (a live lease: the lock is given back, the engine waits). No commit waits for the disk,
-  but one per cache of the sequence, which is not durable by itself (see _make_durable).
+- Grant and token are one round trip: ``GET_LOCK``, then one ``INSERT ... SELECT`` (prepared
+  once per connection) whose locking read of the key's row waits for a lease being taken or
+  released and reads what it committed; if the row is free it writes a MEMORY row naming the
+  holder (info, list) with the token, ``GREATEST(NEXTVAL(<table>_token_seq), row token +
+  1)``, which comes back as the insert id. The sequence is the one every lease token also
+  exceeds (sql/mysql.py), so the tokens of a key increase whatever the mix of kinds. Nothing
+  granted: one more statement says why (a live lease: the lock is given back, the engine
+  waits). No commit waits for the disk, but one per cache of the sequence, which is not
+  durable by itself (see _make_durable).
 - A key without a row (never taken, or purged) first gets a free one: a lease can check for the
   session (``IS_USED_LOCK``) only before it inserts a new row, so the session grant makes the
   row, or waits for the insert in flight and then sees it; a later lease finds the row and
   checks with its lock held.
 - A release is ``RELEASE_LOCK`` alone: the MEMORY row stays, no longer a hold, until the key's
   next grant replaces it or purge deletes it (a grant that finds the table full deletes the
-  rows of holds that ended first).
+  rows of holds that ended first). Releases and checks answer by the rows they matched (an
+  OK packet, which PyMySQL reads faster than a result set).
 - Every connection of a hold or waiter is outside the pool (sql/sessions.py); idle ones are
   kept for the next hold. They set TCP keepalives (client side) and a ``wait_timeout`` of
   ``SERVER_IDLE`` s (the server closes a connection idle that long, freeing its lock: a holder's
@@ -40,7 +42,7 @@ from typing import Any
 import pymysql
 
 from .._errors import BackendError
-from .sql.mysql import session_lock_name
+from .sql.mysql import PREPARED_LOOK, session_lock_name
 from .sql.sessions import SessionConnections
 
 #: the server closes a session connection idle this long (``wait_timeout``), which frees its
@@ -95,6 +97,16 @@ class MysqlSessions(SessionConnections):
                 raise
             raise self.store._wrap(exc, f"cannot connect to {self.store.safe_url}", None) from exc
         _keepalive(self.store._socket_of(conn))
+        try:
+            with conn.cursor() as cur:  # the grant's look, parsed once (sql/mysql.py)
+                cur.execute(f"PREPARE {PREPARED_LOOK} FROM %s", (self.store.sql.session_look_text,))
+        except Exception as exc:
+            self._close(conn)
+            if self.store._classify(exc) is None:
+                raise
+            raise self.store._wrap(
+                exc, f"session setup failed on {self.store.safe_url}", None
+            ) from exc
         return conn
 
     def _drop(self, conn: Any, interrupted: bool) -> None:
@@ -132,7 +144,7 @@ class MysqlSessions(SessionConnections):
         store = self.store
         ident, _ = store._watchdog.watch(wait + _GRANT_SLACK, partial(store._abort, conn))
         try:
-            code = self._look(conn, sql.session_grant, params, 1)
+            code = self._look(conn, sql.session_grant_prepared, params, 1)
             status = 3 if code is not None else self._status(conn, key)
             if status == 1:
                 # no row for the key: one is made, and the look runs again, lock in hand

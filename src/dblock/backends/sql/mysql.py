@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import re
 
 from .._doorbell import gate_sql
 from .holders import HolderStatements
@@ -24,6 +25,8 @@ KEY_NOTE = f"MySQL 8: {NOPAD_MYSQL}; utf8mb4_bin pads ('a' = 'a ')"
 HANDED = 5
 #: the GET_LOCK name of a key's session holds: this prefix and a SHA-1 of scope and key
 SESSION_PREFIX = "dblock-s:"
+#: the name of the session grant's look, prepared on each session connection
+PREPARED_LOOK = "dblock_session_look"
 
 
 @functools.lru_cache(maxsize=1024)
@@ -540,6 +543,16 @@ class MysqlStatements(HolderStatements):
         self.session_grant = f"SELECT GET_LOCK(%(sname)s, %(s)s) INTO @dblock_s;\n{look}"
         # key owner sname -> the look again, the lock in hand
         self.session_look = look
+        # the look, prepared once per session connection (PREPARED_LOOK): the server then
+        # skips parsing it at every grant, about a tenth of the grant's cost there
+        order = re.findall(r"%\((\w+)\)s", look)
+        self.session_look_text = re.sub(r"%\((\w+)\)s", "?", look)
+        using = ", ".join(f"%({name})s" for name in order)
+        # sname s key owner -> as session_grant, on a connection that prepared the look
+        self.session_grant_prepared = (
+            "SELECT GET_LOCK(%(sname)s, %(s)s) INTO @dblock_s;\n"
+            f"EXECUTE {PREPARED_LOOK} USING {using}"
+        )
         # key owner sname -> the key had no row: a free one is made (which waits for a row
         # being inserted by a lease, and a lease that comes later finds it, and the session,
         # when it locks it), then the look again, with the lock still held. Its token is the
