@@ -155,9 +155,10 @@ class Lock:
         """
         if _observe.HUB.active():
             return _observe.acquire(self, self._acquire, blocking, timeout)
-        return self._acquire(blocking, timeout)
+        return self._acquire(blocking, timeout) is not None
 
-    def _acquire(self, blocking: bool, timeout: float | None) -> bool:
+    def _acquire(self, blocking: bool, timeout: float | None) -> Hold | None:
+        """The hold had (a re-entered one, or a new one), or None if not had in time."""
         if self._core.rt.loop_running():
             raise EventLoopError(
                 f"lock {self._key!r}: the blocking dblock API was called on a thread that is "
@@ -176,7 +177,7 @@ class Lock:
             handle = shared.handle if shared is not None else None
             if shared is not None and isinstance(handle, Lock) and handle._reenter(shared):
                 self._push(tid, shared)
-                return True
+                return shared
         if self._session:
             steps = _engine.acquire_session(
                 self._spec, core.new_owner(), core.store.poll_cap, blocking=blocking, timeout=wait
@@ -190,7 +191,7 @@ class Lock:
         except DeadlinePassed:  # the database file or the pool stayed busy: not had in time
             hold = None
         if hold is None:
-            return False
+            return None
         if core.rt is not _runtime.THREADS:
             hold.mutex = core.rt.mutex()
         hold.handle = self
@@ -199,7 +200,7 @@ class Lock:
             core.set_reentrant_hold(self._key, tid, hold)
         self._schedule(hold)
         self._watch(hold)
-        return True
+        return hold
 
     def _reenter(self, hold: Hold) -> bool:
         """Count one more acquisition of ``hold`` if the store confirms it is still ours; if it

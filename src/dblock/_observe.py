@@ -92,6 +92,10 @@ class _Hub:
 
     observers: tuple[Observer, ...] = ()
     hooks: dict[str, tuple[Callable[..., None], ...]] = dict.fromkeys(HOOKS, ())
+    #: the hooks called on every acquire and release, as attributes (read on the hot path)
+    acquiring: tuple[Callable[..., None], ...] = ()
+    acquired: tuple[Callable[..., None], ...] = ()
+    released: tuple[Callable[..., None], ...] = ()
 
     def active(self) -> bool:
         return bool(self.observers) or log.isEnabledFor(logging.DEBUG)
@@ -102,6 +106,9 @@ class _Hub:
             hook: tuple(m for o in observers if (m := getattr(o, hook, None)) is not None)
             for hook in HOOKS
         }
+        self.acquiring = self.hooks["acquiring"]
+        self.acquired = self.hooks["acquired"]
+        self.released = self.hooks["released"]
         self.observers = observers
 
 
@@ -120,14 +127,23 @@ def remove(observer: Observer) -> None:
 def _event(lock: Lock, hold: Hold | None = None, *, reentry: bool = False) -> LockEvent:
     spec = lock._spec
     name = lock._core.store.name
+    # tuple.__new__ directly: a NamedTuple's own __new__ is Python code, and this runs up to
+    # three times per acquire and release
     if hold is None:
-        return LockEvent(name, spec.key, spec.kind)
-    return LockEvent(name, spec.key, spec.kind, hold.owner, hold.token, reentry)
+        return _new(LockEvent, (name, spec.key, spec.kind, None, None, False))
+    return _new(LockEvent, (name, spec.key, spec.kind, hold.owner, hold.token, reentry))
+
+
+_new = tuple.__new__
 
 
 def _report(hook: str, *args: object) -> None:
     """Call ``hook`` on every observer; an observer's bug must not fail the lock."""
-    for method in HUB.hooks[hook]:
+    _call(HUB.hooks[hook], args)
+
+
+def _call(methods: tuple[Callable[..., None], ...], args: tuple[object, ...]) -> None:
+    for method in methods:
         try:
             method(*args)
         except Exception:
@@ -135,40 +151,41 @@ def _report(hook: str, *args: object) -> None:
 
 
 def acquire(
-    lock: Lock, acquire: Callable[[bool, float | None], bool], blocking: bool, timeout: float | None
+    lock: Lock,
+    acquire: Callable[[bool, float | None], Hold | None],
+    blocking: bool,
+    timeout: float | None,
 ) -> bool:
-    """Run ``acquire`` and report it (the caller checked :meth:`_Hub.active`)."""
-    event = _event(lock)
-    _report("acquiring", event)
+    """Run ``acquire`` (the hold had, or None) and report it (the caller checked
+    :meth:`_Hub.active`)."""
+    if HUB.acquiring:  # the event is made only for an observer that takes it
+        _call(HUB.acquiring, (_event(lock),))
     started = time.monotonic()
     try:
-        ok = acquire(blocking, timeout)
+        hold = acquire(blocking, timeout)
     except BaseException as exc:
         # asyncio's CancelledError, KeyboardInterrupt: not the store's failure
         outcome: Outcome = "error" if isinstance(exc, (DBLockError, Exception)) else "cancelled"
-        _acquired(lock, event, outcome, time.monotonic() - started, exc)
+        _acquired(lock, None, outcome, time.monotonic() - started, exc)
         raise
-    if ok:
+    if hold is not None:
         outcome = "granted"
     else:
         no_wait = not blocking or timeout == 0 or (timeout is None and lock._timeout == 0)
         outcome = "busy" if no_wait else "timeout"
-    _acquired(lock, event, outcome, time.monotonic() - started, None)
-    return ok
+    _acquired(lock, hold, outcome, time.monotonic() - started, None)
+    return hold is not None
 
 
 def _acquired(
     lock: Lock,
-    event: LockEvent,
+    hold: Hold | None,
     outcome: Outcome,
     wait: float,
     error: BaseException | None,
 ) -> None:
-    if outcome == "granted":
-        hold = lock._current()
-        if hold is not None:
-            event = _event(lock, hold, reentry=hold.count > 1)
-    _report("acquired", event, outcome, wait, error)
+    event = _event(lock) if hold is None else _event(lock, hold, reentry=hold.count > 1)
+    _call(HUB.acquired, (event, outcome, wait, error))
     if outcome in ("granted", "error") and log.isEnabledFor(logging.DEBUG):
         if outcome == "granted":
             message = "granted lock %r (token %s) after %.3f s"
@@ -185,7 +202,7 @@ def released(lock: Lock, hold: Hold, lost: bool) -> None:
         return
     event = _event(lock, hold)
     held = time.monotonic() - hold.granted_at
-    _report("released", event, held, lost)
+    _call(HUB.released, (event, held, lost))
     if log.isEnabledFor(logging.DEBUG):
         message = "released lock %r (token %d) after %.3f s"
         log.debug(message, event.key, hold.token, held, extra=_fields(event, held=held))

@@ -27,6 +27,8 @@ _KEEP = 10_000
 _PROXY: Any = getattr(trace, "ProxyTracerProvider", None)
 #: providers with no SDK behind them: every span they start is a non-recording one
 _NO_SDK = tuple(t for t in (_PROXY, getattr(trace, "NoOpTracerProvider", None)) if t is not None)
+#: the API's global provider could not be read: ask get_tracer_provider() every time
+_UNKNOWN = object()
 
 
 class Tracing:
@@ -54,11 +56,23 @@ class Tracing:
             attributes["dblock.token"] = event.token
         return attributes
 
+    def _sdk(self) -> Any:
+        """The provider spans go to, or None if no SDK is behind the API (yet)."""
+        provider = self._provider
+        if provider is None:
+            # get_tracer_provider() looks up an environment variable on every call (a few
+            # Python calls deep), which showed in the acquire rate. While the API's global
+            # stays unset no SDK is behind it: a provider named by that variable was made
+            # when get_tracer() in __init__ asked for the global one
+            if getattr(trace, "_TRACER_PROVIDER", _UNKNOWN) is None:
+                return None
+            provider = trace.get_tracer_provider()
+        return None if isinstance(provider, _NO_SDK) else provider
+
     def acquired(
         self, event: LockEvent, outcome: Outcome, wait: float, error: BaseException | None
     ) -> None:
-        provider = self._provider or trace.get_tracer_provider()
-        if isinstance(provider, _NO_SDK):
+        if self._sdk() is None:
             return  # not even a span to start: the API's no-op one costs more than the check
         end = time.time_ns()
         span = self._tracer.start_span("dblock.acquire", start_time=end - int(wait * 1e9))
