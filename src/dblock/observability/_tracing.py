@@ -56,8 +56,9 @@ class Tracing:
             attributes["dblock.token"] = event.token
         return attributes
 
-    def _sdk(self) -> Any:
-        """The provider spans go to, or None if no SDK is behind the API (yet)."""
+    def acquired(
+        self, event: LockEvent, outcome: Outcome, wait: float, error: BaseException | None
+    ) -> None:
         provider = self._provider
         if provider is None:
             # get_tracer_provider() looks up an environment variable on every call (a few
@@ -65,14 +66,9 @@ class Tracing:
             # stays unset no SDK is behind it: a provider named by that variable was made
             # when get_tracer() in __init__ asked for the global one
             if getattr(trace, "_TRACER_PROVIDER", _UNKNOWN) is None:
-                return None
+                return
             provider = trace.get_tracer_provider()
-        return None if isinstance(provider, _NO_SDK) else provider
-
-    def acquired(
-        self, event: LockEvent, outcome: Outcome, wait: float, error: BaseException | None
-    ) -> None:
-        if self._sdk() is None:
+        if isinstance(provider, _NO_SDK):
             return  # not even a span to start: the API's no-op one costs more than the check
         end = time.time_ns()
         span = self._tracer.start_span("dblock.acquire", start_time=end - int(wait * 1e9))
@@ -101,7 +97,8 @@ class Tracing:
             return self._grants.pop((event.key, event.owner or "", event.token or 0), None)
 
     def released(self, event: LockEvent, held: float, lost: bool) -> None:
-        self._forget(event)
+        if self._grants:  # nothing recorded (no SDK): nothing to forget
+            self._forget(event)
 
     def lost(self, event: LockEvent) -> None:
         granted = self._forget(event)
