@@ -171,7 +171,7 @@ class DblockSessionByHand:
         if self.mysql:
             from dblock.backends.mysql_session import _granted
 
-            code = _granted(self.conn, self.sql.session_grant_prepared, self.params, 1)
+            code = _granted(self.conn, self.sql.session_grant, self.params, 1)
         else:
             row = self.conn.execute(self.sql.session_lock_one, self.params).fetchone()
             code = None if row is None or row[1] else row[0]

@@ -40,14 +40,22 @@ SCRIPT = textwrap.dedent(
 )
 
 
-def test_spans_start_once_the_application_sets_its_sdk(tmp_path: Path) -> None:
-    out = subprocess.run(
-        [sys.executable, "-c", SCRIPT, str(tmp_path / "locks.db")],
+def _run(
+    script: str, tmp_path: Path, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run ``script`` in a fresh interpreter (the global provider is set once per process)."""
+    return subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path / "locks.db")],
         capture_output=True,
         text=True,
         timeout=60,
         check=True,
+        env=None if env is None else {**os.environ, **env},
     )
+
+
+def test_spans_start_once_the_application_sets_its_sdk(tmp_path: Path) -> None:
+    out = _run(SCRIPT, tmp_path)
     assert out.stdout.strip() == "['job:after']", out.stderr
 
 
@@ -79,14 +87,7 @@ def test_a_provider_named_by_the_environment_is_followed_from_the_first_acquire(
 ) -> None:
     # the API makes the global provider from OTEL_PYTHON_TRACER_PROVIDER when first asked;
     # dblock, which takes an unset global for "no SDK", must have asked by then
-    out = subprocess.run(
-        [sys.executable, "-c", ENV_SCRIPT, str(tmp_path / "locks.db")],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-        env={**os.environ, "OTEL_PYTHON_TRACER_PROVIDER": "sdk_tracer_provider"},
-    )
+    out = _run(ENV_SCRIPT, tmp_path, {"OTEL_PYTHON_TRACER_PROVIDER": "sdk_tracer_provider"})
     made, spans = out.stdout.strip().splitlines()
     assert made == "the API's global is set: True", out.stderr
     assert spans == "['job:second']", out.stderr

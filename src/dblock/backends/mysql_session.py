@@ -90,23 +90,19 @@ class MysqlSessions(SessionConnections):
         return time.monotonic() - since < SERVER_IDLE / 2
 
     def _open(self) -> Any:
+        store, conn = self.store, None
         try:
-            conn = self.store._session_connection(f"SET SESSION wait_timeout = {SERVER_IDLE}")
-        except Exception as exc:
-            if self.store._classify(exc) is None:
-                raise
-            raise self.store._wrap(exc, f"cannot connect to {self.store.safe_url}", None) from exc
-        _keepalive(self.store._socket_of(conn))
-        try:
+            conn = store._session_connection(f"SET SESSION wait_timeout = {SERVER_IDLE}")
+            _keepalive(store._socket_of(conn))
             with conn.cursor() as cur:  # the grant's look, parsed once (sql/mysql.py)
-                cur.execute(f"PREPARE {PREPARED_LOOK} FROM %s", (self.store.sql.session_look_text,))
+                cur.execute(f"PREPARE {PREPARED_LOOK} FROM %s", (store.sql.session_look_text,))
         except Exception as exc:
-            self._close(conn)
-            if self.store._classify(exc) is None:
+            if conn is not None:
+                self._close(conn)
+            if store._classify(exc) is None:
                 raise
-            raise self.store._wrap(
-                exc, f"session setup failed on {self.store.safe_url}", None
-            ) from exc
+            what = "cannot connect to" if conn is None else "session setup failed on"
+            raise store._wrap(exc, f"{what} {store.safe_url}", None) from exc
         return conn
 
     def _drop(self, conn: Any, interrupted: bool) -> None:
@@ -144,7 +140,7 @@ class MysqlSessions(SessionConnections):
         store = self.store
         ident, _ = store._watchdog.watch(wait + _GRANT_SLACK, partial(store._abort, conn))
         try:
-            code = self._look(conn, sql.session_grant_prepared, params, 1)
+            code = self._look(conn, sql.session_grant, params, 1)
             status = 3 if code is not None else self._status(conn, key)
             if status == 1:
                 # no row for the key: one is made, and the look runs again, lock in hand

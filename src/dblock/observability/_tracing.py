@@ -97,8 +97,7 @@ class Tracing:
             return self._grants.pop((event.key, event.owner or "", event.token or 0), None)
 
     def released(self, event: LockEvent, held: float, lost: bool) -> None:
-        if self._grants:  # nothing recorded (no SDK): nothing to forget
-            self._forget(event)
+        self._forget(event)
 
     def lost(self, event: LockEvent) -> None:
         granted = self._forget(event)

@@ -538,9 +538,6 @@ class MysqlStatements(HolderStatements):
             "ON DUPLICATE KEY UPDATE hwm = GREATEST(hwm, VALUES(hwm));\n"
             "DO RELEASE_LOCK(%(gate)s)"
         )
-        # sname s key owner -> waits up to `s` s in the server's queue for the key's GET_LOCK
-        # (the queue is first come, first served); then the look above
-        self.session_grant = f"SELECT GET_LOCK(%(sname)s, %(s)s) INTO @dblock_s;\n{look}"
         # key owner sname -> the look again, the lock in hand
         self.session_look = look
         # the look, prepared once per session connection (PREPARED_LOOK): the server then
@@ -548,8 +545,10 @@ class MysqlStatements(HolderStatements):
         order = re.findall(r"%\((\w+)\)s", look)
         self.session_look_text = re.sub(r"%\((\w+)\)s", "?", look)
         using = ", ".join(f"%({name})s" for name in order)
-        # sname s key owner -> as session_grant, on a connection that prepared the look
-        self.session_grant_prepared = (
+        # sname s key owner -> waits up to `s` s in the server's queue for the key's GET_LOCK
+        # (the queue is first come, first served); then the look above, prepared (on a
+        # session connection)
+        self.session_grant = (
             "SELECT GET_LOCK(%(sname)s, %(s)s) INTO @dblock_s;\n"
             f"EXECUTE {PREPARED_LOOK} USING {using}"
         )
