@@ -10,7 +10,7 @@ import functools
 import hashlib
 import re
 
-from .._doorbell import gate_sql
+from .._doorbell import ARRIVAL_SLACK, gate_sql
 from .holders import HolderStatements
 from .names import aux_name, qualify
 
@@ -418,16 +418,19 @@ class MysqlStatements(HolderStatements):
         # again); its wake-up overlaps the rest of the transaction. The lock goes to that
         # waiter, found by its bell's connection id (IS_USED_LOCK; ids are compared in 32 bits,
         # as the connection handshake gives them), if it has a live queue entry that takes
-        # hand-overs and no live entry is ahead of it (a waiter whose GET_LOCK ran out asks
-        # again behind those that asked after it: the bell's order is not the queue's), and
-        # the gate was had: the next token, and a lease of its own, but no
-        # longer than its queue entry's (a waiter that died or froze holds it up no longer
-        # than its place in the queue would); its entry goes. `note` keeps the token that
+        # hand-overs and no live entry ahead of it waited ARRIVAL_SLACK or longer (a waiter
+        # whose GET_LOCK ran out asks again behind those that asked after it: the bell's
+        # order is not always the queue's; among waiters that all waited less than the slack
+        # the bell's order decides, see _doorbell.py), and the gate was had:
+        # the next token, and a lease of its own, but no longer than its queue entry's (a
+        # waiter that died or froze holds it up no longer than its place in the queue would);
+        # its entry goes. `note` keeps the token that
         # handed it over, for a retried release, and tells a waiter at the bell that the
         # holder was handed the lock (so it waits for the bell). Otherwise the lock is freed.
         # The SELECTs aggregate so that they always set their variables, even where no row
         # matches. The gate is let go of after the COMMIT, which returns once on disk.
         given = "@dblock_h IS NOT NULL"
+        slack = f"INTERVAL {round(ARRIVAL_SLACK * 1_000_000)} MICROSECOND"
         gate = gate_sql("bell")
         self.let_go_gate = f"DO RELEASE_LOCK({gate})"
         self.release_and_hand_over = (
@@ -443,7 +446,8 @@ class MysqlStatements(HolderStatements):
             f"    lease IS NOT NULL AND holder <> %(owner)s AND expires_at > {NOW} AND\n"
             "    bell = IS_USED_LOCK(%(bell)s) & 4294967295 AND NOT EXISTS (\n"
             f"        SELECT 1 FROM {holders} w WHERE {self.live_waiter}\n"
-            "        AND (w.acquired_at, w.holder) < (h.acquired_at, h.holder)) FOR UPDATE;\n"
+            "        AND (w.acquired_at, w.holder) < (h.acquired_at, h.holder)\n"
+            f"        AND w.acquired_at < {NOW} - {slack}) FOR UPDATE;\n"
             f"UPDATE {t} SET owner = @dblock_h,\n"
             f"    token = IF({given}, {next_token}, token),\n"
             f"    acquired_at = IF({given}, {NOW}, acquired_at),\n"
@@ -465,14 +469,16 @@ class MysqlStatements(HolderStatements):
         # waits for a release that is committing, and reads what it committed (a waiter asks
         # it after the gate, which also waits for that commit to be on disk).
         # key owner -> at the bell: (1, token) if the lock was handed to owner; (0, 1) if it
-        # was handed to another, or it is free but another waiter is ahead of owner in the
-        # queue (both: the bell is passed on); (0, 0) if it is held; no row if it is free
+        # was handed to another, or it is free but a waiter ahead of owner in the queue has
+        # waited ARRIVAL_SLACK or longer (both: the bell is passed on);
+        # (0, 0) if it is held; no row if it is free
         held_row = f"lock_key = %(key)s AND owner IS NOT NULL AND expires_at > {NOW}"
         self.granted = (
             f"(SELECT owner = %(owner)s, IF(owner = %(owner)s, token, note IS NOT NULL) FROM {t} "
             f"WHERE {held_row} LOCK IN SHARE MODE) UNION ALL (SELECT 0, 1 FROM DUAL WHERE "
             f"NOT EXISTS (SELECT 1 FROM {t} WHERE {held_row}) AND "
-            f"EXISTS (SELECT 1 FROM {holders} w WHERE {self.waiter_ahead}))"
+            f"EXISTS (SELECT 1 FROM {holders} w WHERE {self.waiter_ahead} AND "
+            f"w.acquired_at < {NOW} - {slack}))"
         )
 
     def create_sequence(self, start: int) -> str:
