@@ -135,6 +135,29 @@ def fair(url: str, table: str, key: str, idx: str, timeout: str) -> None:
         lock.release()
 
 
+def bell_passes(url: str, table: str, key: str, n: str, start_at: str) -> None:
+    """From ``start_at`` (epoch s), take and release ``key`` n times (MySQL); print how many
+    times this process passed the key's doorbell on, woken out of its queue's order."""
+    from dblock.backends import _doorbell
+
+    passes = 0
+    answer = _doorbell.Doorbell._answer
+
+    def counted(self: _doorbell.Doorbell, row: object, *, durable: bool) -> bool:
+        nonlocal passes
+        passes += row is not None and tuple(row) == (0, 1)  # type: ignore[call-overload]
+        return answer(self, row, durable=durable)
+
+    _doorbell.Doorbell._answer = counted  # type: ignore[method-assign]
+    with connect(url, table=table) as client:
+        lock = client.lock(key, ttl=30, timeout=120)
+        time.sleep(max(0.0, float(start_at) - time.time()))
+        for _ in range(int(n)):
+            with lock:
+                pass
+    print(passes, flush=True)
+
+
 def rw(url: str, table: str, key: str, mode: str, hold: str, count: str, log: str) -> None:
     """Take read or write holds ``count`` times for ``hold`` s; log "<mode> <start> <end>"."""
     with connect(url, table=table) as client, open(log, "a") as out:
@@ -264,6 +287,7 @@ if __name__ == "__main__":
         "scheduled": scheduled,
         "fair": fair,
         "rw": rw,
+        "bell_passes": bell_passes,
         "sem": sem,
         "sem_hold": sem_hold,
         "fence": fence,
