@@ -56,12 +56,13 @@ _STATEMENT_SLACK = 5.0  # the watchdog's margin over a GET_LOCK's own timeout
 LEASE_MARGIN = 0.02  # a waiter wakes this long after the lease it saw should have ended
 FAST_FAILURE = 0.5  # a GET_LOCK that fails sooner found its connection dead, not the server
 PASS_PAUSE = 0.001  # the first pause before asking again for a bell passed on
-#: waiters that have all waited less than this many seconds are served in the order they
-#: reached the bell (the server's GET_LOCK queue), not strictly by their queue entries' times:
-#: an entry and its GET_LOCK are two round trips, which waiters arriving together interleave,
-#: and served strictly, each such swap cost a pass of the bell (8 processes on one key fell
-#: from about 600 to about 25 sections/s). A waiter ahead that waited longer is served first
-#: (its GET_LOCK may have run out, RING_WAIT, and asked again behind later ones).
+#: waiters that have all waited less than this many seconds (at most half a GET_LOCK's sleep,
+#: Bells.slack_us) are served in the order they reached the bell (the server's GET_LOCK
+#: queue), not strictly by their queue entries' times: an entry and its GET_LOCK are two round
+#: trips, which waiters arriving together interleave, and served strictly, each such swap cost
+#: a pass of the bell (8 processes on one key fell from about 600 to about 25 sections/s). A
+#: waiter ahead that waited longer is served first (its GET_LOCK may have run out, RING_WAIT,
+#: and asked again behind later ones).
 ARRIVAL_SLACK = 0.5
 #: the key's gate is the user lock named by its bell's name and this (see gate_sql)
 GATE = ":durable"
@@ -112,6 +113,9 @@ class Bells:
         #: driver's read timeout, which would end them early
         self.ring_wait = min(RING_WAIT, read_timeout / 3)
         self.gate_wait = min(GATE_WAIT, read_timeout / 3)
+        #: ARRIVAL_SLACK in microseconds, below a GET_LOCK's sleep: a waiter whose GET_LOCK ran
+        #: out and asked again behind later ones has waited longer than the slack
+        self.slack_us = round(min(ARRIVAL_SLACK, self.ring_wait / 2) * 1_000_000)
         self._mutex = _forksafe.lock()
         self._idle: list[tuple[Any, float]] = []  # (connection, when it was put back)
         self._waiting: dict[tuple[str, str], Doorbell] = {}
@@ -389,6 +393,7 @@ class Doorbell(Subscription):
             "g": self._bells.gate_wait,
             "key": self.key,
             "owner": self.owner,
+            "slack_us": self._bells.slack_us,
         }
         rang, row = self._run(sql, params, seconds=seconds + self._bells.gate_wait, results=2)
         return rang, row

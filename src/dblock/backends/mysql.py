@@ -698,7 +698,8 @@ class MysqlBackend(
         that cannot is closed by the caller, which frees it)."""
         bell = self._bells.name(params["key"])
         try:
-            return _batch(conn, self.sql.release_and_hand_over, {**params, "bell": bell})[_HANDED]
+            params = {**params, "bell": bell, "slack_us": self._bells.slack_us}
+            return _batch(conn, self.sql.release_and_hand_over, params)[_HANDED]
         except Exception:
             with contextlib.suppress(Exception):
                 _batch(conn, self.sql.let_go_gate, {"bell": bell})

@@ -93,6 +93,9 @@ def _session_alive(cur: Any, session: int) -> bool:
     return bool(cur.fetchone()[0])
 
 
+_SLACK_US = round(_doorbell.ARRIVAL_SLACK * 1_000_000)  # a client's with the default timeouts
+
+
 def _count_requests(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Count the requests this process sends to MySQL (appends one per request; the server's
     own count is the whole server's, which other tests running beside this one add to)."""
@@ -395,7 +398,7 @@ def _released_with_b_at_the_bell(
     sleeper = threading.Thread(target=lambda: rang.append(_get_lock(b_conn, bell)), daemon=True)
     sleeper.start()
     until(lambda: bool(_in_get_lock(raw, table, key)), "b sleeps at the bell")
-    params = {"key": key, "owner": "a", "token": held, "bell": bell}
+    params = {"key": key, "owner": "a", "token": held, "bell": bell, "slack_us": _SLACK_US}
     counts = _batch(a_conn, backend.sql.release_and_hand_over, params)
     assert counts[_HANDED] == 1, "a's hold was ended"
     sleeper.join(10)
@@ -469,7 +472,7 @@ def test_a_waiter_the_bell_wakes_out_of_queue_order(table: str, raw: Any, waited
             raw.execute(f"SELECT holder FROM `{table}_holders` ORDER BY holder")
             queued = [row[0] for row in raw.fetchall()]
             cur = b_conn.cursor()
-            cur.execute(backend.sql.granted, {"key": key, "owner": "b"})
+            cur.execute(backend.sql.granted, {"key": key, "owner": "b", "slack_us": _SLACK_US})
             told = cur.fetchone()
             if waited == "briefly":
                 assert info is not None and (info.owner, info.token) == ("b", held + 1)
@@ -484,6 +487,16 @@ def test_a_waiter_the_bell_wakes_out_of_queue_order(table: str, raw: Any, waited
         finally:
             for conn in (a_conn, b_conn, c_conn):
                 conn.close()
+
+
+def test_the_slack_stays_below_a_get_locks_sleep(table: str) -> None:
+    """A waiter whose GET_LOCK ran out and asked again behind later ones has waited longer
+    than the slack, also where a short read_timeout shortens each GET_LOCK's sleep."""
+    for query, slack in (("", _doorbell.ARRIVAL_SLACK), ("?read_timeout=1", 1 / 3 / 2)):
+        with dblock.connect(MYSQL_URL + query, table=table) as client:
+            bells = store_of(client)._bells
+            assert bells.slack_us == round(slack * 1_000_000)
+            assert bells.slack_us < bells.ring_wait * 1_000_000
 
 
 def test_processes_contending_for_a_key_rarely_pass_the_bell(table: str) -> None:

@@ -10,7 +10,7 @@ import functools
 import hashlib
 import re
 
-from .._doorbell import ARRIVAL_SLACK, gate_sql
+from .._doorbell import gate_sql
 from .holders import HolderStatements
 from .names import aux_name, qualify
 
@@ -408,29 +408,27 @@ class MysqlStatements(HolderStatements):
         )
         # key owner token -> 1 row changed if the live hold was ended (freed, not handed over)
         self.release = f"UPDATE {t} SET owner = NULL, expires_at = {NOW} WHERE {live}"
-        # key owner token bell -> one transaction, sent as one packet, whose UPDATE (statement
-        # _HANDED) changes one row if the live hold was ended (handed over or freed). It locks
-        # the lock's row, takes the key's gate (see _doorbell.py), then lets go of the bell:
+        # key owner token bell slack_us -> one transaction, sent as one packet, whose UPDATE
+        # (statement _HANDED) changes one row if the live hold was ended (handed over or freed). It
+        # locks the lock's row, takes the key's gate (see _doorbell.py), then lets go of the bell:
         # the server gives the bell to the waiter that asked for it first, at once, and that
-        # waiter's pass through the gate waits for this commit to be on disk (InnoDB lets
-        # other sessions read a commit, and releases its row locks, before it writes the log:
-        # a hand-over read sooner could be undone by a server crash, and its token issued
-        # again); its wake-up overlaps the rest of the transaction. The lock goes to that
-        # waiter, found by its bell's connection id (IS_USED_LOCK; ids are compared in 32 bits,
-        # as the connection handshake gives them), if it has a live queue entry that takes
-        # hand-overs and no live entry ahead of it waited ARRIVAL_SLACK or longer (a waiter
-        # whose GET_LOCK ran out asks again behind those that asked after it: the bell's
-        # order is not always the queue's; among waiters that all waited less than the slack
-        # the bell's order decides, see _doorbell.py), and the gate was had:
-        # the next token, and a lease of its own, but no longer than its queue entry's (a
-        # waiter that died or froze holds it up no longer than its place in the queue would);
-        # its entry goes. `note` keeps the token that
-        # handed it over, for a retried release, and tells a waiter at the bell that the
-        # holder was handed the lock (so it waits for the bell). Otherwise the lock is freed.
-        # The SELECTs aggregate so that they always set their variables, even where no row
-        # matches. The gate is let go of after the COMMIT, which returns once on disk.
+        # waiter's pass through the gate waits for this commit to be on disk (InnoDB lets other
+        # sessions read a commit, and releases its row locks, before it writes the log: a hand-over
+        # read sooner could be undone by a server crash, and its token issued again); its wake-up
+        # overlaps the rest of the transaction. The lock goes to that waiter, found by its bell's
+        # connection id (IS_USED_LOCK; ids are compared in 32 bits, as the connection handshake
+        # gives them), if it has a live queue entry that takes hand-overs and no live entry ahead of
+        # it waited slack_us or longer (a waiter whose GET_LOCK ran out asks again behind those that
+        # asked after it: the bell's order is not always the queue's; among waiters that all waited
+        # less than the slack the bell's order decides, see _doorbell.py), and the gate was had: the
+        # next token, and a lease of its own, but no longer than its queue entry's (a waiter that
+        # died or froze holds it up no longer than its place in the queue would); its entry goes.
+        # `note` keeps the token that handed it over, for a retried release, and tells a waiter at
+        # the bell that the holder was handed the lock (so it waits for the bell). Otherwise the
+        # lock is freed. The SELECTs aggregate so that they always set their variables, even where
+        # no row matches. The gate is let go of after the COMMIT, which returns once on disk.
         given = "@dblock_h IS NOT NULL"
-        slack = f"INTERVAL {round(ARRIVAL_SLACK * 1_000_000)} MICROSECOND"
+        slack = "INTERVAL %(slack_us)s MICROSECOND"  # Bells.slack_us: ARRIVAL_SLACK, or less
         gate = gate_sql("bell")
         self.let_go_gate = f"DO RELEASE_LOCK({gate})"
         self.release_and_hand_over = (
@@ -468,10 +466,10 @@ class MysqlStatements(HolderStatements):
         # is 1 if a release handed it to that one; no row if it is free. A locking read: it
         # waits for a release that is committing, and reads what it committed (a waiter asks
         # it after the gate, which also waits for that commit to be on disk).
-        # key owner -> at the bell: (1, token) if the lock was handed to owner; (0, 1) if it
-        # was handed to another, or it is free but a waiter ahead of owner in the queue has
-        # waited ARRIVAL_SLACK or longer (both: the bell is passed on);
-        # (0, 0) if it is held; no row if it is free
+        # key owner slack_us -> at the bell: (1, token) if the lock was handed to owner; (0, 1)
+        # if it was handed to another, or it is free but a waiter ahead of owner in the queue
+        # has waited slack_us or longer (both: the bell is passed on); (0, 0) if it is held; no
+        # row if it is free
         held_row = f"lock_key = %(key)s AND owner IS NOT NULL AND expires_at > {NOW}"
         self.granted = (
             f"(SELECT owner = %(owner)s, IF(owner = %(owner)s, token, note IS NOT NULL) FROM {t} "
