@@ -14,7 +14,7 @@ from typing import Any
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 import dblock.fencing
-from dblock._url import parse_url
+from dblock.tools import parse_url
 
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 
@@ -47,7 +47,7 @@ def _check_loopback(url: str) -> None:
     if parsed.dialect == "zookeeper":  # host:port[,host:port...]
         hosts = [h.rpartition(":")[0] or h for h in hosts[0].split(",")]
     if parsed.dialect == "etcd":  # every endpoint of the cluster
-        from dblock.backends._etcd_rpc import endpoints
+        from dblock.stores.etcd.rpc import endpoints
 
         hosts = [host for host, _ in endpoints(parsed)]
     if parsed.dialect != "sqlite" and any(h not in LOOPBACK for h in hosts):
@@ -79,7 +79,7 @@ def connect(url: str, *, autocommit: bool) -> Any:
     if parsed.dialect == "etcd":  # its first endpoint (a cluster's: the node chaos restarts)
         import pyetcd
 
-        from dblock.backends._etcd_rpc import endpoints
+        from dblock.stores.etcd.rpc import endpoints
 
         host, port = endpoints(parsed)[0]
         client = pyetcd.client(host, port, timeout=5)
@@ -173,7 +173,7 @@ def resource_url(url: str, directory: str) -> str:
 
 def drop_tables(url: str, names: list[str]) -> None:
     """Drop tables, and for a dblock lock table what lives beside it (Redis: its keys)."""
-    from dblock.backends.sql.names import aux_name
+    from dblock.stores._names import aux_name
 
     d = dialect_of(url)
     if d == "quorum":
@@ -182,7 +182,7 @@ def drop_tables(url: str, names: list[str]) -> None:
         return
     if d == "zookeeper":
         _zookeeper_drop(url, names)
-    if d == "etcd":  # a table's keys (as in dblock.backends.etcd)
+    if d == "etcd":  # a table's keys (as in dblock.stores.etcd.store)
         client = connect(url, autocommit=True)
         try:
             for name in names:
@@ -230,10 +230,10 @@ class _Kazoo:
 
 
 def _zookeeper_drop(url: str, names: list[str]) -> None:
-    """Delete a lock table's nodes (as laid out by dblock.backends.zookeeper)."""
+    """Delete a lock table's nodes (as laid out by dblock.stores.zookeeper.store)."""
     from kazoo.client import KazooClient
 
-    from dblock.backends.zookeeper import _encode
+    from dblock.stores.zookeeper.store import _encode
 
     parsed = parse_url(url)
     zk = KazooClient(hosts=parsed.host, timeout=10)

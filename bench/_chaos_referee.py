@@ -14,6 +14,10 @@ Violations (each must be 0):
   was acquired before the earlier one's release was sent, and that release still succeeded.
 * ``token``: a hold acquired after another hold of the same key had been acquired carries a
   token that is not greater.
+* ``false-loss``: a hold was reported lost (``LockLost`` from its release, or ``on_lost``)
+  although nothing could have ended it: it did not renew, its release was sent within half
+  a lease of its acquire, and no fault but lost replies, kills and pauses of other
+  processes overlapped it (a lost reply, in particular, must never be taken for a loss).
 * ``escape``: an exception outside dblock's hierarchy came out of dblock.
 * ``hang``: a process did not end by the deadline plus grace.
 """
@@ -25,6 +29,7 @@ import itertools
 import json
 import os
 from collections import Counter, defaultdict
+from collections.abc import Iterable
 from typing import Any
 
 
@@ -58,7 +63,10 @@ def judge(
         kind = ev["ev"]
         counts["ev_" + kind] += 1
         if kind in ("hold", "write", "end"):
-            h = holds.setdefault(ev["owner"], {"owner": ev["owner"]})
+            # one owner holds several keys at once with lock_many: a hold is (owner, key)
+            h = holds.setdefault(f"{ev['owner']} {ev['key']}", {"owner": ev["owner"]})
+            if kind == "hold" and ev.get("many"):
+                counts["many_holds"] += 1
             h.update({k: v for k, v in ev.items() if k not in ("ev", "t")})
             if kind == "end":
                 h["ended"] = ev["rel_ret"]
@@ -94,6 +102,7 @@ def judge(
                 if b["got"] < a.get("rel_sent", a["ended"]):
                     overlaps += 1  # b acquired before a's release was even sent
     violations += exclusion_violations(by_key)
+    violations += false_losses(holds.values(), faults, ttl)
 
     # the database's record of accepted writes
     by_rid: dict[int, list[tuple[int, int, str]]] = defaultdict(list)
@@ -161,6 +170,7 @@ def judge(
 
     return {
         "holds": len([h for h in holds.values() if "got" in h]),
+        "many_holds": counts["many_holds"],
         "faults": dict(Counter(f["kind"] for f in faults)),
         "fault_durations": {
             k: max((f["end"] - f["start"]) for f in faults if f["kind"] == k)
@@ -217,9 +227,40 @@ def exclusion_violations(by_key: dict[str, list[dict[str, Any]]]) -> list[str]:
     return found
 
 
+#: faults that end no other process's hold
+_HARMLESS = ("lostreply", "kill", "pause")
+
+
+def false_losses(
+    holds: Iterable[dict[str, Any]], faults: list[dict[str, Any]], ttl: float
+) -> list[str]:
+    """Holds reported lost that nothing could have ended (see ``false-loss`` above)."""
+    found = []
+    for h in holds:
+        lost = h.get("outcome") == "lost" or bool(h.get("on_lost"))
+        if not lost or h.get("auto_renew") or "rel_sent" not in h or "sent" not in h:
+            continue
+        if h["rel_sent"] - h["sent"] >= 0.5 * ttl:
+            continue  # a slow machine may have let the lease run out
+        start, end = h["sent"], h.get("rel_ret", h["rel_sent"])
+        if any(
+            f["start"] < end
+            and f.get("end", end) > start
+            and (f["kind"] not in _HARMLESS or (f["kind"] == "pause" and f.get("pid") == h["pid"]))
+            for f in faults
+        ):
+            continue
+        found.append(
+            f"false-loss: {h['key']}: token {h['token']} held {h['rel_sent'] - h['sent']:.2f} s "
+            f"of a {ttl:g} s lease was reported lost ({h.get('detail') or 'on_lost'})"
+        )
+    return found
+
+
 def render(summary: dict[str, Any], header: str) -> str:
     rows = [
         ("holds", summary["holds"]),
+        ("of them lock_many (per key)", summary["many_holds"]),
         ("fenced writes accepted", summary["accepted"]),
         ("stale writes rejected by fencing", summary["rejected_stale"]),
         ("fenced writes failed (db error)", summary["write_errors"]),

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -91,6 +92,18 @@ class OwnServer:
         proc, self.proc = self.proc, None
         if proc is not None:
             kill_group(proc)
+
+    def pause(self) -> None:
+        """SIGSTOP the server's process group: it keeps its data and its connections, and
+        stops answering (unreachable, as behind a partition)."""
+        if self.proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        if self.proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGCONT)
 
     def close(self) -> None:
         self.stop()  # the server's files are crash-safe, and a crash is what a restart does

@@ -40,6 +40,9 @@ def run(config: dict[str, Any], index: int) -> int:
     rng = random.Random()
     parent = os.getppid()
     auto_renew = index % 2 == 1 and config["auto_renew"]
+    # every third worker takes 2-3 keys at once (lock_many) half of the time, beside the
+    # single-key holders of the same keys
+    many = index % 3 == 2 and config.get("many", False) and config["keys"] >= 3
     writer = FencedWriter(config["resource_url"], config["resource"], config["audit"])
     client: dblock.Client | None = None
     log("start", index=index, auto_renew=auto_renew)
@@ -53,7 +56,7 @@ def run(config: dict[str, Any], index: int) -> int:
         try:
             if client is None:
                 client = dblock.connect(config["url"], table=config["table"], create_schema=False)
-            one_hold(
+            outcome = one_hold(
                 client=client,
                 writer=writer,
                 log=log,
@@ -62,7 +65,15 @@ def run(config: dict[str, Any], index: int) -> int:
                 ttl=ttl,
                 deadline=deadline,
                 auto_renew=auto_renew,
+                many=many and rng.random() < 0.5,
             )
+            if outcome == "error":
+                # a release given up on leaves the hold this client's (until its lease ends):
+                # a careful service starts afresh rather than take those keys again in the
+                # same thread (lock_many would refuse: it would wait for itself)
+                with contextlib.suppress(dblock.DBLockError):
+                    client.close()
+                client = None
         except dblock.DBLockError as exc:
             log("error", op="connect", cls=type(exc).__name__, msg=str(exc)[:300])
             time.sleep(rng.uniform(0.05, 0.2))
@@ -97,17 +108,33 @@ def one_hold(
     ttl: float,
     deadline: float,
     auto_renew: bool,
-) -> None:
-    rid = rng.randrange(len(keys))
-    key = keys[rid]
-    lost: list[float] = []
-    lock = client.lock(
-        key,
-        ttl=ttl,
-        reentrant=False,
-        auto_renew=auto_renew,
-        on_lost=lambda _lock: lost.append(time.monotonic()),
+    many: bool = False,
+) -> str | None:
+    """One hold of one key, or (``many``) of 2-3 keys at once with lock_many: logged per key
+    (one ``hold``, ``write`` and ``end`` line each, with that key's token), so the referee
+    judges every key's holds alike whoever took them. The release's outcome (None: nothing
+    was held)."""
+    rids = (
+        sorted(rng.sample(range(len(keys)), rng.randint(2, 3)))
+        if many
+        else [rng.randrange(len(keys))]
     )
+    taken = [keys[rid] for rid in rids]
+    key = ",".join(taken)
+    lost: list[float] = []
+    lock: dblock.Lock
+    if many:
+        lock = client.lock_many(
+            taken, ttl=ttl, auto_renew=auto_renew, on_lost=lambda _: lost.append(time.monotonic())
+        )
+    else:
+        lock = client.lock(
+            key,
+            ttl=ttl,
+            reentrant=False,
+            auto_renew=auto_renew,
+            on_lost=lambda _lock: lost.append(time.monotonic()),
+        )
     wait = max(0.0, min(2 * ttl, deadline - time.monotonic()))
     sent = time.monotonic()
     try:
@@ -122,7 +149,7 @@ def one_hold(
             took=time.monotonic() - sent,
         )
         time.sleep(rng.uniform(0.05, 0.2))
-        return
+        return None
     except Exception as exc:
         log(
             "escape",
@@ -132,39 +159,75 @@ def one_hold(
             msg=str(exc)[:300],
             tb=traceback.format_exc()[-2000:],
         )
-        return
+        return None
     got_at = time.monotonic()
     if got_at - sent > wait + 5.0:  # acquire(timeout=T) should take about T seconds
         log("slow", op="acquire", key=key, took=got_at - sent, wait=wait, got=got)
     if not got:
-        return
-    token, owner = lock.token, lock.owner
-    if token is None:
+        return None
+    tokens = _tokens(lock, taken)
+    owner = lock.owner
+    if tokens is None:
         # lost between the grant and this line: a store that pushes losses (ZooKeeper's
         # session expired in a restart) may end a hold at once; there is nothing to protect
         log("error", op="acquire", key=key, cls="LockLost", msg="lost at once", took=0.0)
         with contextlib.suppress(dblock.DBLockError):
             lock.release()
-        return
-    log(
-        "hold",
-        key=key,
-        rid=rid,
-        token=token,
-        owner=owner,
-        sent=sent,
-        got=got_at,
-        auto_renew=auto_renew,
-    )
-    # the work: read-ish pause, then the fenced write; auto-renewing holders sometimes work
+        return None
+    for rid, k in zip(rids, taken, strict=True):
+        log(
+            "hold",
+            key=k,
+            rid=rid,
+            token=tokens[k],
+            owner=owner,
+            sent=sent,
+            got=got_at,
+            auto_renew=auto_renew,
+            many=many,
+        )
+    # the work: read-ish pause, then the fenced writes; auto-renewing holders sometimes work
     # past their ttl (renewal keeps them safe), the others stay inside it (unless paused)
     work = rng.uniform(0.02, 0.5 * ttl)
     if auto_renew and rng.random() < 0.2:
         work = rng.uniform(ttl, 2 * ttl)
     time.sleep(min(work, max(0.0, deadline - time.monotonic())))
+    for rid, k in zip(rids, taken, strict=True):
+        _write(writer, log, rid, k, tokens[k], owner, lock)
+    rel_sent = time.monotonic()
+    outcome, detail, tries = _release(lock, log, key)
+    for rid, k in zip(rids, taken, strict=True):
+        log(
+            "end",
+            key=k,
+            rid=rid,
+            token=tokens[k],
+            owner=owner,
+            rel_sent=rel_sent,
+            rel_ret=time.monotonic(),
+            outcome=outcome,
+            detail=detail,
+            tries=tries,
+            on_lost=lost[:1],
+        )
+    time.sleep(rng.uniform(0.0, 0.05))
+    return outcome
+
+
+def _tokens(lock: dblock.Lock, keys: list[str]) -> dict[str, int] | None:
+    """Each key's token of the hold, or None if it is already lost."""
+    many: dict[str, int] | None = getattr(lock, "tokens", None)
+    if len(keys) > 1 or many is not None:
+        return many
+    return None if lock.token is None else {keys[0]: lock.token}
+
+
+def _write(
+    writer: FencedWriter, log: Log, rid: int, key: str, token: int, owner: str, lock: dblock.Lock
+) -> None:
     w0 = time.monotonic()
     try:
-        accepted: bool | None = writer.write(rid, int(token or 0), owner)
+        accepted: bool | None = writer.write(rid, token, owner)
         werr = None
     except Exception as exc:
         accepted, werr = None, f"{type(exc).__name__}: {str(exc).strip()[:200]}"
@@ -180,10 +243,13 @@ def one_hold(
         err=werr,
         held=lock.held,
     )
-    rel_sent = time.monotonic()
+
+
+def _release(lock: dblock.Lock, log: Log, key: str) -> tuple[str, str | None, int]:
+    """Release, retrying a BackendError a few times as a careful user would (the hold stays
+    ours and renewing), then giving up (the lease runs out by itself): (outcome, detail,
+    tries)."""
     outcome, detail, tries = "error", None, 0
-    # a release that fails with BackendError leaves the hold ours (and renewing): retry it a
-    # few times, as a careful user would, then give up (the lease runs out by itself)
     while outcome == "error" and tries < 4:
         tries += 1
         try:
@@ -204,20 +270,7 @@ def one_hold(
                 msg=str(exc)[:300],
                 tb=traceback.format_exc()[-2000:],
             )
-    log(
-        "end",
-        key=key,
-        rid=rid,
-        token=token,
-        owner=owner,
-        rel_sent=rel_sent,
-        rel_ret=time.monotonic(),
-        outcome=outcome,
-        detail=detail,
-        tries=tries,
-        on_lost=lost[:1],
-    )
-    time.sleep(rng.uniform(0.0, 0.05))
+    return outcome, detail, tries
 
 
 def main() -> int:

@@ -29,8 +29,8 @@ import pymysql
 
 import dblock
 from dblock._green import await_
-from dblock.backends._mysql_green import GreenConnection, GreenCursor
-from dblock.backends.sql.mysql import MysqlStatements
+from dblock.stores.mysql.green import GreenConnection, GreenCursor
+from dblock.stores.mysql.statements import MysqlStatements
 
 DEFAULT_URL = "mysql://root@127.0.0.1:3306/test"
 

@@ -107,18 +107,18 @@ def aiosqlite_store(url: str, table: str, runtime: Any, whole_operations: bool) 
     import aiosqlite
 
     from dblock._green import await_, bridged
-    from dblock._url import parse_url
     from dblock._validate import check_table
-    from dblock.backends.sqlite import SqliteBackend
+    from dblock.stores.sqlite.store import SqliteStore
+    from dblock.tools import parse_url
 
-    class AioSqliteStore(SqliteBackend):
+    class AioSqliteStore(SqliteStore):
         blocking_driver = False  # its connections await on the loop themselves
 
         def _connect(self) -> Any:
             if not bridged():  # a waiter's change watch: a plain connection, read on the loop
                 return super()._connect()
             # dblock's own connection set-up (pragmas, WAL), run on aiosqlite's thread
-            aio = aiosqlite.Connection(partial(SqliteBackend._connect, self), 64)
+            aio = aiosqlite.Connection(partial(SqliteStore._connect, self), 64)
             return _GreenConnection(await_(aio))
 
         def run(self, what: str, fn: Callable[[Any], Any], **kwargs: Any) -> Any:

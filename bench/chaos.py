@@ -34,8 +34,22 @@ kind that applies once first, in random order, then at random):
   server and start it again 0.5-2 s later (a Redis without persistence comes back empty).
   One store at a time, and the next only 3 leases after the last one came back, by which
   time every hold granted while it was down has ended or been renewed onto it again
-  (docs/quorum.md: a second store restarting empty while a hold lives on a bare majority
+  (docs/stores/quorum.md: a second store restarting empty while a hold lives on a bare majority
   would break the guarantee).
+
+* ``rolling``: for a quorum of at least three stores run by chaos: the stores, in random
+  order, go down one after another, never two at once: each but the last is SIGKILLed and
+  started again empty (3 leases apart, as for ``storekill``), then the last one is SIGSTOPped
+  for 1.5-3 leases (unreachable, its data kept). The workers are stopped (SIGSTOP) until the
+  last store is, so that the keys are idle and no grant carries a fence to the restarted
+  stores: the grants after it come from stores that have lost every key, and their tokens
+  must still be above every token issued before (docs/quorum.md: the fence is floored by the
+  stores' clocks).
+* ``lostreply``: for etcd: the workers reach the cluster through a proxy of chaos's
+  (``tests/_proxy.py``, their only endpoint, in front of the cluster's first), which for
+  1-2 s forwards each call a worker opens, then swallows the answer and resets the
+  connection. To the worker the call failed, to etcd it succeeded: the retry must recognise
+  its own effect (an acquire, a renewal, a release, a queue step), never take it for a loss.
 
 The referee (``_chaos_referee.py``) is described there. Exit status: 0 clean, 1 violations
 or hangs, 2 bad arguments, 3 the database was unreachable at the start, 130 interrupted.
@@ -72,8 +86,10 @@ import _chaos_db as db  # noqa: E402
 import _chaos_referee as referee  # noqa: E402
 import _chaos_server as servers  # noqa: E402
 import dblock  # noqa: E402
+from dblock._contract import capabilities  # noqa: E402
 
-FAULTS = ("kill", "pause", "connkill", "restart", "filelock", "storekill")
+FAULTS = ("kill", "pause", "connkill", "restart", "filelock", "storekill", "rolling", "lostreply")
+ROOT = HERE.parent
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -128,6 +144,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="seconds after the deadline before a live process counts as hung",
     )
     p.add_argument("--no-auto-renew", action="store_true", help="no auto_renew workers")
+    p.add_argument("--no-many", action="store_true", help="no lock_many workers")
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--json", help="write the summary as JSON to this file")
     p.add_argument(
@@ -191,6 +208,8 @@ class Soak:
             for i, (cmd, url) in enumerate(zip(args.member_cmd, db.members(args.url), strict=False))
         ]
         self.kinds = self._kinds()
+        #: the lost-reply proxy in front of etcd (``lostreply``)
+        self.proxy: Any = None
         self.observer: dblock.Client | None = None
         self.last_restart = -math.inf
         self.last_storekill = -math.inf
@@ -201,9 +220,12 @@ class Soak:
         if self.dialect == "quorum":
             if self.members:
                 ok.add("storekill")
+            if len(self.members) >= 3:
+                ok.add("rolling")
         elif self.dialect == "sqlite":
             ok.add("filelock")
         elif self.dialect == "etcd":  # no server-side session kill; a restart kills one node
+            ok.add("lostreply")
             if self.server is not None:
                 ok.add("restart")
         else:
@@ -226,14 +248,18 @@ class Soak:
             self.worker_url = db.with_query(self.args.url, application_name=self.tag)
         elif self.dialect == "redis":
             self.worker_url = db.with_query(self.args.url, client_name=self.tag)
+        elif self.dialect == "etcd" and "lostreply" in self.kinds:
+            self.worker_url = self.start_proxy()
         elif self.dialect == "mysql":
             # a user of its own tags the workers' sessions; its password has URL-special
             # characters, and the referee checks it never shows up in a message
             self.password = "p@ss:/%" + secrets.token_hex(6)
             db.mysql_create_user(self.admin_url, self.tag, self.password)
             self.worker_url = db.with_user(self.args.url, self.tag, self.password)
-        with dblock.connect(self.worker_url, table=self.table):
-            pass  # creates the lock table
+        with dblock.connect(self.worker_url, table=self.table) as client:
+            # creates the lock table; lock_many holders run beside single-key ones where the
+            # store takes several keys at once
+            many = "ManyKeys" in capabilities(client._store)
         db.create_tables(self.resource_url, self.resource, self.audit, self.args.keys)
         self.start = time.monotonic()
         self.deadline = self.start + self.args.duration
@@ -248,12 +274,28 @@ class Soak:
             "deadline": self.deadline,
             "dir": self.dir,
             "auto_renew": not self.args.no_auto_renew,
+            "many": many and not self.args.no_many,
         }
         self.config_path = os.path.join(self.dir, "config.json")
         with open(self.config_path, "w", encoding="utf-8") as fh:
             json.dump(config, fh)
         for _ in range(self.args.workers):
             self.spawn()
+
+    def start_proxy(self) -> str:
+        """Start the lost-reply proxy in front of the cluster's first endpoint; the workers'
+        URL: the proxy alone (a client fails over to another endpoint after a reset and
+        stays there, which would leave the proxy idle after the first losses)."""
+        sys.path.insert(0, str(ROOT))
+        from tests._proxy import Proxy
+
+        scheme, rest = self.args.url.split("://", 1)
+        netloc, sep, tail = rest.partition("/")
+        if not sep:
+            netloc, sep, tail = rest.partition("?")
+        host, _, port = netloc.split(",")[0].rpartition(":")
+        self.proxy = Proxy(host or "127.0.0.1", int(port or 2379), Path(self.dir) / "proxy")
+        return f"{scheme}://127.0.0.1:{self.proxy.port}{sep}{tail}"
 
     def spawn(self) -> None:
         index = self.next_index
@@ -360,6 +402,42 @@ class Soak:
             if not member.start():
                 self.crashes.append(f"quorum store {index} did not come back after a kill")
             self.last_storekill = time.monotonic()
+        elif kind == "rolling":
+            order = list(range(len(self.members)))
+            self.rng.shuffle(order)
+            *restarted, frozen = order
+            # the workers stop meanwhile: the keys go idle, so no grant teaches the restarted
+            # stores a fence, and no hold outlives the 3 leases between two restarts
+            workers = [p for p, proc in self.procs.items() if proc.poll() is None]
+            workers = [p for p in workers if p not in self.killed and p not in self.stopped]
+            self.signal_all(workers, signal.SIGSTOP)
+            try:
+                for n, index in enumerate(restarted):
+                    if n:
+                        self.sleep_until(time.monotonic() + 3 * ttl)
+                    member = self.members[index]
+                    member.stop()
+                    time.sleep(self.rng.uniform(0.5, 1.0))
+                    if not member.start():
+                        self.crashes.append(f"quorum store {index} did not come back")
+                self.members[frozen].pause()
+            finally:
+                self.signal_all(workers, signal.SIGCONT)
+            try:  # the next grants come from stores that all restarted empty
+                self.sleep_until(time.monotonic() + self.rng.uniform(1.5, 3.0) * ttl)
+            finally:
+                self.members[frozen].resume()
+            record["detail"] = f"stores {restarted} restarted empty, store {frozen} frozen"
+            self.last_storekill = time.monotonic()
+        elif kind == "lostreply":
+            before = self.proxy.dropped()
+            until = time.monotonic() + self.rng.uniform(1.0, 2.0)
+            while time.monotonic() < until:
+                self.proxy.drop_next_reply()  # the next call opened after the last loss
+                time.sleep(0.02)
+            (Path(self.dir) / "proxy" / "drop").unlink(missing_ok=True)
+            record["lost"] = self.proxy.dropped() - before
+            record["detail"] = f"{record['lost']} replies lost"
         elif kind == "filelock":
             conn = sqlite3.connect(
                 db.parse_url(self.worker_url).database, timeout=10, isolation_level=None
@@ -381,6 +459,15 @@ class Soak:
             f"{record.get('key') or record.get('detail') or ''}",
             flush=True,
         )
+
+    def signal_all(self, pids: list[int], signum: int) -> None:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signum)
+        if signum == signal.SIGSTOP:
+            self.stopped.update(pids)
+        else:
+            self.stopped.difference_update(pids)
 
     def reap(self) -> None:
         """Notice workers that ended on their own before the deadline; start new ones."""
@@ -405,11 +492,14 @@ class Soak:
             if time.monotonic() - self.last_restart < self.args.restart_gap:
                 kinds = [k for k in kinds if k != "restart"] or kinds
             if time.monotonic() - self.last_storekill < 3 * self.args.ttl:
-                kinds = [k for k in kinds if k != "storekill"] or kinds
+                kinds = [k for k in kinds if k not in ("storekill", "rolling")] or kinds
             # every kind once before any repeats: a short run still sees each of them
             done = {f["kind"] for f in self.faults}
             kind = self.rng.choice([k for k in kinds if k not in done] or kinds)
-            if kind == "storekill" and time.monotonic() - self.last_storekill < 3 * self.args.ttl:
+            if (
+                kind in ("storekill", "rolling")
+                and time.monotonic() - self.last_storekill < 3 * self.args.ttl
+            ):
                 continue
             if kind == "restart":
                 if time.monotonic() - self.last_restart < self.args.restart_gap:
@@ -484,6 +574,8 @@ class Soak:
             print(f"chaos: cleanup of tables failed: {exc}", flush=True)
         if self.server is not None:
             self.server.close()
+        if self.proxy is not None:
+            self.proxy.close()
         for member in self.members:
             member.close()
         if self.args.keep:

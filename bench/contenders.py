@@ -169,7 +169,7 @@ class DblockSessionByHand:
 
     def acquire(self) -> None:
         if self.mysql:
-            from dblock.backends.mysql_session import _granted
+            from dblock.stores.mysql.session import _granted
 
             code = _granted(self.conn, self.sql.session_grant, self.params, 1)
         else:

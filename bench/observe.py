@@ -122,45 +122,33 @@ def _span(tracer: Any, backend: str) -> None:
 
 
 def scenario_obs(backends: list[str], t: Targets, b: Any) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for backend in [x for x in backends if x in BACKENDS]:
-        table = f"{t.table}_obs"
-        res: dict[str, Any] = {"repeats": []}
-        out[backend] = res
-        try:
-            for r in range(b.repeats):
-                v = procs.run_one(
-                    _pairs, (t, backend, table, b.duration), timeout=b.duration * 2 + 60
-                )
-                res["repeats"].append(v)
-                res["tracing"] = v["tracing"]
-                _log(
-                    f"[obs] round {r + 1}/{b.repeats} {backend}: off "
-                    f"{v['off']['pairs_per_s']:,.0f}, metrics {v['metrics']['pairs_per_s']:,.0f}, "
-                    f"api {v['api']['pairs_per_s']:,.0f}, "
-                    f"sampled {v['sampled']['pairs_per_s']:,.0f}, "
-                    f"sdk {v['on']['pairs_per_s']:,.0f}, "
-                    f"span only {v['span']['pairs_per_s']:,.0f} pairs/s"
-                )
-            for side in SIDES:
-                res[side] = {
-                    k: median([x[side][k] for x in res["repeats"]])
-                    for k in ("pairs_per_s", "cpu_us_per_pair")
-                }
-            res["ratio"] = res["on"]["pairs_per_s"] / res["off"]["pairs_per_s"]
-            res["ratios"] = [
-                x["on"]["pairs_per_s"] / x["off"]["pairs_per_s"] for x in res["repeats"]
-            ]
-            res["metrics_ratio"] = res["metrics"]["pairs_per_s"] / res["off"]["pairs_per_s"]
-            res["api_ratio"] = res["api"]["pairs_per_s"] / res["off"]["pairs_per_s"]
-            res["sampled_ratio"] = res["sampled"]["pairs_per_s"] / res["off"]["pairs_per_s"]
-            res["span_ratio"] = res["span"]["pairs_per_s"] / res["off"]["pairs_per_s"]
-        except Exception as exc:
-            res["error"] = f"{type(exc).__name__}: {exc}".splitlines()[0]
-            _log(f"[obs] {backend}: {res['error']}")
-        finally:
-            servers.drop_dblock_tables(t, backend, table)
-    return out
+    def measure(backend: str, table: str, res: dict[str, Any]) -> None:
+        res["repeats"] = []
+        for r in range(b.repeats):
+            v = procs.run_one(_pairs, (t, backend, table, b.duration), timeout=b.duration * 2 + 60)
+            res["repeats"].append(v)
+            res["tracing"] = v["tracing"]
+            _log(
+                f"[obs] round {r + 1}/{b.repeats} {backend}: off "
+                f"{v['off']['pairs_per_s']:,.0f}, metrics {v['metrics']['pairs_per_s']:,.0f}, "
+                f"api {v['api']['pairs_per_s']:,.0f}, "
+                f"sampled {v['sampled']['pairs_per_s']:,.0f}, "
+                f"sdk {v['on']['pairs_per_s']:,.0f}, "
+                f"span only {v['span']['pairs_per_s']:,.0f} pairs/s"
+            )
+        for side in SIDES:
+            res[side] = {
+                k: median([x[side][k] for x in res["repeats"]])
+                for k in ("pairs_per_s", "cpu_us_per_pair")
+            }
+        res["ratio"] = res["on"]["pairs_per_s"] / res["off"]["pairs_per_s"]
+        res["ratios"] = [x["on"]["pairs_per_s"] / x["off"]["pairs_per_s"] for x in res["repeats"]]
+        res["metrics_ratio"] = res["metrics"]["pairs_per_s"] / res["off"]["pairs_per_s"]
+        res["api_ratio"] = res["api"]["pairs_per_s"] / res["off"]["pairs_per_s"]
+        res["sampled_ratio"] = res["sampled"]["pairs_per_s"] / res["off"]["pairs_per_s"]
+        res["span_ratio"] = res["span"]["pairs_per_s"] / res["off"]["pairs_per_s"]
+
+    return servers.each_store([x for x in backends if x in BACKENDS], t, "obs", "obs", measure)
 
 
 def _log(msg: str) -> None:

@@ -1,6 +1,6 @@
 """Run every contender side by side, alternating them round by round; print markdown, write JSON.
 
-    python -m bench                       # everything reachable, full budget (~15-20 min)
+    python -m bench                       # everything reachable, full budget (~25-30 min)
     python -m bench --quick               # a smoke run (~2-3 min)
     python -m bench --backends postgresql --scenarios a,b --contenders dblock,floor,pals
 
@@ -16,9 +16,18 @@ Scenarios (issue 6):
      from 6 s after they queued
   f  dblock: 8 and 32 threads of one process, each taking and releasing keys of its own, on
      one client whose pool holds at most max_connections (10, the default, and 32) (issue 29)
+  g  dblock: 20 threads of one client contend for one key: critical sections/s, with the
+     default pool (max_connections 10) and 32 where the store has a pool (issue 49)
   async  dblock: 200 asyncio tasks on one async client vs 8 blocking processes, on the same
      4 keys: throughput, waits, fairness, connections opened, statements the server ran
      (bench/async_contended.py)
+  many  dblock: lock_many of 5 keys vs 5 single locks in sorted order vs one single-key lock,
+     uncontended, interleaved in one process, beside the store's own 5-key and 1-key steps
+     (bench/many.py; issue 47)
+  many-contended  dblock: 8 processes taking a random 3 of 10 keys, held 1 ms, with lock_many
+     vs per-key locks in sorted order: sets/s, p50/p99 wait, exclusion per key
+  scrape  dblock's metrics with 1,000 / 10,000 / 100,000 keys of distinct prefixes: memory
+     kept and scrape time under the prefix cap, and without it (bench/scrape.py; issue 46)
 
 Each measurement runs in fresh forked processes, contenders alternate in every round (the order
 rotates each round; (a) interleaves a backend's contenders in 0.1 s slices), figures are
@@ -42,11 +51,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from bench import async_contended, observe, procs, servers, workload
+from bench import async_contended, many, observe, procs, scrape, servers, workload
 from bench.contenders import BACKENDS, TRIP, Contender, Targets, select
 from dblock.bench import handoffs, median, new_counter, percentile, read_counter
 
-SCENARIOS = ("a", "b", "c", "d", "e", "f", "async", "obs")
+SCENARIOS = ("a", "b", "c", "d", "e", "f", "g", "async", "obs", "scrape", "many", "many-contended")
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
 
@@ -70,6 +79,8 @@ class Budget:
     #: (f) threads of one process, and the pool bounds (max_connections) they are run with
     threads: tuple[int, ...] = (8, 32)
     pools: tuple[int, ...] = (10, 32)
+    #: (g) threads of one client contending for one key
+    contended_threads: int = 20
     handoff_hold: float = 0.01
     pause: float = 0.0  # sleep inside the critical section, between read and write
     #: (async) tasks of the one async client, and the keys both cells contend on
@@ -487,6 +498,81 @@ def _threads_rate(
         return rate, max(peak, getattr(pooled, "_open", 0))  # the pool keeps what it opened
 
 
+#: the stores whose clients keep a pool of connections (``max_connections``)
+POOLED = ("postgresql", "mysql", "sqlite")
+
+
+def scenario_g(backends: list[str], t: Targets, b: Budget) -> dict[str, Any]:
+    """Threads of one client contending for one key: sections/s by pool bound."""
+    import dblock
+
+    out: dict[str, Any] = {}
+    for backend in backends:
+        pools: tuple[int | None, ...] = b.pools if backend in POOLED else (None,)
+        table = f"{t.table}_g"
+        res: dict[str, Any] = {}
+        out[backend] = res
+        try:
+            with dblock.connect(t.url(backend), table=table):
+                pass
+            reps: dict[str, list[float]] = {str(pool or "default"): [] for pool in pools}
+            for r in range(b.repeats):
+                for pool in pools:
+                    rate = procs.run_one(
+                        _contended_rate,
+                        (t, backend, table, b.contended_threads, pool, b.duration),
+                        timeout=b.duration + 60,
+                    )
+                    reps[str(pool or "default")].append(rate)
+                    log(
+                        f"[g] round {r + 1} {backend} {b.contended_threads} threads, pool "
+                        f"{pool or 'default'}: {rate:,.0f} sections/s"
+                    )
+            for cell, rates in reps.items():
+                res[cell] = {"sections_per_s": median(rates), "repeats": rates}
+        except Exception as exc:
+            res["error"] = f"{type(exc).__name__}: {exc}".splitlines()[0]
+            log(f"[g] {backend}: {res['error']}")
+        finally:
+            servers.drop_dblock_tables(t, backend, table)
+    return out
+
+
+def _contended_rate(
+    t: Targets, backend: str, table: str, threads: int, pool: int | None, duration: float
+) -> float:
+    """Critical sections/s of ``threads`` threads of one client on one key."""
+    import threading
+
+    import dblock
+
+    options = {} if pool is None else {"max_connections": pool}
+    with dblock.connect(t.url(backend), table=table, **options) as client:
+        start_line = threading.Barrier(threads + 1)
+        stop = threading.Event()
+        counts = [0] * threads
+
+        def work(i: int) -> None:
+            lock = client.lock("g", ttl=60, timeout=60)
+            start_line.wait()
+            while not stop.is_set():
+                with lock:
+                    counts[i] += 1
+
+        workers = [threading.Thread(target=work, args=(i,), daemon=True) for i in range(threads)]
+        for w in workers:
+            w.start()
+        start_line.wait()
+        start = time.perf_counter()
+        time.sleep(duration)
+        stop.set()
+        elapsed = time.perf_counter() - start
+        done = sum(counts)
+        for w in workers:
+            w.join(60)
+        return done / elapsed
+
+
 # -- availability ---------------------------------------------------------------------------
 def _probe(c: Contender, t: Targets, key: str) -> str:
     adapter = c.factory(t, key)
@@ -604,10 +690,8 @@ def markdown(report: dict[str, Any]) -> str:
             backend, name = cid.split("/", 1)
             if "error" in v and not v["repeats"]:
                 status = "error: " + v["error"][:80]
-            elif v["exclusive"]:
-                status = "ok"
             else:
-                status = f"**FAILING** ({v['lost_updates']} lost, {v['overlaps']} overlaps)"
+                status = workload.exclusion_status(v)
             lines.append(
                 f"| {backend} | {name} | {_f(v.get('throughput'))} "
                 f"| {_f(v.get('wait_p50_ms'), '.1f')} "
@@ -681,6 +765,27 @@ def markdown(report: dict[str, Any]) -> str:
                 ratio = row[-1]["pairs_per_s"] / row[0]["pairs_per_s"]
                 lines.append(f"| {backend} | {pool} | {cells} | {ratio:.2f}× |")
         lines.append("")
+    if "g" in res:
+        lines += [
+            f"### (g) dblock: {report['budget']['contended_threads']} threads of one client on "
+            "one key",
+            "",
+            "Critical sections/s of all the threads together, the median of the repeats (their "
+            "range in brackets), by the pool bound where the store's client keeps a pool.",
+            "",
+            "| backend | max_connections | sections/s |",
+            "|---|---:|---:|",
+        ]
+        for backend, v in res["g"].items():
+            if "error" in v:
+                lines.append(f"| {backend} | error: {v['error'][:100]} |")
+                continue
+            for cell, c in v.items():
+                lines.append(
+                    f"| {backend} | {cell} | {_f(c['sections_per_s'])} "
+                    f"({_f(min(c['repeats']))}–{_f(max(c['repeats']))}) |"
+                )
+        lines.append("")
     if "e" in res:
         lines += [
             f"### (e) waiting cost: {report['budget']['workers']} blocked waiters, holder sits "
@@ -708,6 +813,12 @@ def markdown(report: dict[str, Any]) -> str:
         lines += async_contended.markdown(res["async"], report["budget"])
     if "obs" in res:
         lines += observe.markdown(res["obs"])
+    if "scrape" in res:
+        lines += scrape.markdown(res["scrape"])
+    if "many" in res:
+        lines += many.markdown_many(res["many"], report["budget"]["repeats"])
+    if "many-contended" in res:
+        lines += many.markdown_contended(res["many-contended"], report["budget"])
     if report.get("unavailable"):
         lines += ["### Not run", ""]
         for cid, why in report["unavailable"].items():
@@ -715,7 +826,7 @@ def markdown(report: dict[str, Any]) -> str:
         lines.append("")
     if report.get("targets"):
         lines += [
-            "### Issue 6 targets (dblock, default lock)",
+            "### Targets (issue 6: dblock, default lock; (many): issue 47)",
             "",
             "| target | measured | met |",
             "|---|---|---|",
@@ -816,6 +927,10 @@ def evaluate_targets(res: dict[str, Any], contenders: list[Contender]) -> list[d
                 q <= 10 if backend == "postgresql" else None,
             )
     out += _session_targets(res)
+    if "scrape" in res:
+        out += scrape.targets(res["scrape"])
+    if "many" in res:
+        out += many.targets(res["many"])
     return out
 
 
@@ -1024,10 +1139,22 @@ def run(
                 results["d"] = scenario_d(live_backends, t, budget)
             if "f" in scenarios and (names is None or any("dblock" in n for n in names)):
                 results["f"] = scenario_f(live_backends, t, budget)
+            if "g" in scenarios and (names is None or any("dblock" in n for n in names)):
+                results["g"] = scenario_g(live_backends, t, budget)
             if "async" in scenarios and (names is None or any("dblock" in n for n in names)):
                 results["async"] = async_contended.scenario_async(live_backends, t, budget, tmp)
             if "obs" in scenarios and (names is None or any("dblock" in n for n in names)):
                 results["obs"] = observe.scenario_obs(live_backends, t, budget)
+            if "scrape" in scenarios and (names is None or any("dblock" in n for n in names)):
+                results["scrape"] = scrape.scenario_scrape(quick=args.quick)
+            if "many" in scenarios and (names is None or any("dblock" in n for n in names)):
+                results["many"] = many.scenario_many(live_backends, t, budget)
+            if "many-contended" in scenarios and (
+                names is None or any("dblock" in n for n in names)
+            ):
+                results["many-contended"] = many.scenario_many_contended(
+                    live_backends, t, budget, tmp
+                )
         report = {
             "meta": _meta(t, live_backends, started, budget, not args.no_spinner),
             "budget": {
@@ -1035,6 +1162,7 @@ def run(
                 "many_keys": list(budget.many_keys),
                 "threads": list(budget.threads),
                 "pools": list(budget.pools),
+                "contended_threads": budget.contended_threads,
             },
             "contenders": {
                 c.id: {"kind": c.kind, "backend": c.backend, "note": c.note} for c in contenders
@@ -1071,16 +1199,20 @@ def run(
     if args.markdown:
         Path(args.markdown).write_text(text + "\n")
     log(f"JSON written to {path}")
-    failing = [
-        cid
-        for cid, v in report["results"].get("b", {}).items()
-        if v.get("repeats") and not v["exclusive"] and not cid.startswith("local/")
-    ] + [
-        f"{backend}/{cell}"
-        for backend, cells in report["results"].get("async", {}).items()
-        for cell in async_contended.CELLS
-        if cells.get(cell, {}).get("repeats") and not cells[cell]["exclusive"]
-    ]
+    failing = (
+        [
+            cid
+            for cid, v in report["results"].get("b", {}).items()
+            if v.get("repeats") and not v["exclusive"] and not cid.startswith("local/")
+        ]
+        + [
+            f"{backend}/{cell}"
+            for backend, cells in report["results"].get("async", {}).items()
+            for cell in async_contended.CELLS
+            if cells.get(cell, {}).get("repeats") and not cells[cell]["exclusive"]
+        ]
+        + many.failing(report["results"].get("many-contended", {}))
+    )
     return 1 if failing else 0
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import sqlite3
+import sys
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from bench.contenders import (
@@ -78,12 +80,36 @@ def create_floor_table(t: Targets, backend: str) -> None:
         execute(t, backend, floor_ddl(backend, t.floor_table))
 
 
+def each_store(
+    stores: Iterable[str],
+    t: Targets,
+    table: str,
+    tag: str,
+    measure: Callable[[str, str, dict[str, Any]], None],
+) -> dict[str, Any]:
+    """``measure(store, table, result)`` per store, on a table of its own (``<t.table>_<table>``,
+    dropped afterwards); an error ends that store's measurement, noted in its result."""
+    out: dict[str, Any] = {}
+    for store in stores:
+        name = f"{t.table}_{table}"
+        res: dict[str, Any] = {}
+        out[store] = res
+        try:
+            measure(store, name, res)
+        except Exception as exc:
+            res["error"] = f"{type(exc).__name__}: {exc}".splitlines()[0]
+            print(f"[{tag}] {store}: {res['error']}", file=sys.stderr, flush=True)
+        finally:
+            drop_dblock_tables(t, store, name)
+    return out
+
+
 def drop_dblock_tables(t: Targets, backend: str, table: str) -> None:
     """Drop ``table`` and everything dblock keeps beside it (``<table>_meta``, ``_holders``,
     the token sequence...): whatever is named ``<table>_*``. Run ids keep the names unique."""
     if backend == "zookeeper":  # its nodes, and kazoo's recipe's
         with contextlib.suppress(Exception):
-            from dblock.backends.zookeeper import _encode
+            from dblock.stores.zookeeper.store import _encode
 
             k = Kazoo(t.zookeeper)
             try:
@@ -92,7 +118,7 @@ def drop_dblock_tables(t: Targets, backend: str, table: str) -> None:
             finally:
                 k.close()
         return
-    if backend == "etcd":  # its keys, as in dblock.backends.etcd
+    if backend == "etcd":  # its keys, as in dblock.stores.etcd.store
         with contextlib.suppress(Exception):
             from bench._chaos_db import drop_tables
 

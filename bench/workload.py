@@ -61,17 +61,10 @@ def uncontended_interleaved(
                 adapter, res = adapters[cid], out[cid]
                 if res["ops"] >= max_ops:
                     continue
-                n, cpu, start = 0, time.process_time(), time.perf_counter()
-                end = start + slice_s
-                while True:
-                    adapter.acquire()
-                    adapter.release()
-                    n += 1
-                    if time.perf_counter() >= end:
-                        break
+                n, wall, cpu = timed_slice(adapter, slice_s)
                 res["ops"] += n
-                res["seconds"] += time.perf_counter() - start
-                res["cpu_seconds"] += time.process_time() - cpu
+                res["seconds"] += wall
+                res["cpu_seconds"] += cpu
     finally:
         for adapter in adapters.values():
             _close(adapter)
@@ -82,6 +75,27 @@ def uncontended_interleaved(
             # spends its time when it is not waiting for the server
             res["cpu_us_per_pair"] = res["cpu_seconds"] / res["ops"] * 1e6
     return out
+
+
+def timed_slice(lock: Any, slice_s: float) -> tuple[int, float, float]:
+    """acquire+release pairs of ``lock`` for ``slice_s`` seconds (at least one): how many,
+    the wall time and the process's CPU time they took."""
+    n, cpu, start = 0, time.process_time(), time.perf_counter()
+    end = start + slice_s
+    while True:
+        lock.acquire()
+        lock.release()
+        n += 1
+        if time.perf_counter() >= end:
+            break
+    return n, time.perf_counter() - start, time.process_time() - cpu
+
+
+def exclusion_status(v: dict[str, Any]) -> str:
+    """A report's exclusion cell: ok, or FAILING with the lost updates and overlaps."""
+    if v["exclusive"]:
+        return "ok"
+    return f"**FAILING** ({v['lost_updates']} lost, {v['overlaps']} overlaps)"
 
 
 # -- (b) contended critical sections and (c) hand-off -----------------------------------------

@@ -13,26 +13,39 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
-HEAVY = {"psycopg", "pymysql", "click", "rich", "greenlet", "aiomysql", "redis", "kazoo", "grpc"}
 
-# extra -> modules it must make importable
-MODULES = {
+def stores() -> list[Any]:
+    """The registry's entries (dblock.stores._registry): every store, its extra, its drivers."""
+    from dblock.stores._registry import BUILT_IN
+
+    return list(BUILT_IN)
+
+
+#: what ``import dblock`` must not load: the CLI toolkit, greenlet, every store's driver
+HEAVY = {"click", "rich", "greenlet"}
+#: extra -> modules it must make importable: each store's extra its drivers, and the others
+MODULES: dict[str, list[str]] = {
     "": [],
-    "postgresql": ["psycopg"],
-    "mysql": ["pymysql"],
     "async": ["greenlet"],
     "asyncio": ["greenlet"],  # the async extra's earlier name, kept as an alias
     "mysql-async": ["pymysql", "aiomysql", "greenlet"],
-    "redis": ["redis", "hiredis"],
-    "zookeeper": ["kazoo"],
-    "etcd": ["pyetcd", "grpc", "google.protobuf"],
     "prometheus": ["prometheus_client"],
     "otel": ["opentelemetry.trace"],
     "dashboard": ["prometheus_client", "starlette", "uvicorn"],
-    "all": ["psycopg", "pymysql", "greenlet", "aiomysql", "redis", "kazoo", "pyetcd"],
+    "all": ["greenlet"],
 }
+
+
+def registered() -> None:
+    """HEAVY and MODULES from the registry (read after ``import dblock`` was checked)."""
+    for entry in stores():
+        drivers = [d for d in entry.drivers if d != "sqlite3"]  # the standard library's
+        HEAVY.update(d for d in (*drivers, *entry.async_drivers) if "." not in d)
+        if entry.extra:
+            MODULES[entry.extra] = drivers
+            MODULES["all"] += drivers + list(entry.async_drivers)
 
 
 def fail(why: str) -> NoReturn:
@@ -89,7 +102,9 @@ def the_command(extra: str, version: str) -> None:
 def main(extra: str) -> None:
     import dblock
 
-    loaded = HEAVY & set(sys.modules)
+    before = set(sys.modules)
+    registered()
+    loaded = HEAVY & before
     if loaded:
         fail(f"import dblock loaded {sorted(loaded)}")
     if dblock.__file__ is None or "site-packages" not in dblock.__file__:

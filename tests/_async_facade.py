@@ -286,6 +286,13 @@ class Client:
     ) -> Lock:
         return Lock(self, lambda lost: self._async.lock(key, **options, on_lost=lost), on_lost)
 
+    def lock_many(
+        self, keys: Any, *, on_lost: Callable[[Lock], object] | None = None, **options: Any
+    ) -> Lock:
+        return Lock(
+            self, lambda lost: self._async.lock_many(keys, **options, on_lost=lost), on_lost
+        )
+
     def rwlock(self, key: str, *, ttl: float = 30.0, timeout: float | None = None) -> RWLock:
         return RWLock(self, self._async.rwlock(key, ttl=ttl, timeout=timeout))
 
@@ -395,9 +402,9 @@ class Lock:
         return self._client._call(read)
 
     def __getattr__(self, name: str) -> Any:
-        if name in ("held", "token", "owner", "lease_end"):  # per owner: read in its task
+        if name in ("held", "token", "tokens", "owner", "lease_end"):  # per owner: in its task
             return self._read(name)
-        if name in ("key", "ttl", "permits"):
+        if name in ("key", "keys", "ttl", "permits"):
             return getattr(self._async, name)
         raise AttributeError(name)
 

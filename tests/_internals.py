@@ -13,7 +13,7 @@ import sqlite3
 from typing import Any
 
 import dblock
-from dblock.backends.sql.base import SqlBackend
+from dblock.stores._pool import PooledStore
 
 
 def store_of(client: dblock.Client | dblock.AsyncClient) -> Any:
@@ -44,7 +44,7 @@ class ConnectionTracker:
         self._made: list[Any] = []
         self.peak = 0
         # a store with a pool of its own (SQL); redis-py keeps its connections itself
-        connect = store._connect if isinstance(store, SqlBackend) else None
+        connect = store._connect if isinstance(store, PooledStore) else None
         if connect is None:  # a store without connections of its own
             return
 

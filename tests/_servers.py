@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+from collections.abc import Callable
 from functools import cache
 from typing import Any
 from urllib.parse import urlsplit
@@ -73,8 +74,8 @@ def raw_zookeeper(url: str) -> Any:
 
 
 def zookeeper_base(url: str, table: str) -> str:
-    """The node under which dblock keeps ``table`` (as in dblock.backends.zookeeper)."""
-    from dblock.backends.zookeeper import _encode
+    """The node under which dblock keeps ``table`` (as in dblock.stores.zookeeper.store)."""
+    from dblock.stores.zookeeper.store import _encode
 
     chroot = urlsplit(url).path.strip("/")
     return f"/{chroot}/{_encode(table)}" if chroot else f"/{_encode(table)}"
@@ -88,14 +89,14 @@ def raw_etcd(url: str) -> Any:
 
 
 def redis_prefix(table: str) -> str:
-    """The prefix of a lock table's keys in Redis (as in dblock.backends.redis)."""
+    """The prefix of a lock table's keys in Redis (as in dblock.stores.redis.store)."""
     return f"dblock:{{{table}}}:"
 
 
-def reachable(url: str) -> str | None:
-    """None if the server answers, else the reason."""
+def reachable(url: str, raw: Callable[[str], Any] | None = None) -> str | None:
+    """None if the server answers (``raw``: a store's own plain client), else the reason."""
     try:
-        conn = raw_connect(url)
+        conn = (raw or raw_connect)(url)
         conn.close()
     except Exception as exc:
         return f"{type(exc).__name__}: {exc}"
@@ -103,15 +104,15 @@ def reachable(url: str) -> str | None:
 
 
 @cache
-def _reachable_once(url: str) -> str | None:
-    return reachable(url)
+def _reachable_once(url: str, raw: Callable[[str], Any] | None = None) -> str | None:
+    return reachable(url, raw)
 
 
-def require_server(name: str, url: str) -> None:
+def require_server(name: str, url: str, raw: Callable[[str], Any] | None = None) -> None:
     """Skip the test if the server is unreachable, or fail it under DBLOCK_REQUIRE_SERVERS=1."""
     import pytest
 
-    reason = _reachable_once(url)
+    reason = _reachable_once(url, raw)
     if reason is not None:
         message = f"{name} server at {url} unreachable: {reason}"
         if REQUIRE_SERVERS:
@@ -120,8 +121,8 @@ def require_server(name: str, url: str) -> None:
 
 
 def drop_tables(url: str, table: str) -> None:
-    """Drop the lock table and what lives beside it (names as in dblock.backends.sql.names)."""
-    from dblock.backends.sql.names import aux_name
+    """Drop the lock table and what lives beside it (names as in dblock.stores._names)."""
+    from dblock.stores._names import aux_name
 
     conn = raw_connect(url)
     if urlsplit(url).scheme in ("zookeeper", "zk"):

@@ -138,7 +138,7 @@ def fair(url: str, table: str, key: str, idx: str, timeout: str) -> None:
 def bell_passes(url: str, table: str, key: str, n: str, start_at: str) -> None:
     """From ``start_at`` (epoch s), take and release ``key`` n times (MySQL); print how many
     times this process passed the key's doorbell on, woken out of its queue's order."""
-    from dblock.backends import _doorbell
+    from dblock.stores.mysql import doorbell as _doorbell
 
     passes = 0
     answer = _doorbell.Doorbell._answer
@@ -276,6 +276,43 @@ def leave_fenced(record: str, token: int | None) -> None:
         f.write(f"0 {token}")
 
 
+def many(
+    url: str, table: str, prefix: str, nkeys: str, k: str, rounds: str, hold: str, log: str
+) -> None:
+    """``rounds`` times, lock_many a random ``k`` of the keys ``prefix0..prefix<nkeys-1>``,
+    given in random order; log ``enter <ns> <owner> <key,key,...> <token,token,...>`` once had
+    and ``exit <ns> <owner>`` before releasing after ``hold`` s."""
+    import random
+
+    names = [f"{prefix}{i}" for i in range(int(nkeys))]
+    with connect(url, table=table) as client, open(log, "a") as out:
+        for _ in range(int(rounds)):
+            keys = random.sample(names, int(k))
+            with client.lock_many(keys, ttl=30, timeout=120) as m:
+                tokens = m.tokens
+                assert tokens is not None and sorted(tokens) == sorted(keys)
+                order = sorted(keys)
+                out.write(
+                    f"enter {time.monotonic_ns()} {m.owner} {','.join(order)} "
+                    f"{','.join(str(tokens[key]) for key in order)}\n"
+                )
+                out.flush()
+                time.sleep(float(hold))
+                out.write(f"exit {time.monotonic_ns()} {m.owner}\n")
+                out.flush()
+
+
+def many_hold(url: str, table: str, keys: str, ttl: str) -> None:
+    """lock_many the comma-separated ``keys``, print its tokens and owner, then wait for
+    stdin (the test kills it meanwhile)."""
+    with connect(url, table=table) as client:
+        m = client.lock_many(keys.split(","), ttl=float(ttl))
+        assert m.acquire(timeout=30)
+        print(json.dumps({"tokens": m.tokens, "owner": m.owner}), flush=True)
+        sys.stdin.readline()
+        m.release()
+
+
 if __name__ == "__main__":
     commands = {
         "count": count,
@@ -295,5 +332,7 @@ if __name__ == "__main__":
         "session_fence": session_fence,
         "session_keys": session_keys,
         "session_hold": session_hold,
+        "many": many,
+        "many_hold": many_hold,
     }
     commands[sys.argv[1]](*sys.argv[2:])

@@ -7,12 +7,15 @@ services); when one is unreachable its tests skip, or fail under DBLOCK_REQUIRE_
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 import dblock
+from tests import _zk_secure
 from tests._servers import BACKENDS, POSTGRESQL_URL, drop_tables, require_server, server_url
 
 
@@ -22,6 +25,26 @@ def pytest_configure(config: pytest.Config) -> None:
         "needs(*capabilities): the test runs only on providers with these capabilities "
         "(tests/providers.py); elsewhere it is skipped by capability",
     )
+
+
+def _run_temp(factory: pytest.TempPathFactory) -> Path:
+    """The temporary directory the whole run shares (pytest-xdist's workers make theirs in it)."""
+    base = factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    if not os.environ.get("PYTEST_XDIST_WORKER"):  # the run's last step: its shared servers go
+        factory = getattr(session.config, "_tmp_path_factory", None)
+        if factory is not None:
+            _zk_secure.stop_shared(_run_temp(factory))
+
+
+@pytest.fixture(scope="session")
+def secure_zk(tmp_path_factory: pytest.TempPathFactory) -> _zk_secure.SecureZk:
+    """The run's private ZooKeeper with digest authentication and a TLS port (one JVM for
+    every test process of the run; see tests/_zk_secure.py)."""
+    return _zk_secure.shared(_run_temp(tmp_path_factory))
 
 
 @pytest.fixture(params=BACKENDS)

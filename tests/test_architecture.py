@@ -1,5 +1,7 @@
-"""The shape docs/architecture.md promises: no import cycles, an engine that does no I/O and
-knows no store by name, stores that declare their capabilities."""
+"""The shape docs/architecture.md promises: no import cycle, no import from a lower layer into
+a higher one, an engine that does no I/O and knows no store by name, one package per store that
+imports no other store's package, and stores that declare their capabilities. (The docs'
+tables of stores, extras and commands: tests/test_docs_tables.py.)"""
 
 from __future__ import annotations
 
@@ -9,15 +11,55 @@ from pathlib import Path
 
 import pytest
 
-from dblock.backends import BACKENDS, CAPABILITIES, Store
+from dblock._contract import CAPABILITIES, Store
+from dblock.stores._registry import BUILT_IN, entries
+from tests.providers import (
+    HARNESS_CAPABILITIES,
+    PROVIDERS,
+    STORE_CAPABILITIES,
+    provider_folders,
+)
 
-SRC = Path(__file__).resolve().parent.parent / "src" / "dblock"
+ROOT = Path(__file__).resolve().parent.parent
+SRC = ROOT / "src" / "dblock"
 #: the modules that hold the lock semantics and drive them: no store is named there
 CORE = ["_engine", "_core.py", "_drive.py", "_lock.py", "_client.py", "_patterns.py", "_rwlock.py"]
-STORE_NAMES = {"sqlite", "postgresql", "postgres", "mysql", "mariadb", "redis"}
-#: what the engine may not import: drivers, sockets, processes, event loops
-IO_MODULES = {"socket", "select", "selectors", "subprocess", "asyncio", "sqlite3", "psycopg"}
-IO_MODULES |= {"pymysql", "urllib", "http", "redis"}
+STORE_NAMES = {n for e in BUILT_IN for n in (e.name, *e.schemes)}
+#: every store's package (the quorum has no URL scheme of its own, so no registry entry)
+STORE_PACKAGES = sorted(p.name for p in (SRC / "stores").iterdir() if (p / "__init__.py").exists())
+#: what the engine may not import: drivers (every store's, from the registry), sockets,
+#: processes, event loops
+DRIVERS = {d.split(".")[0] for e in BUILT_IN for d in (*e.drivers, *e.async_drivers)}
+IO_MODULES = {"socket", "select", "selectors", "subprocess", "asyncio", "urllib", "http"}
+IO_MODULES |= {"sqlite3", "greenlet"} | DRIVERS
+#: the layers, lowest first: a module imports only from its own layer or lower ones. What no
+#: layer names (the public surface, the CLI, integrations) stands above them all.
+LAYERS: list[tuple[str, ...]] = [
+    # what everything stands on: errors, types, timing, URLs, the runtimes
+    (
+        "dblock._errors",
+        "dblock._types",
+        "dblock._forksafe",
+        "dblock._green",
+        "dblock._timing",
+        "dblock._validate",
+        "dblock._observe",
+        "dblock._renewer",
+        "dblock._runtime",
+        "dblock._loop_runtime",
+        "dblock._url",
+    ),
+    ("dblock._contract",),  # what the engine asks of a store
+    ("dblock._engine",),  # the lock semantics, no I/O
+    # what several stores share, and a store's registry entry
+    tuple(
+        f"dblock.stores.{p.stem}"
+        for p in sorted((SRC / "stores").glob("_*.py"))
+        if p.stem not in ("_registry", "_sqla", "_clients")
+    ),
+    tuple(f"dblock.stores.{name}" for name in STORE_PACKAGES),  # one package per store
+    ("dblock.stores._registry", "dblock.stores._sqla", "dblock.stores._clients", "dblock.stores"),
+]
 
 
 def _modules() -> dict[str, Path]:
@@ -144,9 +186,16 @@ def test_the_core_does_not_probe_stores_with_getattr() -> None:
                 )
 
 
-@pytest.mark.parametrize("scheme", sorted(BACKENDS))
-def test_every_store_implements_the_contract_and_declares_what_it_has(scheme: str) -> None:
-    module_name, class_name, _extra = BACKENDS[scheme]
+def _store_classes() -> dict[str, str]:
+    """Every store's class path: the registry's, and the quorum's (opened by a list of URLs)."""
+    found = {e.name: e.store for e in entries()}
+    found["quorum"] = "dblock.stores.quorum.store:QuorumStore"
+    return found
+
+
+@pytest.mark.parametrize("name", sorted(_store_classes()))
+def test_every_store_implements_the_contract_and_declares_what_it_has(name: str) -> None:
+    module_name, _, class_name = _store_classes()[name].partition(":")
     try:
         cls = getattr(importlib.import_module(module_name), class_name)
     except ImportError as exc:  # its driver is an optional extra
@@ -155,6 +204,100 @@ def test_every_store_implements_the_contract_and_declares_what_it_has(scheme: st
     assert not getattr(cls, "__abstractmethods__", None), "every declared operation exists"
     declared = [c for c in CAPABILITIES if issubclass(cls, c)]
     assert declared, f"{class_name} declares no capability at all"
+
+
+@pytest.mark.parametrize("provider", [p.name for p in PROVIDERS])
+def test_every_provider_declares_the_capabilities_its_store_class_declares(provider: str) -> None:
+    """Each provider's store capabilities (the contract tests skip by them) are exactly
+    those its store's class line declares: read from the class, and none declared by hand
+    among the provider's markers, which are harness capabilities only."""
+    entry = next(p for p in PROVIDERS if p.name == provider)
+    assert entry.store, f"provider {provider} names no store class"
+    assert entry.markers <= HARNESS_CAPABILITIES, sorted(entry.markers - HARNESS_CAPABILITIES)
+    module_name, _, class_name = entry.store.partition(":")
+    try:
+        cls = getattr(importlib.import_module(module_name), class_name)
+    except ImportError as exc:  # its driver is an optional extra
+        pytest.skip(f"driver not installed: {exc.name}")
+    declared = {c.__name__ for c in CAPABILITIES if issubclass(cls, c)}
+    assert entry.capabilities & STORE_CAPABILITIES == declared
+    assert {c.__name__ for c in CAPABILITIES} == STORE_CAPABILITIES
+
+
+def test_every_store_has_a_provider_in_its_test_folder() -> None:
+    """Each store package has tests/stores/<name>/provider.py, whose providers run its class
+    (tests/providers.py collects them; a store without one would run no contract test)."""
+    folders = provider_folders()
+    assert sorted(folders) == STORE_PACKAGES
+    for folder in folders:
+        classes = {e.store for e in PROVIDERS if e.store.startswith(f"dblock.stores.{folder}.")}
+        assert classes, f"tests/stores/{folder}/provider.py runs no class of stores/{folder}/"
+
+
+def test_every_store_has_a_package_and_every_package_a_store() -> None:
+    assert sorted(_store_classes()) == STORE_PACKAGES
+    for e in BUILT_IN:
+        assert e.store.startswith(f"dblock.stores.{e.name}."), e.store
+
+
+def _layer(module: str) -> int | None:
+    best: tuple[int, int] | None = None  # (length of the prefix, layer)
+    for i, prefixes in enumerate(LAYERS):
+        for prefix in prefixes:
+            if (module == prefix or module.startswith(prefix + ".")) and (
+                best is None or len(prefix) > best[0]
+            ):
+                best = (len(prefix), i)
+    return None if best is None else best[1]
+
+
+def test_no_module_imports_from_a_higher_layer() -> None:
+    modules = _modules()
+    top = len(LAYERS)
+    wrong = []
+    for name, path in modules.items():
+        here = _layer(name)
+        here = top if here is None else here
+        for target in _imports(name, path, modules) & set(modules):
+            there = _layer(target)
+            there = top if there is None else there
+            if there > here:
+                wrong.append(f"{name} (layer {here}) imports {target} (layer {there})")
+    assert wrong == []
+
+
+def test_the_layer_check_finds_an_import_from_below() -> None:
+    assert _layer("dblock._engine.waiting") == 2
+    assert _layer("dblock.stores.mysql.doorbell") == 4
+    assert _layer("dblock.stores._pool") == 3
+    assert _layer("dblock.stores") == 5
+    assert _layer("dblock._lock") is None
+
+
+def test_no_store_package_imports_another_store_or_the_registry() -> None:
+    modules = _modules()
+    wrong = []
+    for name, path in modules.items():
+        parts = name.split(".")
+        if len(parts) < 3 or parts[1] != "stores" or parts[2] not in STORE_PACKAGES:
+            continue
+        for target in _imports(name, path, modules):
+            t = target.split(".")
+            other = len(t) >= 3 and t[:2] == ["dblock", "stores"] and t[2] != parts[2]
+            if other and (t[2] in STORE_PACKAGES or t[2] in ("_registry", "_sqla", "_clients")):
+                wrong.append(f"{name} imports {target}")
+            if target == "dblock.stores":
+                wrong.append(f"{name} imports the stores' package")
+    assert wrong == []
+
+
+def test_the_shared_store_modules_import_no_store_package() -> None:
+    modules = _modules()
+    for name, path in modules.items():
+        if _layer(name) != 3 or not name.startswith("dblock.stores."):
+            continue
+        used = {i for i in _imports(name, path, modules) if i.startswith("dblock.stores.")}
+        assert not {i for i in used if i.split(".")[2] in STORE_PACKAGES}, (name, used)
 
 
 def test_the_cli_imports_only_the_public_api_and_its_own_modules() -> None:
@@ -171,7 +314,7 @@ def test_the_cli_imports_only_the_public_api_and_its_own_modules() -> None:
 #: where a blocking wait is right even under the async client: threads of their own (the
 #: statement watchdog), code the async client runs on a worker thread (SQLite's operations and
 #: connecting), and the blocking runtime itself
-_THREAD_ONLY = {"_runtime.py", "_renewer.py", "watchdog.py", "_forksafe.py"}
+_THREAD_ONLY = {"_runtime.py", "_renewer.py", "_watchdog.py", "_forksafe.py"}
 _BLOCKING_WAITS = ("time.sleep(", "threading.Event(", "threading.Thread(", "threading.Condition(")
 
 
@@ -187,7 +330,8 @@ def test_store_and_client_code_waits_only_through_its_runtime() -> None:
         for wait in _BLOCKING_WAITS:
             if wait in source:
                 lines = [n for n, line in enumerate(source.splitlines(), 1) if wait in line]
-                allowed = path.name == "sqlite.py" and wait == "time.sleep("  # worker thread
+                sqlite = path.relative_to(SRC).as_posix() == "stores/sqlite/store.py"
+                allowed = sqlite and wait == "time.sleep("  # worker thread
                 assert allowed, f"{path.relative_to(SRC)}:{lines} waits with {wait}"
 
 
@@ -196,4 +340,4 @@ def test_the_async_client_implements_no_lock_semantics() -> None:
     store and no engine step directly."""
     modules = _modules()
     used = set(_imports("dblock._async_client", SRC / "_async_client.py", modules))
-    assert not {i for i in used if i.startswith(("dblock._engine", "dblock.backends"))}, used
+    assert not {i for i in used if i.startswith(("dblock._engine", "dblock.stores"))}, used

@@ -21,13 +21,13 @@ def test_composite_key_and_schema_and_aliases() -> None:
     )
     assert stmt.sql == (
         'UPDATE "app"."stock" SET "qty" = %s, "note" = %s, "tok" = %s '
-        'WHERE "sku" = %s AND "wh" = %s AND ("tok" IS NULL OR "tok" < %s)'
+        'WHERE "sku" = %s AND "wh" = %s AND ("tok" IS NULL OR "tok" <= %s)'
     )
     assert stmt.params([1, "x"], ["s", "w"], 9) == (1, "x", 9, "s", "w", 9)
     mysql = dblock.fencing.fenced_update("mariadb", "t", [], ["id"])
     assert mysql.sql == (
         "UPDATE `t` SET `fence_token` = %s WHERE `id` = %s "
-        "AND (`fence_token` IS NULL OR `fence_token` < %s)"
+        "AND (`fence_token` IS NULL OR `fence_token` <= %s)"
     )
     lite = dblock.fencing.fenced_update("sqlite", "t", ["a"], ["id"])
     assert "?" in lite.sql

@@ -4,6 +4,7 @@ the ``__cause__``), ``repr(client)``, ``client.url`` and the command line's outp
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
 import traceback
@@ -119,3 +120,106 @@ def test_command_line_hides_query_secrets() -> None:
     assert done.returncode == 69, done.stderr
     assert "password=***" in done.stderr
     assert SECRET not in done.stdout + done.stderr
+
+
+# -- every store, every URL form (issue 46, point 2) ---------------------------------------
+#: each store's URL forms with a secret in every place its docs take one (unreachable: port 1;
+#: ZooKeeper waits out its connect timeout, kept short)
+ADMIN_DIGEST = "ops:3qpG0n6NeR8KXXf7ZG/KtrUk+A4="  # a digest a password can be guessed from
+FORMS = {
+    "postgresql": f"postgresql://u:{SECRET}@127.0.0.1:1/db?connect_timeout=1",
+    "postgres": f"postgres://u@127.0.0.1:1/db?password={SECRET}&connect_timeout=1",
+    "mysql": f"mysql://u:{SECRET}@127.0.0.1:1/db?connect_timeout=1",
+    "mariadb": f"mariadb://u:{SECRET}@127.0.0.1:1/db?connect_timeout=1",
+    "redis": f"redis://u:{SECRET}@127.0.0.1:1/0?connect_timeout=1",
+    "redis-password-only": f"redis://:{SECRET}@127.0.0.1:1/0?connect_timeout=1",
+    "rediss": f"rediss://u:{SECRET}@127.0.0.1:1/0?connect_timeout=1",
+    "etcd": f"etcd://u:{SECRET}@127.0.0.1:1?connect_timeout=1",
+    "etcd+https": f"etcd+https://u:{SECRET}@127.0.0.1:1?connect_timeout=1&ca_cert=/etc/hostname",
+    "zookeeper": f"zookeeper://alice:{SECRET}@127.0.0.1:1/app?connect_timeout=0.2",
+    "zk": f"zk://alice:{SECRET}@127.0.0.1:1,127.0.0.1:2/app?connect_timeout=0.2",
+    "zookeeper-digest": f"zookeeper://127.0.0.1:1/app?digest=alice:{SECRET}&connect_timeout=0.2",
+    "zookeeper-admin": f"zookeeper://alice:{SECRET}@127.0.0.1:1/app?admin=digest:{ADMIN_DIGEST}"
+    "&connect_timeout=0.2",
+    "zookeepers": f"zookeepers://alice:{SECRET}@127.0.0.1:1/app?ca=/etc/hostname"
+    f"&keyfile_password={SECRET}&connect_timeout=0.2",
+    "sqlite": f"sqlite:///locks.sqlite3?password={SECRET}",
+}
+#: the same stores' URLs that are wrong in a way the URL parser or the store refuses (exit 2)
+BAD_FORMS = {
+    "postgresql": f"postgresql://u:{SECRET}@127.0.0.1:x/db",
+    "mysql": f"mysql://u:{SECRET}@127.0.0.1:1/db?connect_timeout=nan",
+    "redis": f"redis://u:{SECRET}@127.0.0.1:1/x",
+    "etcd": f"etcd://u:{SECRET}@127.0.0.1:1?bogus=1",
+    "zookeeper-user-info": f"zookeeper://alice:{SECRET}@127.0.0.1:x/app",
+    "zookeeper-slash-in-password": f"zookeeper://alice:{SECRET}/x@127.0.0.1:1/app",
+    "zookeeper-digest": f"zookeeper://127.0.0.1:1/app?digest=alice:{SECRET}&bogus=1",
+    "zookeeper-admin": f"zookeeper://alice:{SECRET}@127.0.0.1:1/app?admin={SECRET}",
+    "sqlite": f"sqlite:///locks.sqlite3?timeout=x&digest={SECRET}",
+}
+ALL_FORMS = [*FORMS.values(), *BAD_FORMS.values()]
+ALL_IDS = [*FORMS, *(f"bad-{k}" for k in BAD_FORMS)]
+_HIDDEN = (SECRET, quote(SECRET), ADMIN_DIGEST.split(":")[1], "Pw9-qs", "qs3cr3t")
+
+
+def _assert_hidden(text: str) -> None:
+    for part in _HIDDEN:
+        assert part not in text, text
+
+
+def _everything(exc: BaseException, caplog: pytest.LogCaptureFixture) -> str:
+    logged = [caplog.text, *(r.getMessage() for r in caplog.records)]
+    logged += [
+        "".join(traceback.format_exception(*r.exc_info)) for r in caplog.records if r.exc_info
+    ]
+    return _texts(exc) + "".join(logged)
+
+
+@pytest.mark.parametrize("url", ALL_FORMS, ids=ALL_IDS)
+def test_no_store_shows_a_secret_of_its_url(url: str, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG)  # every logger, the drivers' too
+    with pytest.raises(dblock.DBLockError) as info:
+        dblock.connect(url).close()
+    _assert_hidden(_everything(info.value, caplog))
+    assert "***" in str(info.value)
+
+
+def test_a_quorum_shows_no_secret_of_its_members(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG)
+    urls = [FORMS["postgresql"], FORMS["redis"], FORMS["zookeeper-digest"]]
+    with pytest.raises(dblock.DBLockError) as info:
+        dblock.connect(urls).close()
+    _assert_hidden(_everything(info.value, caplog))
+
+
+@pytest.mark.parametrize("debug", [False, True], ids=["plain", "debug"])
+@pytest.mark.parametrize("url", ALL_FORMS, ids=ALL_IDS)
+def test_the_command_line_shows_no_secret(
+    url: str, debug: bool, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--url's error path (a URL the parser refuses), an unreachable store, --debug's log
+    lines and tracebacks: in-process, as a subprocess would print them."""
+    from dblock.cli import main
+
+    status = main([*(["--debug"] if debug else []), "--url", url, "list"])
+    out, err = capsys.readouterr()
+    assert status in (2, 69), err
+    _assert_hidden(out + err)
+    assert "***" in err
+
+
+def test_the_command_line_shows_no_secret_of_a_quorum(capsys: pytest.CaptureFixture[str]) -> None:
+    from dblock.cli import main
+
+    urls = [FORMS["mysql"], FORMS["zookeeper"], FORMS["etcd"]]
+    status = main(["--debug", *(a for u in urls for a in ("--url", u)), "list"])
+    out, err = capsys.readouterr()
+    assert status == 69, err
+    _assert_hidden(out + err)
+
+
+def test_a_parsed_url_repr_shows_no_secret() -> None:
+    from dblock.stores._registry import parse_url
+
+    for url in [*FORMS.values()]:
+        _assert_hidden(repr(parse_url(url)))

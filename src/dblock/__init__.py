@@ -31,12 +31,13 @@ if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
 
     from ._async_client import AsyncClient
+    from ._client import Borrowed
 
 __version__ = "0.1.0.dev0"
 
 
 async def connect_async(
-    url: str | Sequence[str] | AsyncEngine | None = None,
+    url: str | Sequence[str] | AsyncEngine | Borrowed | None = None,
     *,
     table: str = "dblock_locks",
     create_schema: bool = True,
@@ -47,8 +48,9 @@ async def connect_async(
     Every call that touches the database is awaited, every context manager is ``async with``;
     the owner for re-entrancy is the asyncio task. Needs greenlet (``dblock[async]``), and
     for MySQL aiomysql (``dblock[mysql-async]``). A SQLAlchemy ``AsyncEngine`` in place of
-    ``url`` uses that engine's pool and dialect (docs/sqlalchemy.md). A list of three or more
-    URLs opens a quorum client (docs/quorum.md).
+    ``url`` uses that engine's pool and dialect (docs/sqlalchemy.md); so do a ``redis.Redis``,
+    a started ``KazooClient`` and a ``psycopg_pool.AsyncConnectionPool`` (docs/configuration.md).
+    A list of three or more URLs opens a quorum client (docs/stores/quorum.md).
     """
     try:
         from ._async_client import open_client

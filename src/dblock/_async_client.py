@@ -23,7 +23,7 @@ import inspect
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
@@ -31,6 +31,7 @@ from ._client import Client, open_store
 from ._green import spawn
 from ._lock import Lock
 from ._loop_runtime import LoopRuntime
+from ._many import ManyLock
 from ._patterns import OnceLock, key_template, scheduled_lock
 from ._rwlock import RWLock
 from ._types import LockInfo, State
@@ -39,6 +40,8 @@ from ._validate import check_timeout
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
 
+    from ._client import Borrowed
+
 log = logging.getLogger("dblock")
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -46,7 +49,7 @@ OnLost = Callable[["AsyncLock"], object]
 
 
 async def open_client(
-    url: str | Sequence[str] | AsyncEngine | None,
+    url: str | Sequence[str] | AsyncEngine | Borrowed | None,
     table: str,
     create_schema: bool,
     max_connections: int | None,
@@ -226,6 +229,35 @@ class AsyncLock:
         return f"<dblock.{type(self).__name__} key={self.key!r} ttl={self.ttl:g} held={self.held}>"
 
 
+class AsyncManyLock(AsyncLock):
+    """``client.lock_many(keys)`` of the async client (see :meth:`dblock.Client.lock_many`):
+    ``await acquire()``, ``await release()``, ``async with``; ``tokens`` and ``keys`` as on
+    the blocking lock. Its waiters wait in the store, each (no per-key line in the client)."""
+
+    _lock: ManyLock
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        return self._lock.keys
+
+    @property
+    def tokens(self) -> dict[str, int] | None:
+        return self._lock.tokens
+
+    async def acquire(self, blocking: bool = True, timeout: float | None = None) -> bool:
+        """Take every key or none; False if not had in time. A cancellation leaves nothing
+        behind (a grant that came as it landed is released, queue entries removed)."""
+        wait = check_timeout(timeout) if timeout is not None else self._lock._timeout
+        return await spawn(self._lock.acquire, blocking, wait)
+
+    async def __aenter__(self) -> AsyncManyLock:
+        await super().__aenter__()
+        return self
+
+    def __repr__(self) -> str:
+        return f"<dblock.AsyncManyLock keys={self.keys!r} ttl={self.ttl:g} held={self.held}>"
+
+
 class AsyncOnce(AsyncLock):
     """``async with client.once(key)``: the status lock (see :meth:`dblock.Client.once`)."""
 
@@ -316,6 +348,24 @@ class AsyncClient:
                 on_lost=lost,
             ),
             on_lost,
+        )
+
+    def lock_many(
+        self,
+        keys: Iterable[str],
+        *,
+        ttl: float | None = 30.0,
+        timeout: float | None = None,
+        auto_renew: bool = False,
+        on_lost: Callable[[AsyncManyLock], object] | None = None,
+    ) -> AsyncManyLock:
+        """Every key or none (see :meth:`dblock.Client.lock_many`); creating it does no I/O."""
+        return AsyncManyLock(
+            self,
+            lambda lost: self._sync.lock_many(
+                keys, ttl=ttl, timeout=timeout, auto_renew=auto_renew, on_lost=lost
+            ),
+            on_lost,  # type: ignore[arg-type]
         )
 
     def rwlock(self, key: str, *, ttl: float = 30.0, timeout: float | None = None) -> AsyncRWLock:

@@ -4,25 +4,32 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from types import TracebackType
-from typing import TYPE_CHECKING, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeAlias, TypeVar
 
+from ._contract import OnceRecords, Store, lacking, provides
 from ._core import Core
 from ._lock import Lock
+from ._many import ManyLock
 from ._patterns import OnceLock, locked, scheduled
 from ._runtime import THREADS, Runtime
 from ._rwlock import RWLock, Semaphore
 from ._types import LockInfo, State
-from ._url import parse_url, quorum_urls
+from ._url import quorum_urls
 from ._validate import MAX_PURGE_AGE, check_key, check_max_connections, check_table
-from .backends import is_engine, open_backend
-from .backends._contract import OnceRecords, Store, lacking
+from .stores import is_engine, open_url, parse_url
 
 if TYPE_CHECKING:
+    from kazoo.client import KazooClient
+    from psycopg_pool import AsyncConnectionPool, ConnectionPool
+    from redis import Redis
     from sqlalchemy.engine import Engine
     from sqlalchemy.ext.asyncio import AsyncEngine
+
+    #: what stands for a store besides its URL (docs/configuration.md)
+    Borrowed: TypeAlias = Redis | KazooClient | ConnectionPool[Any] | AsyncConnectionPool[Any]
 
 log = logging.getLogger("dblock")
 P = ParamSpec("P")
@@ -30,7 +37,7 @@ R = TypeVar("R")
 
 
 def connect(
-    url: str | Sequence[str] | Engine | None = None,
+    url: str | Sequence[str] | Engine | Borrowed | None = None,
     *,
     table: str = "dblock_locks",
     create_schema: bool = True,
@@ -54,10 +61,15 @@ def connect(
     ``DBLOCK_URL``) opens a quorum client: a hold exists while a majority of these
     independent stores grant it, with tokens that still strictly increase. It offers
     ``lock``, ``locked``, ``scheduled``, ``info``, ``list`` and ``force_release``
-    (docs/quorum.md).
+    (docs/stores/quorum.md).
 
     A SQLAlchemy ``Engine`` in place of ``url`` uses that engine's pool and dialect: its
     statements run on connections borrowed from the engine's pool (docs/sqlalchemy.md).
+
+    A client the application already holds may stand in for ``url`` the same way: a
+    ``redis.Redis``, a started kazoo ``KazooClient``, a ``psycopg_pool.ConnectionPool``.
+    dblock runs its statements on it and never closes it (docs/configuration.md, "A client
+    you already have"). Anything else raises TypeError naming what is accepted.
 
     >>> with dblock.connect("postgresql://app@db/app") as client:
     ...     with client.lock("nightly-report", ttl=60):
@@ -67,7 +79,7 @@ def connect(
 
 
 def open_store(
-    url: str | Sequence[str] | Engine | AsyncEngine | None,
+    url: str | Sequence[str] | Engine | AsyncEngine | Borrowed | None,
     table: str,
     create_schema: bool,
     max_connections: int | None,
@@ -78,7 +90,7 @@ def open_store(
     schema, name = check_table(table)
     urls = quorum_urls(url)  # a list of URLs, or several in one string: a quorum
     if urls is not None:
-        from .backends.quorum import open_quorum  # its thread pool only where it is used
+        from .stores.quorum.store import open_quorum  # its thread pool only where it is used
 
         return open_quorum(
             urls,
@@ -88,14 +100,18 @@ def open_store(
         )
     pool = None if max_connections is None else check_max_connections(max_connections)
     if is_engine(url):
-        from .backends._sqla import engine_store
+        from .stores._sqla import engine_store
 
         backend = engine_store(url, schema, name, pool, runtime)
+    elif url is not None and not isinstance(url, str):
+        from .stores._clients import client_store
+
+        backend = client_store(url, schema, name, pool, runtime)  # else a TypeError
     else:
-        parsed = parse_url(url)  # type: ignore[arg-type]  # anything else is refused there
+        parsed = parse_url(url)
         if pool is not None:
             parsed = replace(parsed, max_connections=pool)
-        backend = open_backend(parsed, schema, name, runtime)
+        backend = open_url(parsed, schema, name, runtime)
     try:
         backend.ensure_schema(create=bool(create_schema))
     except BaseException:
@@ -157,6 +173,29 @@ class Client:
             on_lost=on_lost,
         )
 
+    def lock_many(
+        self,
+        keys: Iterable[str],
+        *,
+        ttl: float | None = 30.0,
+        timeout: float | None = None,
+        auto_renew: bool = False,
+        on_lost: Callable[[ManyLock], object] | None = None,
+    ) -> ManyLock:
+        """Every key of ``keys`` or none, in one atomic step of the store, each with its own
+        fencing token (``tokens``). A waiter holds none of the keys while it waits, so
+        overlapping ``lock_many`` calls never deadlock, in whatever order their keys are
+        given; on stores that queue waiters, later newcomers queue behind it. Not re-entrant.
+        ``ttl=None``: a lease renewed in the background while the process lives. See
+        docs/lock-many.md.
+
+        >>> with client.lock_many(["sku-1", "sku-7"], ttl=30, timeout=5) as m:
+        ...     ship(order, fences=m.tokens)
+        """
+        return ManyLock(
+            self._core, keys, ttl=ttl, timeout=timeout, auto_renew=auto_renew, on_lost=on_lost
+        )
+
     def rwlock(self, key: str, *, ttl: float = 30.0, timeout: float | None = None) -> RWLock:
         """A read-write lock: many readers at once, or one writer; writers are not starved."""
         return RWLock(self._core, key, ttl=ttl, timeout=timeout)
@@ -188,7 +227,7 @@ class Client:
     def state(self, key: str) -> State | None:
         """The once-record of ``key``: "processing", "failed", "succeeded", or None."""
         key = check_key(key)
-        if not isinstance(self._store, OnceRecords):
+        if not provides(self._store, OnceRecords):
             raise lacking(self._store, OnceRecords, "state()")
         row = self._store.once_state(key)
         if row is None or row[0] != "once":
@@ -241,7 +280,7 @@ class Client:
             raise TypeError(f"prefix must be a str, not {type(prefix).__name__}")
         if prefix:
             check_key(prefix)  # the same rules as a key: no NUL, valid Unicode
-        return self._store.list(prefix)
+        return self._store.list_holds(prefix)
 
     def force_release(self, key: str) -> bool:
         """Operator's override: end whatever live hold ``key`` has. True if one was freed.

@@ -8,11 +8,11 @@ import socket
 from typing import TypeVar
 
 from . import _forksafe
+from ._contract import Store
 from ._drive import run
 from ._engine import Hold, Steps, Traits
 from ._runtime import THREADS, Runtime
 from ._session_checks import SessionChecks
-from .backends._contract import Store
 
 T = TypeVar("T")
 _HOST = socket.gethostname()[:64] or "localhost"

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any, TypeVar
 
+from ._contract import Store, Wakeups, provides
 from ._engine import Call, Op, Sleep, Steps, Subscribe, Unsubscribe, Wait
-from .backends._contract import Store, Wakeups
 
 T = TypeVar("T")
 
@@ -36,7 +36,7 @@ def _execute(op: Op, store: Store) -> Any:
     if isinstance(op, Wait):
         return op.subscription.wait(op.timeout)
     if isinstance(op, Subscribe):
-        if not isinstance(store, Wakeups):
+        if not provides(store, Wakeups):
             raise TypeError(f"the {store.name} store does not declare Wakeups")
         return store.subscribe(op.key, op.owner, op.queue)
     if isinstance(op, Unsubscribe):

@@ -114,7 +114,7 @@ def _as_thrown(
         if exc.__context__ is None and exc is not cancelled:
             # raised in the cleanup after the cancellation (greenlet's throw does not chain
             # it, as a raise in an except block would): the cleanup's callers must still see
-            # the cancellation behind it (see sql.base's retries)
+            # the cancellation behind it (see stores/_pool.py's retries)
             exc.__context__ = cancelled
         return exc
     if watch is None or isinstance(exc, asyncio.CancelledError):

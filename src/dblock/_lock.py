@@ -26,17 +26,19 @@ from __future__ import annotations
 
 import logging
 import math
+import shlex
 import time
 from collections.abc import Callable
 from types import TracebackType
+from typing import Any
 
 from . import _engine, _forksafe, _observe, _runtime
+from ._contract import LossPush, SessionHolds, provides
 from ._core import Core
 from ._engine import Hold, Spec
 from ._errors import EventLoopError, LockLost, LockTimeout, NotHeld
 from ._timing import DeadlinePassed
 from ._validate import check_key, check_timeout, check_ttl
-from .backends._contract import LossPush, SessionHolds, provides
 
 log = logging.getLogger("dblock")
 
@@ -51,6 +53,9 @@ class Lock:
     >>> with client.lock("invoice:42", ttl=30, timeout=5):
     ...     pay()
     """
+
+    #: a ManyLock (lock_many): its hold covers several keys
+    _many = False
 
     def __init__(
         self,
@@ -76,14 +81,38 @@ class Lock:
                 self._ttl, auto_renew = SESSION_FALLBACK_TTL, True
         else:
             self._ttl = check_ttl(ttl)
-        self._timeout = check_timeout(timeout)
+        spec = Spec(self._key, self._ttl, kind)
+        self._keep(
+            core,
+            spec,
+            timeout=check_timeout(timeout),
+            reentrant=reentrant,
+            auto_renew=auto_renew,
+            on_lost=on_lost,
+        )
+        spec.check(core.store)
+
+    def _keep(
+        self,
+        core: Core,
+        spec: Spec,
+        *,
+        timeout: float | None,
+        reentrant: bool,
+        auto_renew: bool,
+        on_lost: Callable[[Any], object] | None,
+    ) -> None:
+        """What every lock object keeps: its client, what it asks for, its holds by owner."""
         if on_lost is not None and not callable(on_lost):
             raise TypeError("on_lost must be a callable taking the lock")
+        self._core = core
+        self._key = spec.key
+        self._ttl = spec.ttl
+        self._timeout = timeout
         self._reentrant = bool(reentrant)
         self._auto_renew = bool(auto_renew)
         self._on_lost = on_lost
-        self._spec = Spec(self._key, self._ttl, kind)
-        self._spec.check(core.store)
+        self._spec = spec
         self._holds: dict[int, list[Hold]] = {}
         self._mutex = _forksafe.lock()
 
@@ -159,22 +188,18 @@ class Lock:
 
     def _acquire(self, blocking: bool, timeout: float | None) -> Hold | None:
         """The hold had (a re-entered one, or a new one), or None if not had in time."""
-        if self._core.rt.loop_running():
-            raise EventLoopError(
-                f"lock {self._key!r}: the blocking dblock API was called on a thread that is "
-                "running an asyncio event loop. All coroutines share this thread, so the lock "
-                "would let them all in at once, and waiting would freeze the loop. Use the "
-                "async API (client = await dblock.connect_async(...); async with "
-                "client.lock(key): ...), or run the whole critical section, acquire to release, "
-                "in a worker thread, e.g. await asyncio.to_thread(work)",
-                key=self._key,
-            )
+        self._refuse_on_loop()
         wait = check_timeout(timeout) if timeout is not None else self._timeout
         tid = self._core.owner_serial()
         core = self._core
         if self._reentrant:
             shared = core.reentrant_hold(self._key, tid)
             handle = shared.handle if shared is not None else None
+            if shared is not None and isinstance(handle, Lock) and handle._many and shared.live():
+                raise ValueError(
+                    f"lock {self._key!r} is held by this owner's lock_many over {handle.key}: "
+                    "acquiring it again would wait for itself"
+                )
             if shared is not None and isinstance(handle, Lock) and handle._reenter(shared):
                 self._push(tid, shared)
                 return shared
@@ -186,14 +211,9 @@ class Lock:
             steps = _engine.Acquisition(
                 core.traits, self._spec, core.new_owner(), blocking=blocking, timeout=wait
             ).run()
-        try:
-            hold = core.run(steps)
-        except DeadlinePassed:  # the database file or the pool stayed busy: not had in time
-            hold = None
+        hold = self._run_acquisition(steps)
         if hold is None:
             return None
-        if core.rt is not _runtime.THREADS:
-            hold.mutex = core.rt.mutex()
         hold.handle = self
         self._push(tid, hold)
         if self._reentrant:
@@ -201,6 +221,29 @@ class Lock:
         self._schedule(hold)
         self._watch(hold)
         return hold
+
+    def _run_acquisition(self, steps: _engine.Steps[Hold | None]) -> Hold | None:
+        """Run an acquisition's steps: the hold had, or None if not had in time."""
+        core = self._core
+        try:
+            hold = core.run(steps)
+        except DeadlinePassed:  # the database file or the pool stayed busy: not had in time
+            hold = None
+        if hold is not None and core.rt is not _runtime.THREADS:
+            hold.mutex = core.rt.mutex()
+        return hold
+
+    def _refuse_on_loop(self) -> None:
+        if self._core.rt.loop_running():
+            raise EventLoopError(
+                f"lock {self._key!r}: the blocking dblock API was called on a thread that is "
+                "running an asyncio event loop. All coroutines share this thread, so the lock "
+                "would let them all in at once, and waiting would freeze the loop. Use the "
+                "async API (client = await dblock.connect_async(...); async with "
+                "client.lock(key): ...), or run the whole critical section, acquire to release, "
+                "in a worker thread, e.g. await asyncio.to_thread(work)",
+                key=self._key,
+            )
 
     def _reenter(self, hold: Hold) -> bool:
         """Count one more acquisition of ``hold`` if the store confirms it is still ours; if it
@@ -221,7 +264,7 @@ class Lock:
         store = self._core.store
         if (self._on_lost is None and not self._auto_renew) or self._session:
             return
-        if not isinstance(store, LossPush):
+        if not provides(store, LossPush):
             return
         scheduler = self._core.scheduler
 
@@ -393,10 +436,11 @@ class Lock:
 
     def _timed_out(self) -> LockTimeout:
         """The error of a ``with`` block whose acquire was not had in time."""
+        store = self._core.store
         return LockTimeout(
             f"lock {self._key!r} was not acquired within {self._timeout:g} s (table "
-            f"{self._core.store.table}); it is held by another owner — see "
-            f"`dblock info {self._key}`",
+            f"{store.table}); it is held by another owner — see "
+            f"`{info_command(self._key, store.safe_url, store.table)}`",
             key=self._key,
         )
 
@@ -414,3 +458,16 @@ class Lock:
 
 
 Lock.__module__ = "dblock"
+
+
+def info_command(key: str, safe_url: str, table: str) -> str:
+    """The ``dblock info`` command line that looks where this lock is kept: the URL (each
+    store of a quorum, parted as ``quorum_urls`` parts them) and table, shell-quoted.
+    Without them it would look in ``DBLOCK_URL`` or the embedded default, another table."""
+    parts = safe_url.split()
+    urls = parts if len(parts) > 1 and all("://" in p for p in parts) else [safe_url]
+    words = ["dblock"]
+    for url in urls:
+        words += ["--url", url]
+    words += ["--table", table, "info", key]
+    return shlex.join(words)

@@ -21,11 +21,11 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any, ParamSpec, TypeVar
 
+from ._contract import OnceRecords, lacking, provides
 from ._core import Core
 from ._errors import AlreadyDone, ConfigurationError, InProgress
 from ._lock import Lock
 from ._validate import check_note, check_seconds, check_ttl
-from .backends._contract import OnceRecords, lacking
 
 log = logging.getLogger("dblock")
 P = ParamSpec("P")
@@ -44,7 +44,7 @@ class OnceLock(Lock):
 
     def __enter__(self) -> OnceLock:
         store = self._core.store
-        if not isinstance(store, OnceRecords):
+        if not provides(store, OnceRecords):
             raise lacking(store, OnceRecords, "once()")
         for _ in range(_CLAIM_ATTEMPTS):
             if self.acquire(blocking=False):

@@ -10,7 +10,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
-from urllib.parse import parse_qsl, quote, quote_plus, unquote, unquote_plus, urlsplit
+from urllib.parse import (
+    SplitResult,
+    parse_qsl,
+    quote,
+    quote_plus,
+    unquote,
+    unquote_plus,
+    urlsplit,
+)
 
 from ._errors import ConfigurationError
 from ._validate import MAX_CONNECTIONS
@@ -18,27 +26,14 @@ from ._validate import MAX_CONNECTIONS
 #: the longest connect or read timeout a URL may ask for, seconds
 MAX_URL_TIMEOUT: Final = 3600
 
-SCHEMES = {
-    "sqlite": "sqlite",
-    "postgresql": "postgresql",
-    "postgres": "postgresql",
-    "mysql": "mysql",
-    "mariadb": "mysql",
-    "redis": "redis",
-    "rediss": "redis",
-    "zookeeper": "zookeeper",
-    "zk": "zookeeper",
-    "etcd": "etcd",
-    "etcd+https": "etcd",
-}
-#: dialects whose URL names several ``host:port`` endpoints, which their store parses
-MULTI_HOST = frozenset({"etcd"})
-
-
 #: A query parameter whose name contains one of these (any case) is a secret: libpq's
-#: ``password``/``sslpassword``/``passfile``, ``sslkey``, and any token or key a driver may take.
-#: Hiding a harmless one (a key file's path) costs nothing; showing a secret cannot be undone.
-SECRET_PARAM: Final = re.compile(r"pass|pwd|secret|token|key|credential|auth", re.IGNORECASE)
+#: ``password``/``sslpassword``/``passfile``, ``sslkey``, any token or key a driver may take,
+#: and the credentials ZooKeeper's URL documents (``digest=user:password``, and ``admin``, whose
+#: digest a password can be guessed from). Hiding a harmless one (a key file's path) costs
+#: nothing; showing a secret cannot be undone.
+SECRET_PARAM: Final = re.compile(
+    r"pass|pwd|secret|token|key|credential|auth|digest|admin", re.IGNORECASE
+)
 
 
 def is_secret_param(name: str) -> bool:
@@ -51,15 +46,16 @@ class DatabaseURL:
     """A parsed database URL. ``safe`` is the URL with every secret (the password, and the
     value of every query parameter named like a secret) replaced by ``***``."""
 
-    raw: str
+    # the URL as given, its password and parameters: out of repr(), as they hold secrets
+    raw: str = field(repr=False)
     dialect: str
     safe: str
     host: str | None = None
     port: int | None = None
     user: str | None = None
-    password: str | None = None
+    password: str | None = field(default=None, repr=False)
     database: str = ""
-    query: dict[str, str] = field(default_factory=dict)
+    query: dict[str, str] = field(default_factory=dict, repr=False)
     #: ``?max_connections=N``: the pool's bound (taken out of ``query``; None: not given)
     max_connections: int | None = None
     #: the embedded default: its directory and files are kept private to this user
@@ -211,38 +207,9 @@ def url_number(
     return value
 
 
-def _zookeeper_url(url: str, safe: str) -> DatabaseURL:
-    """``zookeeper://host:port[,host:port...]/chroot``: ``host`` keeps the whole server list
-    (urllib cannot parse a list of ports), ``database`` the chroot without its slashes."""
-    parts = urlsplit(url)
-    servers = parts.netloc.split(",") if parts.netloc else []
-    for server in servers:
-        host, _, port = server.rpartition(":") if ":" in server else (server, "", "2181")
-        if "@" in server or not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ConfigurationError(
-                f"invalid ZooKeeper URL {safe!r}: name its servers as host:port[,host:port...]"
-                f", not {server!r}"
-            )
-    if not servers:
-        raise ConfigurationError(f"invalid ZooKeeper URL {safe!r}: it names no server")
-    chroot = unquote(parts.path).strip("/")
-    if any(not p or p in (".", "..") or p == "zookeeper" for p in chroot.split("/") if chroot):
-        raise ConfigurationError(
-            f"invalid ZooKeeper URL {safe!r}: the chroot {chroot!r} must be a path of non-empty "
-            "names, none of them '.', '..' or 'zookeeper'"
-        )
-    return DatabaseURL(
-        url,
-        "zookeeper",
-        safe,
-        host=parts.netloc,
-        database=chroot,
-        query=dict(parse_qsl(parts.query, keep_blank_values=True)),
-    )
-
-
-def parse_url(url: str | None) -> DatabaseURL:
-    """Parse ``url`` (None: the default); raise ConfigurationError naming what is wrong."""
+def checked_url(url: str | None) -> tuple[str, str]:
+    """``url`` (None: the default) and its redacted form, once it is a str without control
+    characters; the first checks of ``dblock.tools.parse_url``."""
     if url is None:
         url = default_url()
     if not isinstance(url, str):
@@ -250,19 +217,12 @@ def parse_url(url: str | None) -> DatabaseURL:
     safe = redact(url)
     if any(ord(c) < 32 or ord(c) == 127 for c in url):
         raise ConfigurationError(f"database URL {safe!r} contains control characters")
-    scheme, sep, _ = url.partition("://")
-    dialect = SCHEMES.get(scheme.lower()) if sep else None
-    if dialect is None:
-        raise ConfigurationError(
-            f"unsupported database URL {safe!r}: use sqlite:///path.db, "
-            "postgresql://user:password@host:port/db, mysql://user:password@host:port/db, "
-            "redis://user:password@host:port/0, zookeeper://host:port[,host:port...]/chroot or "
-            "etcd://host:port[,host:port...]"
-        )
-    if dialect == "zookeeper":
-        return _zookeeper_url(url, safe)
-    if dialect in MULTI_HOST:
-        return _multi_host(url, dialect, safe)
+    return url, safe
+
+
+def split_url(url: str, safe: str) -> tuple[SplitResult, int | None, dict[str, str], int | None]:
+    """A one-host URL's parts, its port, its query without ``max_connections``, and that
+    (the pool's bound, checked; None if not given)."""
     try:
         parts = urlsplit(url)
         port = parts.port
@@ -287,24 +247,12 @@ def parse_url(url: str | None) -> DatabaseURL:
                 integer=True,
             )
         )
-    if dialect == "sqlite":
-        if parts.netloc:
-            raise ConfigurationError(
-                f"invalid SQLite URL {safe!r}: use sqlite:///relative/path.db or "
-                "sqlite:////absolute/path.db"
-            )
-        path = unquote(parts.path[1:]) if parts.path.startswith("/") else ""
-        if not path:
-            raise ConfigurationError(f"SQLite URL {safe!r} names no file")
-        return DatabaseURL(
-            url,
-            dialect,
-            safe,
-            database=path,
-            query=query,
-            max_connections=max_connections,
-            private=url == embedded_url(),
-        )
+    return parts, port, query, max_connections
+
+
+def server_url(url: str, dialect: str, safe: str) -> DatabaseURL:
+    """``scheme://user:password@host:port/database?query``: a store on one server."""
+    parts, port, query, max_connections = split_url(url, safe)
     return DatabaseURL(
         url,
         dialect,
@@ -319,7 +267,7 @@ def parse_url(url: str | None) -> DatabaseURL:
     )
 
 
-def _multi_host(url: str, dialect: str, safe: str) -> DatabaseURL:
+def endpoints_url(url: str, dialect: str, safe: str) -> DatabaseURL:
     """A URL of several endpoints: ``host`` is the ``host:port[,host:port...]`` list as given."""
     parts = urlsplit(url)
     user, at, hosts = parts.netloc.rpartition("@")

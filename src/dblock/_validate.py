@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Iterable
 from typing import Final
 
 from ._errors import ConfigurationError
@@ -112,3 +113,28 @@ def check_table(table: object) -> tuple[str | None, str]:
     if len(parts) == 2:
         return parts[0], parts[1]
     return None, parts[0]
+
+
+def check_keys(keys: object, max_keys: int, store: str) -> tuple[str, ...]:
+    """The keys of ``lock_many`` as given, each a valid key: a sequence (a ``str`` is one key,
+    not a sequence of them: TypeError) that is not empty, has no key twice and at most
+    ``max_keys`` of them (what the ``store`` takes in one atomic step), else ValueError."""
+    if isinstance(keys, (str, bytes)) or not isinstance(keys, Iterable):
+        raise TypeError(
+            f"lock_many takes a list of keys, not {type(keys).__name__}: "
+            "lock_many(['sku-1', 'sku-7'])"
+        )
+    checked = tuple(check_key(k) for k in keys)
+    if not checked:
+        raise ValueError("lock_many needs at least one key")
+    seen: set[str] = set()
+    for key in checked:
+        if key in seen:
+            raise ValueError(f"lock_many: key {key!r} is given twice; give each key once")
+        seen.add(key)
+    if len(checked) > max_keys:
+        raise ValueError(
+            f"lock_many: {len(checked)} keys, but the {store} store takes at most {max_keys} "
+            "in one atomic step; split the set, or lock a coarser key that covers them"
+        )
+    return checked

@@ -4,7 +4,8 @@ A lease can run out while its holder is paused (GC, swap, SIGSTOP, a slow networ
 owner then takes the key and acts. Renewal narrows that window but cannot close it. The
 resource itself can: every acquisition carries a fencing token (``lock.token``) that strictly
 increases per key, so each write records the token it was made under and is accepted only if
-that token is greater than the last one recorded. A stale holder's write then changes nothing.
+that token is at least the last one recorded. A stale holder's write then changes nothing, and
+one hold may write many times (a token belongs to one grant: no other holder ever has it).
 
 :func:`fenced_update` builds that guarded ``UPDATE`` for your table and driver::
 
@@ -14,7 +15,7 @@ that token is greater than the last one recorded. A stale holder's write then ch
         client.dialect, "inventory", set_columns=["stock"], key_columns=["sku"]
     )
     # UPDATE "inventory" SET "stock" = ?, "fence_token" = ?
-    #   WHERE "sku" = ? AND ("fence_token" IS NULL OR "fence_token" < ?)
+    #   WHERE "sku" = ? AND ("fence_token" IS NULL OR "fence_token" <= ?)
     with client.lock("inventory:sku-42", ttl=30) as lock:
         stock = read_stock(conn, "sku-42")
         cur = conn.cursor()
@@ -69,8 +70,9 @@ class FencedUpdate:
     """A guarded ``UPDATE``: ``sql`` with its placeholders, and how to fill them.
 
     ``sql`` sets ``set_columns`` and the token column of the row whose key columns match, if
-    the row's recorded token is NULL or smaller than the new one. One row changed means
-    accepted; none means rejected (a newer token was recorded, or no such row).
+    the row's recorded token is NULL or not larger than the new one (the same hold may write
+    again). One row changed means accepted; none means rejected (a newer token was recorded,
+    or no such row).
     """
 
     sql: str
@@ -140,7 +142,7 @@ def fenced_update(
     >>> u = fenced_update("mysql", "accounts", ["balance"], ["id"])
     >>> print(u.sql)  # doctest: +NORMALIZE_WHITESPACE
     UPDATE `accounts` SET `balance` = %s, `fence_token` = %s
-    WHERE `id` = %s AND (`fence_token` IS NULL OR `fence_token` < %s)
+    WHERE `id` = %s AND (`fence_token` IS NULL OR `fence_token` <= %s)
     >>> u.params([90], [7], token=12)
     (90, 12, 7, 12)
     """
@@ -173,6 +175,6 @@ def fenced_update(
     where = " AND ".join(f"{q(c)} = {mark}" for c in keys)
     sql = (
         f"UPDATE {target} SET {assignments} WHERE {where} "
-        f"AND ({q(token)} IS NULL OR {q(token)} < {mark})"
+        f"AND ({q(token)} IS NULL OR {q(token)} <= {mark})"
     )
     return FencedUpdate(sql, sets, keys, token)

@@ -8,11 +8,13 @@ The tools import only ``dblock`` and this module, so the inside can change under
 from __future__ import annotations
 
 import contextlib
+import importlib
 
-from ._url import DatabaseURL, default_url, parse_url, quorum_urls, redact, scrub
+from ._url import DatabaseURL, default_url, quorum_urls, redact, scrub
 from ._validate import MAX_TTL, check_key, check_seconds, check_table
-from .backends import ddl_for, schema_script
-from .backends.sql.schema import MissingTable
+from .stores import ddl_for, parse_url, schema_script
+from .stores._registry import entry
+from .stores._schema import MissingTable
 
 __all__ = [
     "MAX_TTL",
@@ -34,10 +36,11 @@ __all__ = [
 
 def check_parameter_names(url: DatabaseURL) -> None:
     """ConfigurationError for a URL parameter the URL's store does not know, without
-    connecting (a parameter's value is judged when the store connects). MySQL only: the
-    other stores pass unknown names on to their driver, or judge them as they connect."""
-    if url.dialect == "mysql" and url.query:
+    connecting (a parameter's value is judged when the store connects), where its registry
+    entry names a check (MySQL's: the other stores pass unknown names on to their driver, or
+    judge them as they connect)."""
+    check = entry(url.dialect).check_parameters
+    if check is not None and url.query:
         with contextlib.suppress(ImportError):  # no driver: connect() will say so
-            from .backends.mysql import connection_kwargs
-
-            connection_kwargs(url, 1)
+            module_name, _, function = check.partition(":")
+            getattr(importlib.import_module(module_name), function)(url)

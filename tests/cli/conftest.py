@@ -100,6 +100,10 @@ class Dblock:
             if proc.poll() is None:
                 proc.kill()
             proc.wait(timeout=WAIT)
+            # captured: pytest shows it with a failed test (what a dblock that never started
+            # its command, or hung, had said)
+            print(f"stderr of dblock {proc.args!r} (exit {proc.returncode}):")
+            print(self.stderr_of[proc.pid].read_text(errors="replace"))
 
 
 @pytest.fixture

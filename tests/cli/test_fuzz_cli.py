@@ -114,7 +114,7 @@ def cases(  # noqa: PLR0912 - one grammar
         ["sqlite", "sqlite", "sqlite-param", "unreachable", "bad-url", *servers],
         ("sqlite-param", "bad-url"),
     )
-    connects_to: str | None = None  # "unreachable" or a dialect
+    connects_to: str | None = None  # "unreachable", "refused" or a dialect
     param_bad = False  # a URL parameter the commands that connect refuse
     url: str | None
     if kind == "sqlite":
@@ -157,9 +157,9 @@ def cases(  # noqa: PLR0912 - one grammar
         base = SERVERS[kind]
         scheme, rest = base.split("://", 1)
         userinfo, where = rest.split("@", 1)
-        if kind == "mysql":  # a wrong password: refused by the server, 69, never shown
+        if kind == "mysql":  # a wrong password: refused for good by the server, 2, never shown
             url = f"{scheme}://{userinfo}:{secret}@{where}"
-            connects_to = "unreachable"
+            connects_to = "refused"
         else:  # trust authentication: the password is not even asked for
             url = f"{scheme}://{userinfo}:{secret}@{where}?connect_timeout=5"
             connects_to = kind
@@ -271,6 +271,8 @@ def cases(  # noqa: PLR0912 - one grammar
         case.expect = {2}
     elif connects and connects_to == "unreachable":
         case.expect = {69}
+    elif connects and connects_to == "refused":
+        case.expect = {2}
     elif connects and table == APP_TABLE:
         case.expect = {2}  # not dblock's table
     elif command == "schema":

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import dblock
-from dblock.backends.sql.names import aux_name
+from dblock.stores._names import aux_name
 from tests._internals import ConnectionTracker, pool_busy, store_of
 from tests.providers import Provider
 

@@ -1,6 +1,6 @@
 """A throwaway in-memory store, for the tests only: the store contract over a dict.
 
-It implements ``dblock.backends._contract.Store`` and the FairQueue, SharedHolds and
+It implements ``dblock._contract.Store`` and the FairQueue, SharedHolds and
 OnceRecords capabilities, modelled on the SQL stores' tables: one record per key (the lock,
 or the parent of shared holds) and per key a set of holder entries (shared holds and queue
 entries). Every operation runs under one ``threading.Lock`` of the shared :class:`Tables`, so
@@ -20,7 +20,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import dblock
-from dblock.backends._contract import FairQueue, OnceRecords, SharedHolds, Store
+from dblock._contract import FairManyKeys, FairQueue, OnceRecords, SharedHolds, Store
 
 #: wall-clock time of monotonic 0, to show the store's clock as datetimes
 _WALL_AT_ZERO = datetime.now(timezone.utc) - timedelta(seconds=time.monotonic())
@@ -71,7 +71,7 @@ class Tables:
         self.tables: dict[str, Table] = {}
 
 
-class MemoryStore(Store, FairQueue, SharedHolds, OnceRecords):
+class MemoryStore(Store, FairQueue, SharedHolds, OnceRecords, FairManyKeys):
     name = "memory"
     safe_url = "memory://"
     poll_cap = 0.05
@@ -209,7 +209,7 @@ class MemoryStore(Store, FairQueue, SharedHolds, OnceRecords):
             found = self._holds(self._t(), self._now(), lambda k: k == key)
             return found[0] if found else None
 
-    def list(self, prefix: str) -> list[Any]:
+    def list_holds(self, prefix: str) -> list[Any]:
         with self._tables.mutex:
             return self._holds(self._t(), self._now(), lambda k: k.startswith(prefix))
 
@@ -252,6 +252,74 @@ class MemoryStore(Store, FairQueue, SharedHolds, OnceRecords):
 
     def close(self) -> None:
         self._closed = True
+
+    # -- ManyKeys ------------------------------------------------------------------------------
+
+    def acquire_many(self, keys: Any, owner: str, ttl: float) -> dict[str, int] | None:
+        return self._acquire_many(keys, owner, ttl, queued=False)
+
+    def _acquire_many(
+        self, keys: Any, owner: str, ttl: float, queued: bool
+    ) -> dict[str, int] | None:
+        with self._tables.mutex:
+            t, now = self._t(), self._now()
+            for key in keys:
+                rec = t.records.get(key)
+                free = (
+                    rec is None
+                    or rec.owner == owner
+                    or (rec.expires_at <= now and rec.kind != "once")
+                )
+                if not free or self._ahead(t, key, owner if queued else None, now):
+                    return None
+            tokens = {}
+            for key in keys:
+                token = self._take(t, key, owner, ttl, "lock", now)
+                assert token is not None  # (checked above, under the same mutex)
+                tokens[key] = token
+                self._drop_entry(t, key, owner)
+            return tokens
+
+    def acquire_many_in_turn(self, keys: Any, owner: str, ttl: float) -> dict[str, int] | None:
+        return self._acquire_many(keys, owner, ttl, queued=True)
+
+    def enqueue_many(self, keys: Any, owner: str, ttl: float) -> None:
+        with self._tables.mutex:  # one step, one arrival time for every key
+            t, now = self._t(), self._now()
+            for key in keys:
+                t.holders.setdefault(key, {})[owner] = Holder("lock", True, 0, now, now + ttl)
+
+    def requeue_many(self, keys: Any, owner: str, ttl: float) -> bool:
+        with self._tables.mutex:
+            t, now = self._t(), self._now()
+            entries = [t.holders.get(key, {}).get(owner) for key in keys]
+            if any(e is None or not e.waiting or e.expires_at <= now for e in entries):
+                return False
+            for entry in entries:
+                assert entry is not None
+                entry.expires_at = now + ttl
+            return True
+
+    def dequeue_many(self, keys: Any, owner: str) -> None:
+        with self._tables.mutex:
+            t = self._t()
+            for key in keys:
+                self._drop_entry(t, key, owner)
+
+    def renew_many(self, tokens: Any, owner: str, ttl: float) -> bool:
+        return all([self.renew(key, owner, token, ttl) for key, token in tokens.items()])
+
+    def release_many(self, tokens: Any, owner: str) -> bool:
+        with self._tables.mutex:  # one step: no observer sees some of them ended
+            now = self._now()
+            ended = True
+            for key, token in tokens.items():
+                rec = self._t().records.get(key)
+                if not self._mine(rec, owner, token) or rec is None or rec.expires_at <= now:
+                    ended = False
+                    continue
+                rec.owner, rec.expires_at = None, now
+            return ended
 
     # -- FairQueue -----------------------------------------------------------------------------
 

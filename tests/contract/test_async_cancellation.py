@@ -7,6 +7,8 @@ test: a fresh blocking client, raw SQL where the provider has it."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import functools
 import logging
 import random
 import subprocess
@@ -21,7 +23,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests._internals import ConnectionTracker, pool_busy
+from dblock import _drive
+from dblock._engine import Call, Wait
+from dblock._green import await_
+from tests._internals import ConnectionTracker, pool_busy, store_of
 from tests._worker import enter_fenced, leave_fenced
 from tests.contract._async_kit import (
     KINDS,
@@ -135,6 +140,99 @@ def test_cancel_at_any_point_leaves_nothing(
         example()
     finally:
         holder.close()
+
+
+class _AfterGrant:
+    """Stops the async acquire at its ``at``-th store operation after a grant (0: the first),
+    once that operation is done, until the task is cancelled there: a cancellation that lands
+    in a worker thread's call (an unsubscribe, a renewal) just as it finishes."""
+
+    def __init__(self, at: int, store: Any) -> None:
+        self.at = at
+        self.store = store
+        self.granted = False
+        self.active = True  # (not in the release of an acquire that was not stopped)
+        self.after = 0
+        self.reached = asyncio.Event()
+
+    def execute(self, real: Any, op: Any, store: Any) -> Any:
+        value = real(op, store)
+        if store is not self.store or not self.active:
+            pass  # another client's
+        elif self.granted:
+            self.after += 1
+            if self.after - 1 == self.at:
+                self.reached.set()
+                await_(asyncio.Event().wait())  # until cancelled
+        elif isinstance(op, Call) and op.method.startswith("acquire") and type(value) is int:
+            self.granted = True  # a fresh grant's token
+        elif isinstance(op, Wait) and op.subscription.granted is not None:
+            self.granted = True  # a hold handed over by its releaser
+        return value
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_cancel_in_each_step_after_a_grant_leaves_nothing(
+    provider: Provider,
+    table: str,
+    loop: asyncio.AbstractEventLoop,
+    aclient: Any,
+    view: Outside,
+    monkeypatch: pytest.MonkeyPatch,
+    kind: str,
+) -> None:
+    """A waiter is granted the key as its holder lets go, and cancelled in each store
+    operation that follows the grant in turn (its unsubscribe, a renewal of a hand-over),
+    once that operation is done: it ends with no hold and no queue entry."""
+    provider.require(*KINDS[kind])
+    tracker = ConnectionTracker(aclient)
+    real = _drive._execute
+    for at in range(6):
+        key = _fresh_key()
+        tracker.forget()
+        hook = _AfterGrant(at, store_of(aclient))
+        monkeypatch.setattr(_drive, "_execute", functools.partial(hook.execute, real))
+        holder = provider.connect(table=table)
+        theirs = make_lock(holder, kind, key)
+        # the holder's calls run on a thread of their own (its owner), never on the loop: a
+        # blocking release there would stop the waiter's statements, whose row locks it may
+        # wait for (MariaDB: until the 5 s statement deadline)
+        own = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+        assert own.submit(theirs.acquire, blocking=False).result()
+
+        async def scenario(
+            hook: _AfterGrant = hook,
+            theirs: Any = theirs,
+            key: str = key,
+            own: concurrent.futures.Executor = own,
+        ) -> bool:
+            got: list[int] = []
+            task = asyncio.ensure_future(_acquire_and_keep(make_lock(aclient, kind, key), 10, got))
+            await asyncio.sleep(0.2)  # it waits now
+            # the waiter is granted the key
+            await asyncio.get_running_loop().run_in_executor(own, theirs.release)
+            while not (task.done() or hook.reached.is_set() or got):
+                await asyncio.sleep(0.01)
+            hook.active = False
+            task.cancel()
+            await asyncio.wait([task])
+            assert task.cancelled()
+            return hook.reached.is_set()
+
+        try:
+            reached = loop.run_until_complete(scenario())
+        finally:
+            monkeypatch.setattr(_drive, "_execute", real)
+            own.shutdown()
+            holder.close()
+        assert hook.granted, "the waiter was not granted the key"
+        view.assert_clean(key)
+        assert_quiet(aclient, tracker)
+        view.next_gets(kind, key)
+        if not reached:
+            break  # the acquire had no more steps after the grant: all were cancelled in
+    else:
+        raise AssertionError("more steps after a grant than expected")
 
 
 @pytest.mark.needs("sql")

@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 
 import dblock
+import dblock.tools
 from tests.providers import Provider
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -104,6 +105,9 @@ def test_soak(provider: Provider, db_url: str, tmp_path: Path) -> None:
             url, server = private.url, ["--server-cmd", shlex.join(private.command)]
         summary = soak(url, out, server)
     assert summary["holds"] > 0
+    if provider.has("ManyKeys"):  # lock_many holders ran beside single-key ones (how many
+        # got through depends on the faults drawn: reported, not asserted)
+        print(f"lock_many holds (per key): {summary['many_holds']}")
     assert summary["accepted"] > 0
     assert sum(summary["faults"].values()) > 0
     if restarts:
@@ -169,7 +173,7 @@ def proxy(provider: Provider) -> Iterator[tuple[str, FreezingProxy]]:
     provider.require("server")
     assert provider.url is not None and provider.entry.default_port is not None
     server_db_url = provider.url
-    parsed = dblock._url.parse_url(server_db_url)
+    parsed = dblock.tools.parse_url(server_db_url)
     p = FreezingProxy(parsed.port or provider.entry.default_port)
     netloc = server_db_url.split("://", 1)[1].split("/", 1)[0]
     host_port = netloc.rsplit("@", 1)[-1]
@@ -198,6 +202,7 @@ def test_a_grant_whose_reply_outlives_its_lease_is_not_reported_held(
             try:
                 late["got"] = lock.acquire(timeout=8)
                 late["at"] = time.monotonic()
+                late["held"] = lock.held
                 late["token"] = lock.token
                 if late["got"]:
                     lock.release()
@@ -222,8 +227,10 @@ def test_a_grant_whose_reply_outlives_its_lease_is_not_reported_held(
         held_until = time.monotonic()
         other.release()
         thread.join(15)
-    assert "at" in late, "the stalled acquire never returned"
+        assert "at" in late, "the stalled acquire never returned"
+        assert fast.info("k") is None  # the late grant was ended, not left to its lease
     if late.get("got"):
+        assert late["held"] is True  # True only for a hold that is not over
         assert not held_from <= late["at"] <= held_until, (
             f"reported held {late['at'] - held_from:.2f} s into another client's hold "
             f"(tokens {late['token']} and {token})"

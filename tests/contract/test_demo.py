@@ -80,6 +80,18 @@ def test_protected_strategies_ship_exactly_the_stock(
         assert s["oversold_units"] == max(0, s["units_shipped"] - 30)
         assert s["verdict"] in ("OVERSOLD", "lucky")
     assert by[5]["retries"] >= 0
+    # strategy 8, orders of several SKUs: lock_many (a) and sorted per-SKU locks (b) ship
+    # exactly each SKU's stock; arrival order (c) is reported with its lock timeouts
+    several = report["several_skus"]
+    variants = {v["variant"]: v for v in several["variants"]}
+    assert sorted(variants) == ["a", "b", "c"]
+    total = several["stock_per_sku"] * len(several["skus"])
+    for name in ("a", "b"):
+        v = variants[name]
+        assert v["status"] == "ok" and v["correct"] is True, v
+        assert v["oversold_units"] == 0 and v["unaccounted_units"] == 0, v
+        assert v["units_shipped"] + v["stock_left"] == total, v
+    assert variants["c"]["oversold_units"] == 0 and variants["c"]["lock_timeouts"] >= 0
     # the demo's own tables are gone, the user's table is untouched
     tables = set(report["tables"])
     assert len(tables) >= 2

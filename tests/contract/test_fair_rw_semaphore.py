@@ -12,7 +12,7 @@ import pytest
 
 import dblock
 from dblock._engine import QUEUE_TTL
-from dblock.backends.sql.names import aux_name
+from dblock.stores._names import aux_name
 from tests._internals import store_call
 from tests._waiting import until
 from tests._worker import start
@@ -65,7 +65,7 @@ def overlaps(intervals: list[tuple[int, int]]) -> int:
 
 # -- fair ---------------------------------------------------------------------------------
 # serial: on MySQL a waiter whose wait at the doorbell outlasts RING_WAIT lines up again behind
-# later arrivals (docs/mysql.md), so a loaded machine reorders them
+# later arrivals (docs/stores/mysql.md), so a loaded machine reorders them
 @pytest.mark.serial
 @pytest.mark.needs("FairQueue", "processes", "sql")
 def test_fair_waiters_acquire_in_the_order_they_started_waiting(

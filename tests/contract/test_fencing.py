@@ -53,10 +53,12 @@ def test_stale_token_rejected_newer_accepted(
     assert stmt.execute(cur, [90], [1], 5)  # NULL token: first write accepted
     assert _row(conn, provider, name, 1) == (90, 5)
     assert not stmt.execute(cur, [80], [1], 4)  # stale
-    assert not stmt.execute(cur, [80], [1], 5)  # equal is stale too
     assert _row(conn, provider, name, 1) == (90, 5)
+    assert stmt.execute(cur, [85], [1], 5)  # equal: the same hold writes again
+    assert _row(conn, provider, name, 1) == (85, 5)
     assert stmt.execute(cur, [70], [1], 6)
     assert _row(conn, provider, name, 1) == (70, 6)
+    assert not stmt.execute(cur, [80], [1], 5)  # the older token, after a newer one wrote
     assert _row(conn, provider, name, 2) == (100, 0)  # other rows untouched
     assert not stmt.execute(cur, [1], [3], 99)  # a missing row reads as rejected
 
@@ -85,3 +87,29 @@ def test_with_real_lock_tokens(
         second.release()
         with pytest.raises(dblock.LockLost):
             first.release()
+
+
+def test_one_hold_writes_many_times_and_a_stale_one_never(
+    provider: Provider, table: str, resource: tuple[Any, str, str]
+) -> None:
+    """The documented pattern under one hold: each of its three writes is accepted (its token
+    is the one recorded); the earlier holder, paused past its lease, is refused before and
+    after them."""
+    conn, dialect, name = resource
+    stmt = dblock.fencing.fenced_update(dialect, name, ["balance"], ["id"])
+    cur = conn.cursor()
+    with provider.connect(table=table) as client:
+        stale = client.lock("acct:1", ttl=0.2)
+        assert stale.acquire(timeout=5)
+        old = stale.token
+        assert old is not None
+        assert stmt.execute(cur, [95], [1], old)  # the first holder wrote once, in time
+        with client.lock("acct:1", ttl=30, reentrant=False, timeout=10) as lock:
+            token = lock.token
+            assert token is not None and token > old
+            for balance in (90, 80, 70):
+                assert stmt.execute(cur, [balance], [1], token), balance
+                assert not stmt.execute(cur, [999], [1], old)  # the paused holder wakes up
+            assert _row(conn, provider, name, 1) == (70, token)
+        with pytest.raises(dblock.LockLost):
+            stale.release()

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import re
+import sys
 import threading
 import time
 from datetime import timedelta
@@ -10,6 +12,8 @@ from datetime import timedelta
 import pytest
 
 import dblock
+from dblock._engine.waiting import PUSHED_POLL_CAP
+from tests._internals import store_call, store_of
 from tests.providers import Provider
 
 KEYS_THAT_MUST_SURVIVE = [
@@ -137,6 +141,36 @@ def test_waiter_gets_the_lock_after_release(client: dblock.Client, key: str) -> 
     assert got and got[0] is not None and first is not None and got[0] > first
 
 
+@pytest.mark.needs("Wakeups")
+def test_a_release_before_the_waiter_subscribes_to_wake_ups_is_not_slept_through(
+    client: dblock.Client, key: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The hold ends after the waiter's first try failed and before it subscribed to
+    wake-ups, so no wake-up tells it of that release (the async client's tasks meet this at
+    nearly every hand-over: only one of them waits in the store for a key, and the holder
+    lets go while it tries). Once listening, the waiter must look again, not sleep until its
+    fallback poll (3.75-5 s on), which a generous bound tells apart."""
+    store = store_of(client)
+    token = store_call(client, "acquire", key, "someone-else", 30, "lock")
+    assert token is not None
+    subscribe = store.subscribe
+    released: list[bool] = []
+
+    def release_then_subscribe(*args: object) -> object:
+        if not released:  # on the waiter's side, as it runs the store's code
+            released.append(store.release(key, "someone-else", token))
+        return subscribe(*args)
+
+    monkeypatch.setattr(store, "subscribe", release_then_subscribe)
+    lock = client.lock(key, reentrant=False)
+    start = time.monotonic()
+    assert lock.acquire(timeout=20)
+    waited = time.monotonic() - start
+    lock.release()
+    assert released == [True]
+    assert waited < 0.75 * PUSHED_POLL_CAP / 2
+
+
 def test_reentrant_same_thread_needs_as_many_releases(client: dblock.Client, key: str) -> None:
     a = client.lock(key)
     b = client.lock(key)  # another object, same client and thread: the same owner
@@ -183,6 +217,40 @@ def test_another_thread_is_another_owner(client: dblock.Client, key: str) -> Non
     lock.release()
 
 
+@pytest.mark.parametrize("ttl", [30.0, None], ids=["lease", "session"])
+def test_held_is_false_as_soon_as_the_store_has_released(
+    client: dblock.Client, key: str, ttl: float | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """From the store's answer to the last release on, the key may be another owner's: this
+    object's ``held`` must say False then, not only once the client has forgotten its hold
+    (filelock's threaded test saw another object's hold as ``held`` inside its own critical
+    section). A release that fails leaves ``held`` as it was."""
+    lock = client.lock(key, ttl=ttl)
+    inner = getattr(getattr(lock, "_async", lock), "_lock", lock)  # the blocking Lock
+    store = store_of(client)
+    name = "release_session" if ttl is None and hasattr(store, "release_session") else "release"
+    end = getattr(store, name)
+    seen: list[bool] = []
+
+    def end_then_look(*args: object) -> object:
+        answer = end(*args)
+        seen.append(inner.held)
+        return answer
+
+    def failing(*_args: object) -> object:
+        raise dblock.BackendError("the store is out of reach (test)")
+
+    assert lock.acquire(timeout=10)
+    monkeypatch.setattr(store, name, failing)
+    with pytest.raises(dblock.BackendError):
+        lock.release()
+    assert lock.held
+    monkeypatch.setattr(store, name, end_then_look)
+    lock.release()
+    assert seen == [False]
+    assert not lock.held
+
+
 def test_release_not_held_is_not_held(client: dblock.Client, key: str) -> None:
     with pytest.raises(dblock.NotHeld, match=key) as info:
         client.lock(key).release()
@@ -204,22 +272,46 @@ def test_expired_lease_raises_lock_lost_even_if_nobody_took_it(
         lock.release()  # the hold is gone from the lock object too
 
 
+#: what a refusal of a ttl names: the shortest ttl this client's grant replies confirm
+SHORTEST = re.compile(r"the shortest ttl it confirms is about ([0-9.e+-]+) s")
+
+
+def _named_shortest(exc: ValueError, key: str) -> float:
+    """The shortest ttl a refusal names (it names the key and how it was measured)."""
+    text = str(exc)
+    assert key in text
+    assert "median round trip of this client's last" in text
+    found = SHORTEST.search(text)
+    assert found is not None, text
+    return float(found.group(1))
+
+
 @pytest.mark.parametrize("ttl", [1e-9, 1e-4, 3e-4, 1e-3, 3e-3])
-def test_a_ttl_about_as_short_as_a_reply_neither_hangs_nor_refuses_a_free_key(
+def test_a_ttl_about_as_short_as_a_reply_neither_hangs_nor_is_reported_held_when_over(
     client: dblock.Client, key: str, ttl: float
 ) -> None:
     """Leases about as long as a round trip (1 ns: none beats it; 0.1-3 ms: some replies do,
-    some not): a blocking acquire of the free key returns True rather than wait forever. A
-    grant that came back after its lease is not reported held where ordinary grants beat the
-    ttl (test_chaos.py), so there a try without waiting may find none it can use; a 1 ns
-    grant is reported as made, its lease already over."""
+    some not). acquire() returns True only with ``held`` True right after; a blocking
+    acquire of the free key returns True, or raises ValueError naming a longer ttl (the
+    shortest the store's measured replies confirm), rather than wait forever; a try returns
+    True or False. A ttl under a thread switch interval is always refused: a hold reported
+    with less left could be over before its caller runs again."""
     out: dict[str, object] = {}
 
     def scenario() -> None:
-        for blocking in (True, False):
+        for blocking in (True, False, False, False, False, False):
             lock = client.lock(key, ttl=ttl, reentrant=False)
-            got = out[f"got {blocking}"] = lock.acquire(blocking=blocking)  # no timeout
-            out[f"held {blocking}"] = lock.held
+            try:
+                got = lock.acquire(blocking=blocking)  # no timeout
+            except ValueError as exc:
+                out.setdefault(f"refused {blocking}", exc)
+                continue
+            held = lock.held
+            out.setdefault(f"got {blocking}", got)
+            if not blocking:
+                out.setdefault("tries", []).append(got)  # type: ignore[union-attr]
+            if got and not held:
+                out["True but not held"] = (blocking, got, held)
             with contextlib.suppress(dblock.LockLost):  # the lease may be over by now
                 if got:
                     lock.release()
@@ -228,12 +320,63 @@ def test_a_ttl_about_as_short_as_a_reply_neither_hangs_nor_refuses_a_free_key(
     thread.start()
     thread.join(20)
     assert not thread.is_alive(), f"acquire() of a free key with a {ttl} s ttl did not return"
-    assert out["got True"] is True
-    if ttl < 1e-6:
-        assert out["got False"] is True
-        assert out["held True"] is False
+    assert "True but not held" not in out, out
+    assert "refused False" not in out, out  # a try is never refused by an error
+    refused = out.get("refused True")
+    if refused is None:
+        assert out["got True"] is True
+    else:
+        assert isinstance(refused, ValueError) and _named_shortest(refused, key) > ttl
+    if ttl < sys.getswitchinterval():
+        # less than it would have to have left when reported (docs/lock.md: short leases)
+        assert isinstance(refused, ValueError)
+        assert out["tries"] == [False] * 5
+    assert client.info(key) is None
     other = client.lock(key, ttl=30, reentrant=False)
     assert other.acquire(timeout=10)
+    other.release()
+
+
+def test_a_ttl_no_reply_beats_is_refused_and_leaves_no_hold(
+    client: dblock.Client, key: str
+) -> None:
+    """1 ns: every grant comes back after its lease. A try returns False; a blocking acquire,
+    with or without a timeout, raises ValueError naming the shortest ttl this client's
+    replies confirm (a ttl a normal acquire beats), instead of waiting on for a grant it can
+    use (it returns well before its 60 s timeout); and no hold is left in the store."""
+    out: dict[str, object] = {}
+
+    def scenario() -> None:
+        lock = client.lock(key, ttl=1e-9, reentrant=False)
+        out["try"] = lock.acquire(blocking=False)
+        out["held after try"] = lock.held
+        out["info after try"] = client.info(key)
+        for name, kwargs in (("no timeout", {}), ("timeout", {"timeout": 60.0})):
+            try:
+                out[name] = lock.acquire(**kwargs)
+            except ValueError as exc:
+                out[name] = exc
+            out[f"info after {name}"] = client.info(key)
+        out["try again"] = lock.acquire(blocking=False)
+
+    thread = threading.Thread(target=scenario, daemon=True)
+    thread.start()
+    thread.join(20)
+    assert not thread.is_alive(), "a blocking acquire with a 1 ns ttl waited on"
+    assert out["try"] is False and out["held after try"] is False
+    assert out["try again"] is False
+    for name in ("try", "no timeout", "timeout"):
+        assert out[f"info after {name}"] is None, name
+    shortest = []
+    for name in ("no timeout", "timeout"):
+        exc = out[name]
+        assert isinstance(exc, ValueError), f"acquire() with {name}: {exc!r}"
+        assert not isinstance(exc, dblock.DBLockError)
+        assert "ttl=1e-09 s is too short" in str(exc)
+        shortest.append(_named_shortest(exc, key))
+    assert all(1e-9 < s <= 0.05 for s in shortest), shortest
+    other = client.lock(key, ttl=30, reentrant=False)
+    assert other.acquire(blocking=False)  # at once: nothing was left to expire
     other.release()
 
 

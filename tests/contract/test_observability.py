@@ -4,6 +4,7 @@ both client modes: the hooks sit in the Lock code that the async client runs too
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -178,3 +179,13 @@ def test_an_observer_may_leave_hooks_out_and_its_errors_do_not_fail_the_lock(
     finally:
         observability.remove_observer(broken)  # type: ignore[arg-type]
     assert any("observer" in r.getMessage() and r.exc_info for r in caplog.records)
+
+
+def test_tracing_without_the_opentelemetry_api_is_a_clear_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """As enable_metrics() without prometheus-client: not a silent no-op (issue 46)."""
+    monkeypatch.delitem(sys.modules, "dblock.observability._tracing", raising=False)
+    monkeypatch.setitem(sys.modules, "opentelemetry", None)  # makes the import fail
+    with pytest.raises(dblock.ConfigurationError, match=r"pip install 'dblock\[otel\]'"):
+        observability.enable_tracing()

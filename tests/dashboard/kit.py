@@ -12,7 +12,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
@@ -26,12 +26,14 @@ CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 
 
 @contextmanager
-def browser_page(width: int = 1100, height: int = 800) -> Iterator[Any]:
-    """A fresh chromium page (headless)."""
+def browser_page(
+    width: int = 1100, height: int = 800, *, args: Sequence[str] = ()
+) -> Iterator[Any]:
+    """A fresh chromium page (headless); ``args``: more of chromium's switches."""
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", *args])
         try:
             page = browser.new_page(viewport={"width": width, "height": height})
             yield page

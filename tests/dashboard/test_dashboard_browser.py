@@ -142,3 +142,49 @@ def test_filter_sort_and_phone_width(client: dblock.Client, tmp_path: Path) -> N
         assert width <= 390  # no sideways scrolling on a phone
     for lock in locks:
         lock.release()
+
+
+def test_a_page_by_another_name_cannot_read_it(tmp_path: Path) -> None:
+    """DNS rebinding: a page whose name resolves to the dashboard's address (chromium's
+    resolver maps it, as an attacker's DNS would) gets 400 for the page and for every fetch
+    it makes, until that name is an --allowed-host (issue 46)."""
+    rebound = "rebind.test"
+    args = [f"--host-resolver-rules=MAP {rebound} 127.0.0.1"]
+    with dblock.connect(f"sqlite:///{tmp_path}/locks.sqlite3") as client:
+        key = "inventory:" + uuid.uuid4().hex[:8]
+        lock = client.lock(key, ttl=30)
+        assert lock.acquire()
+        for allowed, status in (((), 400), ((rebound,), 200)):
+            settings = dashboard.Settings(allowed_hosts=allowed)
+            with kit.running(client, settings) as base, kit.browser_page(args=args) as page:
+                other = base.replace("127.0.0.1", rebound)
+                assert page.goto(other + "/").status == status
+                read = page.evaluate(
+                    "async () => { const r = await fetch('/api/state');"
+                    " return [r.status, await r.text()]; }"
+                )
+                assert read[0] == status
+                assert (key in read[1]) is (status == 200)  # no key, owner or token leaks
+        lock.release()
+
+
+def test_a_malformed_release_gets_400_and_the_page_goes_on(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """A body that is not JSON, sent with the right secret, is the sender's mistake: 400 and
+    one log line, not a 500 with a traceback on the console (issue 46)."""
+    settings = dashboard.Settings(allow_force_release=True)
+    with (
+        dblock.connect(f"sqlite:///{tmp_path}/locks.sqlite3") as client,
+        kit.open_dashboard(client, settings, failure_shot=tmp_path / "failure.png") as (page, _),
+    ):
+        status = page.evaluate(
+            "async (secret) => (await fetch('/api/release', {method: 'POST', body: '{not json',"
+            " headers: {'x-dblock-secret': secret}})).status",
+            settings.secret,
+        )
+        assert status == 400
+        page.wait_for_selector("#status:has-text('live')")
+    err = capfd.readouterr().err
+    assert "Traceback" not in err
+    assert "Exception in ASGI application" not in err

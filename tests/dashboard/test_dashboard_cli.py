@@ -95,3 +95,29 @@ def test_force_release_prints_a_fresh_secret(tmp_path: Path) -> None:
         finally:
             assert _stop(proc) == 0
     assert secrets[0] != secrets[1] and len(secrets[0]) >= 20
+
+
+def test_allowed_host_names_are_answered_and_others_refused(tmp_path: Path) -> None:
+    port = free_ports(1)[0]
+    proc, _ = _start(tmp_path, "--port", str(port), "--allowed-host", "Locks.Test")
+    try:
+        state = f"http://127.0.0.1:{port}/api/state"
+        assert _get(state).status_code == 200
+        assert httpx.get(state, headers={"Host": f"locks.test:{port}"}).status_code == 200
+        assert httpx.get(state, headers={"Host": f"other.test:{port}"}).status_code == 400
+    finally:
+        assert _stop(proc) == 0
+
+
+def test_an_allowed_host_with_a_scheme_or_port_exits_2(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/locks.sqlite3"
+    for bad in ("http://locks.test", "locks.test:8765", ""):
+        done = subprocess.run(
+            [sys.executable, "-m", "dblock", "--url", url, "dashboard", "--allowed-host", bad],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == 2, (bad, done.stderr)
+        assert "is not a host name" in done.stderr

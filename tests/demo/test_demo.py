@@ -8,15 +8,25 @@ import json
 import os
 import subprocess
 import sys
+import threading
+import time
 from typing import Any
 
 import pytest
 from rich.console import Console
 
 from dblock.demo import main
-from dblock.demo._report import RichProgress, conclusion, verdict
-from dblock.demo._runner import Demo, Result, make_orders, p99
-from dblock.demo._strategies import STRATEGIES, parse_strategies
+from dblock.demo._db import SKUS, stocks_left
+from dblock.demo._report import RichProgress, conclusion, table, to_json, verdict
+from dblock.demo._runner import (
+    Demo,
+    Result,
+    make_orders,
+    make_several_orders,
+    p99,
+    several_stock,
+)
+from dblock.demo._strategies import ARRIVAL_TRIES, SEVERAL_SKUS, STRATEGIES, parse_strategies
 
 SMALL = ["--workers", "3", "--stock", "30", "--seed", "7"]
 
@@ -66,7 +76,7 @@ def test_help_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
 def test_a_correct_strategy_that_oversells_fails_loudly(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Any
 ) -> None:
-    def fake_run(self: Demo, strategy: Any) -> Result:
+    def fake_run(self: Demo, strategy: Any, variant: str = "") -> Result:
         return Result(
             strategy.number,
             strategy.slug,
@@ -104,8 +114,11 @@ def test_orders_are_reproducible_from_the_seed() -> None:
 
 def test_strategy_selection() -> None:
     assert [s.number for s in parse_strategies("6, read-write,3,6")] == [6, 1, 3]
-    assert len(parse_strategies(",".join(s.slug for s in STRATEGIES))) == 7
-    for bad in ("", "0", "8", "redis"):
+    assert len(parse_strategies(",".join(s.slug for s in STRATEGIES))) == 8
+    (several,) = parse_strategies("several-skus")
+    assert several.number == 8 and several.variants == ("a", "b", "c")
+    assert parse_strategies("8") == [several]
+    for bad in ("", "0", "9", "redis"):
         with pytest.raises(ValueError):
             parse_strategies(bad)
 
@@ -158,3 +171,132 @@ def test_dblock_url_is_the_default(monkeypatch: pytest.MonkeyPatch) -> None:
     )
     assert proc.returncode == 69
     assert "127.0.0.1:1" in proc.stderr
+
+
+def test_orders_of_several_skus_are_reproducible_and_sell_every_sku_out() -> None:
+    assert make_several_orders(5, 100) == make_several_orders(5, 100)
+    assert make_several_orders(5, 100) != make_several_orders(6, 100)
+    orders = make_several_orders(5, 100)
+    each = several_stock(100)
+    demand = dict.fromkeys(SKUS, 0)
+    for lines, delay in orders:
+        skus = [sku for sku, _ in lines]
+        assert 1 <= len(skus) <= 5 and len(set(skus)) == len(skus)
+        assert all(1 <= qty <= 3 for _, qty in lines)
+        assert 0.001 <= delay <= 0.003
+        for sku, qty in lines:
+            demand[sku] += qty
+    assert min(demand.values()) >= 2 * each  # enough demand to sell every SKU out
+    # the lines come in arrival order, not sorted: what makes variant c deadlock
+    assert any([s for s, _ in lines] != sorted(s for s, _ in lines) for lines, _ in orders)
+
+
+def test_several_skus_variants_on_sqlite(capsys: pytest.CaptureFixture[str], tmp_path: Any) -> None:
+    url = f"sqlite:///{tmp_path}/demo.sqlite3"
+    status, report = _run_json(capsys, "--url", url, *SMALL, "--strategies", "8")
+    assert status == 0, report
+    assert report["strategies"] == []  # strategy 8 is reported apart
+    several = report["several_skus"]
+    assert several["skus"] == list(SKUS)
+    stock = several["stock_per_sku"] * len(SKUS)
+    rows = {v["variant"]: v for v in several["variants"]}
+    assert sorted(rows) == ["a", "b", "c"]
+    for v in rows.values():
+        assert v["status"] == "ok" and v["verdict"] == "ok", v
+        assert v["oversold_units"] == 0 and v["unaccounted_units"] == 0, v
+        assert v["units_shipped"] + v["stock_left"] == stock, v
+        assert 0 < v["units_shipped"] <= stock
+        assert v["lock_timeouts"] == v["retries"] >= 0
+    assert rows["a"]["lock_timeouts"] == rows["b"]["lock_timeouts"] == 0
+
+
+@pytest.fixture
+def sku_worker(tmp_path: Any) -> Any:
+    """A worker on an SQLite inventory of strategy 8's SKUs, and a client of its locks."""
+    import dblock
+    from dblock.demo._db import DemoDB, create_inventory, reset_inventory
+    from dblock.demo._worker import Worker
+    from dblock.stores import parse_url
+
+    url = f"sqlite:///{tmp_path}/demo.sqlite3"
+    db = DemoDB(parse_url(url))
+    create_inventory(db, "dblock_demo_inventory_t", 10)
+    reset_inventory(db, "dblock_demo_inventory_t", 10, SKUS)
+    with dblock.connect(url, table="dblock_demo_locks_t") as client:
+        worker = Worker(url, "dblock_demo_inventory_t", "dblock_demo_locks_t")
+        worker.open(8)
+        try:
+            yield worker, client, db
+        finally:
+            worker.close()
+            db.close()
+
+
+def _key(sku: str) -> str:
+    return f"inventory:WH1:{sku}"
+
+
+def _holds_while_waiting(sku_worker: Any, variant: str) -> tuple[bool, Any]:
+    """While SKUS[0] is held by another client, confirm an order of (SKUS[1], SKUS[0]) in
+    ``variant``: did it hold SKUS[1] while it waited, and what did the order come to."""
+    worker, client, _db = sku_worker
+    first, second = SKUS[0], SKUS[1]
+    lines = ((second, 1), (first, 1))
+    outcome: list[Any] = []
+    with client.lock(_key(first), ttl=30):
+        thread = threading.Thread(
+            target=lambda: outcome.append(worker.several_skus(variant, lines, 0.001))
+        )
+        thread.start()
+        held = False
+        deadline = time.monotonic() + 0.5  # variant c: its tries (three of 0.1 s) and more
+        while time.monotonic() < deadline and not held and thread.is_alive():
+            held = client.lock(_key(second), ttl=30).locked()
+            time.sleep(0.005)
+        if variant == "c":
+            thread.join(30)
+    thread.join(30)
+    return held, outcome[0]
+
+
+def test_lock_many_holds_no_sku_while_it_waits(sku_worker: Any) -> None:
+    held, (outcome, timeouts) = _holds_while_waiting(sku_worker, "a")
+    assert not held
+    assert (outcome, timeouts) == ("confirmed", 0)  # once the other SKU was released
+    _worker, _client, db = sku_worker
+    assert stocks_left(db, "dblock_demo_inventory_t", SKUS[:2]) == {SKUS[0]: 9, SKUS[1]: 9}
+
+
+def test_locks_in_arrival_order_hold_one_sku_and_time_out_on_the_other(sku_worker: Any) -> None:
+    """Variant c takes the second SKU, then waits for the held one until its lock timeout;
+    each try times out, and after ARRIVAL_TRIES the order is rejected with nothing sold."""
+    held, (outcome, timeouts) = _holds_while_waiting(sku_worker, "c")
+    assert held
+    assert (outcome, timeouts) == ("rejected", ARRIVAL_TRIES)
+    _worker, client, db = sku_worker
+    assert not client.lock(_key(SKUS[1]), ttl=30).locked()  # given back at each timeout
+    assert stocks_left(db, "dblock_demo_inventory_t", SKUS[:2]) == {SKUS[0]: 10, SKUS[1]: 10}
+
+
+def test_report_rows_of_the_variants() -> None:
+    single = Result(3, "guarded-update", "guarded", correct=True, shipped=30, stock_left=0)
+    rows = [
+        Result(8, "several-skus", title, correct=True, variant=letter, confirmed=9, shipped=20)
+        for letter, title in SEVERAL_SKUS
+    ]
+    rows[2].retries = 4
+    buffer = io.StringIO()
+    Console(file=buffer, width=120).print(table([single, *rows], 30, "6 SKUs of 6 units"))
+    text = buffer.getvalue()
+    assert "8a lock_many over the SKUs" in text
+    assert "8c a lock per SKU, arrival order" in text
+    assert "(8: 6 SKUs of 6 units)" in text
+    words = conclusion([single, *rows], 30)
+    assert "4 timeouts" in words and "oversold nothing" in words
+    payload = to_json(
+        [single, *rows], url="u", dialect="sqlite", workers=3, stock=30, seed=1, tables=[]
+    )
+    assert [s["number"] for s in payload["strategies"]] == [3]
+    variants = payload["several_skus"]["variants"]
+    assert [v["variant"] for v in variants] == ["a", "b", "c"]
+    assert variants[2]["lock_timeouts"] == 4

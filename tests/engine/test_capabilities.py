@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 import dblock
-from dblock.backends._contract import Store, capabilities
+from dblock._contract import Store, capabilities
 from tests.contract._memory_store import MemoryStore, Tables
 
 
@@ -45,8 +45,8 @@ class BareStore(Store):
     def info(self, key: str) -> dblock.LockInfo | None:
         return self._call("info", key)  # type: ignore[no-any-return]
 
-    def list(self, prefix: str) -> list[dblock.LockInfo]:
-        return self._call("list", prefix)  # type: ignore[no-any-return]
+    def list_holds(self, prefix: str) -> list[dblock.LockInfo]:
+        return self._call("list_holds", prefix)  # type: ignore[no-any-return]
 
     def force_release(self, key: str) -> bool:
         return self._call("force_release", key)  # type: ignore[no-any-return]

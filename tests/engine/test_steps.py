@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from dblock import _engine
+from dblock._contract import Subscription
 from dblock._engine import Call, Sleep, Spec, Subscribe, Traits, Unsubscribe, Wait
-from dblock.backends._contract import Subscription
 
 
 def _traits(*, fair: bool = True, wakeups: bool = True, probe: bool = False) -> Traits:
@@ -57,6 +57,30 @@ def test_a_waiter_listens_before_it_tries_again_and_takes_the_lock_in_turn() -> 
         steps.send(None)
     hold = done.value.value
     assert (hold.token, hold.owner, hold.key) == (7, "me", "k")
+
+
+def test_where_a_try_is_dear_a_waiter_probes_once_it_listens_instead_of_sleeping() -> None:
+    """A release between the first try and the subscription was not heard: where the store
+    would rather be probed than tried (a quorum), the waiter probes right after queueing,
+    and tries if the lock is free, instead of sleeping until its fallback poll."""
+    spec = Spec("k", 30.0)
+    for free in (True, False):
+        steps = _engine.Acquisition(_traits(probe=True), spec, "me", blocking=True, timeout=5).run()
+        ops = [steps.send(None), steps.send(None), steps.send(_Sub()), steps.send(None)]
+        assert [_name(op) for op in ops] == ["acquire_fair", "Subscribe", "enqueue", "probe"]
+        op = steps.send((free, 0))
+        if free:
+            assert (_name(op), op.args) == ("acquire_fair", ("k", "me", 30.0, True))  # type: ignore[union-attr]
+            assert isinstance(steps.send(7), Unsubscribe)
+            with pytest.raises(StopIteration) as done:
+                steps.send(None)
+            assert done.value.value.token == 7
+        else:  # still held: it sleeps until woken
+            assert isinstance(op, Wait)
+            assert _name(steps.throw(KeyboardInterrupt())) == "Unsubscribe"
+            assert _name(steps.send(None)) == "dequeue"
+            with pytest.raises(KeyboardInterrupt):
+                steps.send(None)
 
 
 @pytest.mark.parametrize(("vouched", "lease"), [(None, _engine.QUEUE_TTL), (60.0, 60.0)])
@@ -129,7 +153,7 @@ def _grant_interrupted(error: BaseException, listed: list[Any]) -> list[Call]:
             op = steps.throw(reply) if isinstance(reply, BaseException) else steps.send(reply)
             assert isinstance(op, Call)
             calls.append(op)
-            reply = listed if op.method == "list" else True
+            reply = listed if op.method == "list_holds" else True
     except BaseException as exc:
         raised = exc
     assert raised is error  # the interruption itself comes out, after the cleanup
@@ -145,7 +169,7 @@ def test_an_interrupted_grant_is_ended_before_the_interruption_propagates() -> N
     theirs = LockInfo("k", "other", 8, None, None, "lock")  # type: ignore[arg-type]
     calls = _grant_interrupted(asyncio.CancelledError(), [theirs, ours])
     assert [(c.method, c.args) for c in calls] == [
-        ("list", ("k",)),
+        ("list_holds", ("k",)),
         ("release", ("k", "me", 7)),
     ]
 
@@ -169,7 +193,7 @@ def test_a_grant_aborted_past_its_deadline_and_then_settled_is_looked_for() -> N
     settled._settled = True
     calls = _grant_interrupted(settled, [ours])
     assert [(c.method, c.args) for c in calls] == [
-        ("list", ("k",)),
+        ("list_holds", ("k",)),
         ("release", ("k", "me", 7)),
     ]
 

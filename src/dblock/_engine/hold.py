@@ -30,6 +30,7 @@ class Hold:
     __slots__ = (
         "count",
         "due",
+        "ending",
         "expires_by",
         "granted_at",
         "handle",
@@ -69,6 +70,9 @@ class Hold:
             self.lease = math.inf
         self.count = 1
         self.lost = False
+        #: its last release is under way: from the store's answer on, the key may be another
+        #: owner's, so ``held`` says False already (a failed release sets it back)
+        self.ending = False
         #: the local monotonic time after which the lease may have ended (conservative: the
         #: store started the lease no earlier than the request was sent)
         self.expires_by = sent_at + self.lease
@@ -90,7 +94,9 @@ class Hold:
         self.loss_reported = False
 
     def live(self) -> bool:
-        return not self.lost and self.ours() and time.monotonic() < self.expires_by
+        return (
+            not self.lost and not self.ending and self.ours() and time.monotonic() < self.expires_by
+        )
 
     def ours(self) -> bool:
         """False in a forked child: the parent holds it, renews it and releases it."""

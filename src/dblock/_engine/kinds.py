@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..backends._contract import (
+from .._contract import (
     FairQueue,
     OnceRecords,
     ScheduledRuns,
@@ -70,30 +70,31 @@ class Spec:
         k = self.key
         if self.kind == "lock":
             if traits.fair:
-                return Call("acquire_fair", (k, owner, self.ttl, queued))
-            return Call("acquire", (k, owner, self.ttl, "lock"))
+                return Call(FairQueue.acquire_fair, k, owner, self.ttl, queued)
+            return Call(Store.acquire, k, owner, self.ttl, "lock")
         if self.kind in ("read", "semaphore"):
-            return Call("acquire_shared", (k, owner, self.ttl, self.kind, self.permits))
+            return Call(SharedHolds.acquire_shared, k, owner, self.ttl, self.kind, self.permits)
         if self.kind == "write":
-            return Call("acquire_write", (k, owner, self.ttl))
+            return Call(SharedHolds.acquire_write, k, owner, self.ttl)
         if self.kind == "once":
-            return Call("claim_once", (k, owner, self.ttl, self.note))
-        return Call("acquire", (k, owner, self.ttl, self.kind))
+            return Call(OnceRecords.claim_once, k, owner, self.ttl, self.note)
+        return Call(Store.acquire, k, owner, self.ttl, self.kind)
 
     def renew_call(self, owner: str, token: int, ttl: float) -> Call:
         if self.session:  # nothing to extend: is its connection (so its server lock) alive?
-            return Call("check_session", (self.key, owner, token))
-        method = "renew_shared" if self.shared else "renew"
-        return Call(method, (self.key, owner, token, ttl))
+            return Call(SessionHolds.check_session, self.key, owner, token)
+        if self.shared:
+            return Call(SharedHolds.renew_shared, self.key, owner, token, ttl)
+        return Call(Store.renew, self.key, owner, token, ttl)
 
     def end_call(self, owner: str, token: int) -> Call:
         k = self.key
         if self.shared:
-            return Call("release_shared", (k, owner, token))
+            return Call(SharedHolds.release_shared, k, owner, token)
         if self.kind == "once":
-            return Call("finish_once", (k, owner, token, self.outcome))
+            return Call(OnceRecords.finish_once, k, owner, token, self.outcome)
         if self.kind == "scheduled":
-            return Call("finish_scheduled", (k, owner, token, self.at_least))
+            return Call(ScheduledRuns.finish_scheduled, k, owner, token, self.at_least)
         if self.session:
-            return Call("release_session", (k, owner, token))
-        return Call("release", (k, owner, token))
+            return Call(SessionHolds.release_session, k, owner, token)
+        return Call(Store.release, k, owner, token)

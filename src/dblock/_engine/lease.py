@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass
 
 from .. import _observe
+from .._contract import Store
 from .._errors import BackendError
 from .hold import Hold
 from .ops import Call, Steps
@@ -75,13 +76,25 @@ def release(hold: Hold) -> Steps[Released]:
         hold.count -= 1
         return Released(final=False, lost=hold.lost)
     hold.cancel_job()  # stop renewing before releasing
+    hold.ending = True
     try:
         released = yield hold.spec.end_call(hold.owner, hold.token)
-    except BackendError:
-        # The caller wanted it released: renewal stays stopped, so if the store stays out
-        # of reach the lease lapses by itself within its ttl instead of living as long as
-        # this process. release() may be called again meanwhile.
-        hold.job = None
+    except BackendError as exc:
+        if not hold.lost:
+            # Not released: the hold may still stand, and release() may be called again.
+            # The caller wanted it released: renewal stays stopped, so if the store stays out
+            # of reach the lease lapses by itself within its ttl instead of living as long as
+            # this process.
+            hold.ending = False
+            hold.job = None
+            raise
+        # Known lost (on_lost has run): the store is still told, for what its end records
+        # (a once outcome, a session's connection), but no answer of its can change the
+        # verdict, so the hold ends here with LockLost instead of staying registered.
+        log.debug("release of the lost hold of %r could not reach the store: %s", hold.key, exc)
+        released = False
+    except BaseException:
+        hold.ending = False  # interrupted before the answer: the hold may still stand
         raise
     hold.count = 0
     if not released:
@@ -127,9 +140,9 @@ def confirm_loss(hold: Hold) -> Steps[bool]:
         return False
     key = hold.key
     if hold.spec.shared:  # one of several holds of the key
-        holds = yield Call("list", (key,))
+        holds = yield Call(Store.list_holds, key)
     else:
-        holds = [(yield Call("info", (key,)))]
+        holds = [(yield Call(Store.info, key))]
     if any(
         i is not None and i.key == key and (i.owner, i.token) == (hold.owner, hold.token)
         for i in holds

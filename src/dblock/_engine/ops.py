@@ -8,13 +8,14 @@ failed operation is thrown into the generator at the ``yield``, so its ``finally
 
 from __future__ import annotations
 
-from collections.abc import Generator
-from typing import TYPE_CHECKING, Any, TypeVar, Union
+from collections.abc import Callable, Generator
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar, Union
 
 if TYPE_CHECKING:
-    from ..backends._contract import Subscription
+    from .._contract import Subscription
 
 T = TypeVar("T")
+P = ParamSpec("P")
 
 
 # Plain classes with __slots__: one is built for every step, on the hot path of every
@@ -22,14 +23,21 @@ T = TypeVar("T")
 
 
 class Call:
-    """Run one operation of the store contract (or of a capability the store declares):
-    ``store.<method>(*args)``; the value is its result."""
+    """Run one operation of the store contract (or of a capability the store declares), named
+    by the contract's own method: ``Call(FairQueue.probe, key, owner)`` runs
+    ``store.probe(key, owner)`` (the store's implementation of it); the value is its result.
+    mypy checks the arguments against the contract's signature."""
 
     __slots__ = ("args", "method")
 
-    def __init__(self, method: str, args: tuple[Any, ...] = ()) -> None:
-        self.method = method
-        self.args = args
+    def __init__(
+        self, operation: Callable[Concatenate[Any, P], Any], *args: P.args, **kwargs: P.kwargs
+    ) -> None:
+        if kwargs:
+            raise TypeError("a store call's arguments are positional")
+        #: the operation's name, which the store's class implements
+        self.method: str = operation.__name__
+        self.args: tuple[Any, ...] = args
 
     def __repr__(self) -> str:
         return f"Call({self.method!r}, {self.args!r})"

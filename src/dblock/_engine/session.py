@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import time
 
+from .._contract import SessionHolds
 from .._timing import Backoff
 from .hold import Hold
 from .kinds import Spec
@@ -28,7 +29,7 @@ def acquire_session(
     backoff = None  # made when first needed: most grants are had at the first ask
     while True:
         wait = 0.0 if not blocking else max(0.0, deadline - sent)
-        token = yield Call("acquire_session", (spec.key, owner, wait))
+        token = yield Call(SessionHolds.acquire_session, spec.key, owner, wait)
         if token is not None:
             return Hold(spec, owner, token, spec.ttl, sent)
         remaining = deadline - time.monotonic()

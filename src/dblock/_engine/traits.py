@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..backends._contract import FairQueue, OnceRecords, QueueJoin, Store, Wakeups
+from .._contract import FairQueue, OnceRecords, QueueJoin, Store, Wakeups, provides
 from .replies import Replies
 
 
@@ -30,13 +30,13 @@ class Traits:
 
     @classmethod
     def of(cls, store: Store) -> Traits:
-        wakeups = isinstance(store, Wakeups)
-        joiner = store if wakeups and isinstance(store, QueueJoin) else None
+        wakeups = provides(store, Wakeups)
+        joiner = store if wakeups and provides(store, QueueJoin) else None
         return cls(
-            fair=isinstance(store, FairQueue),
-            probe_before_try=store.probe_before_try if isinstance(store, FairQueue) else False,
+            fair=provides(store, FairQueue),
+            probe_before_try=store.probe_before_try if provides(store, FairQueue) else False,
             wakeups=wakeups,
             poll_cap=store.poll_cap,
             joiner=joiner,
-            records=isinstance(store, OnceRecords),
+            records=provides(store, OnceRecords),
         )

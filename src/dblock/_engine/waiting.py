@@ -12,12 +12,13 @@ import logging
 import time
 from typing import Any
 
+from .._contract import FairQueue, OnceRecords, QueueJoin, Store, Subscription
 from .._errors import BackendError, ConfigurationError
 from .._timing import HEAD_POLL, Backoff, head_backoff, reset_deadline, set_deadline
-from ..backends._contract import Subscription
 from .hold import Hold
 from .kinds import Spec
 from .ops import Call, Sleep, Steps, Subscribe, Unsubscribe, Wait
+from .replies import MEASURED, confirms, must_be_left
 from .traits import Traits
 
 log = logging.getLogger("dblock")
@@ -119,9 +120,36 @@ class Acquisition:
         #: when the waiter last looked for a finished once-record in its way (None: not yet)
         self._record_checked: float | None = None
         self._record_every = RECORD_CHECK
+        #: a try whose ttl the store's replies do not confirm: it fails without a second try
+        self.refused = False
+        #: the token of a hold granted to this acquisition, until its caller has it or it
+        #: was found gone or ended
+        self._in_hand: int | None = None
 
     # -- the loop -----------------------------------------------------------------------------
-    def run(self) -> Steps[Hold | None]:  # noqa: PLR0912, PLR0915 - the state machine, in one place
+    def run(self) -> Steps[Hold | None]:
+        """The acquisition's steps: the hold had, or None if not had in time.
+
+        A hold granted to it that its caller will not get, because a later step (the
+        unsubscribe, a renewal of a hand-over, ending a late grant) was interrupted (an
+        asyncio cancellation, Ctrl-C) or failed, is ended before the error propagates."""
+        try:
+            return (yield from self._run())
+        except GeneratorExit:
+            raise  # closed unfinished: no step may follow
+        except BaseException:
+            token, self._in_hand = self._in_hand, None
+            if token is not None:
+                yield from self._end_in_hand(token)
+            raise
+
+    def _end_in_hand(self, token: int) -> Steps[None]:
+        try:
+            yield self.spec.end_call(self.owner, token)
+        except Exception as exc:  # noqa: BLE001 - the interruption is what propagates
+            log.warning("could not end the interrupted grant of %r: %s", self.spec.key, exc)
+
+    def _run(self) -> Steps[Hold | None]:  # noqa: PLR0912, PLR0915 - the state machine, in one place
         spec, entry = self.spec, self.entry
         cap = self.traits.poll_cap
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
@@ -158,7 +186,7 @@ class Acquisition:
                         if hold is not None:
                             acquired = True
                             return hold
-                        if not self.blocking and late_retries:
+                        if not self.blocking and late_retries and not self.refused:
                             # a grant too late to use was no answer: one try without waiting
                             # gets one more
                             late_retries -= 1
@@ -217,7 +245,7 @@ class Acquisition:
             return
         self._record_checked = now
         self._record_every = min(2 * self._record_every, RECORD_CHECK_CAP)
-        record = yield Call("once_state", (self.spec.key,))
+        record = yield Call(OnceRecords.once_state, self.spec.key)
         if record is not None and record[0] == "once" and not record[2]:
             raise ConfigurationError(
                 f"key {self.spec.key!r} is the key of a once-record ({record[1]}), which is "
@@ -245,7 +273,7 @@ class Acquisition:
         """End whatever hold of the key this acquisition's owner has in the store."""
         spec = self.spec
         try:
-            holds = yield Call("list", (spec.key,))
+            holds = yield Call(Store.list_holds, spec.key)
             for hold in holds:
                 if hold.key == spec.key and hold.owner == self.owner:
                     yield spec.end_call(self.owner, hold.token)
@@ -278,16 +306,20 @@ class Acquisition:
             # the lock may be handed to a plain lock's waiter that hears of releases
             lease = self.spec.ttl if sub is not None and sub.live and self.queue == "lock" else None
             yield from self._queueing(
-                Call("enqueue", (self.spec.key, self.owner, self.queue, QUEUE_TTL, lease))
+                Call(FairQueue.enqueue, self.spec.key, self.owner, self.queue, QUEUE_TTL, lease)
             )
             entry.written(sent)
             # a release between our first try and our subscription was not announced to us:
-            # look once more (where a look is a write, the probe before the next try does),
-            # unless the subscription wakes for a release that came before its first wait
-            latched = sub is not None and sub.latched
-            return not self.traits.probe_before_try and not latched
+            # look once more now (where a try is dear, a probe says whether to try), unless
+            # the subscription wakes for a release that came before its first wait
+            if sub is not None and sub.latched:
+                return False
+            if not self.traits.probe_before_try:
+                return True
+            should_try, _ahead = yield from self._worth_trying()
+            return should_try
         kept = yield from self._queueing(
-            Call("requeue", (self.spec.key, self.owner, self.queue, QUEUE_TTL))
+            Call(FairQueue.requeue, self.spec.key, self.owner, self.queue, QUEUE_TTL)
         )
         if not kept:
             # Our entry is gone: the lock was handed to us (its notification is late or lost,
@@ -300,7 +332,7 @@ class Acquisition:
 
     def _leave_queue(self) -> Steps[None]:
         try:
-            yield Call("dequeue", (self.spec.key, self.owner))
+            yield Call(FairQueue.dequeue, self.spec.key, self.owner)
         except BackendError as exc:  # the entry's own lease ends it soon enough
             log.warning("could not leave the wait queue of %r: %s", self.spec.key, exc)
 
@@ -315,7 +347,7 @@ class Acquisition:
         sent = time.monotonic()
         try:
             token = yield from self._granting(
-                Call("acquire_or_enqueue", (spec.key, self.owner, spec.ttl, QUEUE_TTL))
+                Call(QueueJoin.acquire_or_enqueue, spec.key, self.owner, spec.ttl, QUEUE_TTL)
             )
         except BaseException as exc:
             if not isinstance(exc, Exception):
@@ -326,31 +358,34 @@ class Acquisition:
             self.subscription = subscription
             self.entry.written(sent)
             return None
+        self._in_hand = token
         yield Unsubscribe(subscription)
         return (yield from self._confirmed(token, sent))
 
     def _confirmed(self, token: int, sent: float) -> Steps[Hold | None]:
-        """The hold of ``token``, granted by a request sent at ``sent``, or None if it may
-        already have ended.
+        """The hold of ``token``, granted by a request sent at ``sent``, or None if its reply
+        does not confirm it (``replies.confirms``).
 
         Its lease began no earlier than ``sent``. A reply that took longer than the lease (a
         stalled network, a frozen server, a call resent to another node) brings a grant that
         may have run out on its way, and another client may hold the lock by now: reported as
-        held, the caller's work would run unprotected. Such a grant is renewed first (the
-        renewal checks owner and token in the store). Gone, or still late after
-        ``LATE_RENEWALS`` renewals, it is ended (best effort) and this try counts as failed:
-        the caller waits on, queued afresh. A grant back in time is taken as it is, however
-        little of its lease is left (a store whose commits are slow).
+        held, the caller's work would run unprotected. A short lease is also not confirmed by
+        a reply that leaves less of it than ``replies.must_be_left``: it could be over before
+        the caller runs again. Such a grant is renewed first (the renewal checks owner and
+        token in the store). Gone, or still unconfirmed after ``LATE_RENEWALS`` renewals, it
+        is ended (best effort: never left for its lease to end) and this try counts as
+        failed: the caller waits on, queued afresh. A grant of a longer lease back in time is
+        taken as it is, however little of it is left (a store whose commits are slow).
 
-        A ttl that ordinary grants do not beat (``Replies.too_short``, over this client's
-        recent grants, this one included) cannot tell a stall from an ordinary reply, and waiting on
-        could wait forever for a free key. Unconfirmed, such a grant is reported as the store
-        made it, its lease perhaps already over: ``held`` is then False and ``release()``
-        raises LockLost, as for any lease that ran out."""
+        A ttl that this client's recent grants (this one included) do not confirm
+        (``Replies.too_short``) is refused: a try returns False, and a blocking acquire
+        raises ValueError naming the shortest ttl they confirm, instead of waiting forever."""
         spec, replies = self.spec, self.traits.replies
+        self._in_hand = token
         hold = Hold(spec, self.owner, token, spec.ttl, sent)
-        replies.seen(time.monotonic() - sent)
-        if hold.live():
+        took = time.monotonic() - sent
+        replies.seen(took)
+        if confirms(spec.ttl, hold.expires_by - time.monotonic(), took) and hold.live():
             return hold
         confirmed = True
         for _ in range(LATE_RENEWALS):
@@ -361,35 +396,62 @@ class Acquisition:
             if not confirmed:
                 break
             hold.renewed(renewed_at, spec.ttl)
-            if hold.live():
+            now = time.monotonic()
+            if confirms(spec.ttl, hold.expires_by - now, now - renewed_at) and hold.live():
                 return hold
+        yield from self._end_unconfirmed(token)
+        self._in_hand = None
         if replies.too_short(spec.ttl):
-            log.warning(
-                "lock %r: its ttl (%g s) is too short for the store's replies to confirm: "
-                "granted, its lease may be over (held is False)",
-                spec.key,
-                spec.ttl,
-                extra={"key": spec.key, "token": token, "owner": self.owner},
-            )
-            hold.lost = not confirmed
-            return hold
-        what = "gone from the store"
-        if confirmed:
-            what = "renewed, again too late, and ended"
-            try:
-                yield spec.end_call(self.owner, token)
-            except BackendError as exc:  # its lease ends it: the ttl at most
-                log.debug("ending a late grant of %r failed: %s", spec.key, exc)
+            self._refuse_short()
+            if self.refused:
+                self.entry.gone()
+                return None
         log.warning(
-            "lock %r: a grant (token %d) came back after its lease and was %s: this acquire "
-            "goes on",
+            "lock %r: a grant (token %d) came back too late in its lease to use and was %s: "
+            "this acquire goes on",
             spec.key,
             token,
-            what,
+            "renewed, again too late, and ended" if confirmed else "gone from the store",
             extra={"key": spec.key, "token": token, "owner": self.owner},
         )
         self.entry.gone()
         return None
+
+    def _end_unconfirmed(self, token: int) -> Steps[None]:
+        """End a grant that is not reported (it checks owner and token: never another's)."""
+        try:
+            yield self.spec.end_call(self.owner, token)
+        except BackendError as exc:  # its lease ends it: the ttl at most
+            log.debug("ending an unconfirmed grant of %r failed: %s", self.spec.key, exc)
+
+    def _refuse_short(self) -> None:
+        """A ttl this client's grants do not confirm: a try fails at once (no second try), a
+        blocking acquire raises ValueError once ``MEASURED`` grants say so (it would wait
+        forever for a grant it can use)."""
+        spec, replies = self.spec, self.traits.replies
+        shortest = replies.shortest()
+        if not self.blocking:
+            self.refused = True
+            log.log(
+                logging.WARNING if replies.first_refusal(spec.ttl) else logging.DEBUG,
+                "lock %r: its ttl (%g s) is too short for the store's replies to confirm "
+                "(the shortest they confirm is about %.3g s): not acquired",
+                spec.key,
+                spec.ttl,
+                shortest,
+                extra={"key": spec.key, "owner": self.owner},
+            )
+            return
+        if len(replies) >= MEASURED:
+            typical = replies.typical() or 0.0
+            raise ValueError(
+                f"lock {spec.key!r}: ttl={spec.ttl:g} s is too short for this store to confirm "
+                f"a grant before its lease ends; the shortest ttl it confirms is about "
+                f"{shortest:.3g} s (the median round trip of this client's last {len(replies)} "
+                f"grants, {typical:.3g} s, plus {must_be_left(typical):.3g} s that must be left "
+                "of a lease when it is reported): use a ttl of at least that, or longer to "
+                "leave time for the work"
+            )
 
     def _take_grant(self) -> Steps[Hold | None]:
         """The hold of a lock its releaser handed to us, or None if that lease already ran out
@@ -398,8 +460,10 @@ class Acquisition:
         The hand-over's lease is the lock's ttl, capped by what was left of our queue entry's
         (or what the store vouches for, ``granted_lease``), and it started after our entry was
         last written: a conservative local bound. It is
-        renewed first if that leaves less than half of it, or if the hand-over may be an
-        earlier one heard late: renewing checks owner, token and lease in the store.
+        renewed first if that leaves less than half of it (or, for a short lease, less than
+        ``replies.must_be_left``), or if the hand-over may be an earlier one heard late:
+        renewing checks owner, token and lease in the store. A renewal that does not confirm
+        it (``replies.confirms``) ends it.
         """
         spec, entry, sub = self.spec, self.entry, self.subscription
         token, vouched = None, None
@@ -407,13 +471,20 @@ class Acquisition:
             token, sub.granted = sub.granted, None
             vouched, sub.granted_lease = sub.granted_lease, None
         if token is not None and entry.written_at is not None:
+            self._in_hand = token
             lease = min(spec.ttl, QUEUE_TTL if vouched is None else vouched)
             hold = Hold(spec, self.owner, token, spec.ttl, entry.written_at, lease=lease)
-            if entry.trusted and hold.expires_by - time.monotonic() >= lease / 2:
+            left = hold.expires_by - time.monotonic()
+            if entry.trusted and left >= lease / 2 and confirms(spec.ttl, left, 0.0):
                 return hold
             sent = time.monotonic()
             if (yield spec.renew_call(self.owner, token, spec.ttl)):
-                return Hold(spec, self.owner, token, spec.ttl, sent)
+                hold = Hold(spec, self.owner, token, spec.ttl, sent)
+                now = time.monotonic()
+                if confirms(spec.ttl, hold.expires_by - now, now - sent) and hold.live():
+                    return hold
+                yield from self._end_unconfirmed(token)
+            self._in_hand = None
         entry.gone()
         return None
 
@@ -428,5 +499,5 @@ class Acquisition:
         targeted = self.subscription is not None and self.subscription.targeted
         if not probe or (targeted and not self.traits.probe_before_try):
             return True, -1
-        free, ahead = yield Call("probe", (self.spec.key, self.owner))
+        free, ahead = yield Call(FairQueue.probe, self.spec.key, self.owner)
         return bool(free and ahead == 0), int(ahead)

@@ -30,7 +30,8 @@ log = logging.getLogger("dblock")
 @click.group(
     "dblock",
     context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
-    help="""Distributed locks kept in your database: PostgreSQL, MySQL/MariaDB or SQLite.
+    help="""Distributed locks kept in your database or store: PostgreSQL, MySQL/MariaDB, SQLite
+(the embedded default), Redis, etcd or ZooKeeper, or a quorum of several of them.
 
 \b
 Examples:

@@ -149,7 +149,8 @@ DIALECTS = ("postgresql", "mysql", "sqlite")
     "schema",
     short_help="Print the DDL of the lock table.",
     help="""Print the DDL that dblock runs to create its tables, for a DBA to apply by hand.
-The dialect defaults to that of --url / DBLOCK_URL; no connection is made.
+The dialect defaults to that of --url / DBLOCK_URL; no connection is made. Redis, etcd and
+ZooKeeper need no DDL: dblock makes what it keeps there itself.
 
 \b
 Examples:
@@ -170,8 +171,22 @@ def schema_command(ctx: click.Context, dialect: str | None) -> int:
             check_parameter_names(url)
     except dblock.ConfigurationError as exc:  # DBLOCK_URL's (--url's is parsed on entry)
         raise misconfigured(exc) from exc
-    dialects = sorted({url.dialect for url in urls})
-    if dialect is None and len(dialects) > 1:  # a quorum of different stores
+    # the stores that have no DDL (Redis, etcd, ZooKeeper) make their lock table themselves:
+    # a marker that connect() and the commands that take locks create
+    dialects = sorted({url.dialect for url in urls if url.dialect in DIALECTS})
+    if dialect is None and not dialects:
+        names = sorted({url.dialect for url in urls})
+        stores = (
+            f"{names[0]} store needs"
+            if len(names) == 1
+            else f"{', '.join(names[:-1])} and {names[-1]} stores need"
+        )
+        click.echo(
+            f"-- the {stores} no DDL: connect() and the commands that take locks (run, once) "
+            "make the lock table themselves; nothing to apply"
+        )
+        return exit_codes.OK
+    if dialect is None and len(dialects) > 1:  # a quorum of different SQL stores
         raise misconfigured(
             dblock.ConfigurationError(
                 f"the quorum's stores are {', '.join(dialects)}: give --dialect for each"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -15,6 +16,7 @@ from typing import Any
 import click
 
 import dblock
+from dblock.tools import check_key
 
 from . import exit_codes
 from .context import (
@@ -54,13 +56,54 @@ def _say(message: str) -> None:
     click.echo(f"dblock: {printable(message)}", err=True)
 
 
-def _child_env(key: str, lock: dblock.Lock) -> dict[str, str]:
+def _child_env(keys: tuple[str, ...], lock: dblock.Lock) -> dict[str, str]:
+    """CMD's environment: the key and its token (one key), or every key and its token."""
     env = dict(os.environ)
-    env["DBLOCK_KEY"] = key
     env["DBLOCK_OWNER"] = lock.owner
-    if lock.token is not None:
-        env["DBLOCK_TOKEN"] = str(lock.token)
+    tokens = getattr(lock, "tokens", None)
+    if len(keys) == 1:
+        env["DBLOCK_KEY"] = keys[0]
+        if lock.token is not None:
+            env["DBLOCK_TOKEN"] = str(lock.token)
+    elif tokens is not None:
+        env["DBLOCK_KEYS"] = json.dumps(list(keys))
+        env["DBLOCK_TOKENS"] = json.dumps({k: tokens[k] for k in keys})
     return env
+
+
+class KeysThenCommand(click.Command):
+    """``KEY [KEY...] -- CMD...``: click hands every word after ``--`` to the last argument
+    and drops the ``--`` itself, so which words are keys is settled here, before it parses:
+    the words after the first ``--`` are CMD. Without ``--``, the first word is the one key
+    and the rest CMD (``dblock run KEY CMD``)."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if "--" in args:
+            cut = args.index("--")
+            ctx.meta["dblock.command"] = tuple(args[cut + 1 :])
+            args = args[:cut]
+        return super().parse_args(ctx, args)
+
+
+def split_keys(
+    ctx: click.Context, words: tuple[str, ...]
+) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(the keys, CMD) of ``dblock run``'s words (see KeysThenCommand); each key checked."""
+    command: tuple[str, ...] | None = ctx.meta.get("dblock.command")
+    keys, command = (words, command) if command is not None else (words[:1], words[1:])
+    if not keys:
+        raise click.UsageError("missing KEY: dblock run KEY [KEY...] -- CMD...", ctx=ctx)
+    if not command:
+        raise click.UsageError("missing CMD: dblock run KEY [KEY...] -- CMD...", ctx=ctx)
+    try:
+        checked = tuple(check_key(k) for k in keys)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), ctx=ctx, param_hint="'KEY'") from None
+    if len(set(checked)) != len(checked):
+        raise click.BadParameter(
+            "a key is given twice; give each key once", ctx=ctx, param_hint="'KEY'"
+        )
+    return checked, command
 
 
 RUN_HELP = f"""Run CMD while holding the lock KEY, renewing its lease.
@@ -68,6 +111,10 @@ RUN_HELP = f"""Run CMD while holding the lock KEY, renewing its lease.
 \b
 Example (in the crontab of five hosts; exactly one runs the report):
   dblock run --no-wait --quiet nightly-report -- python report.py
+
+With several keys (dblock run KEY KEY... -- CMD), holds every one of them (lock_many: all or
+none, in one step of the store; CMD gets DBLOCK_KEYS and DBLOCK_TOKENS, both JSON, in place
+of DBLOCK_KEY and DBLOCK_TOKEN).
 
 Waits for KEY (forever, or --timeout S; --no-wait tries once), then runs CMD as a child with
 DBLOCK_KEY, DBLOCK_TOKEN (the fencing token) and DBLOCK_OWNER in its environment, renews the
@@ -141,10 +188,11 @@ def kill_grace_for(ctx: click.Context, ttl: float, kill_grace: float | None) -> 
     return grace
 
 
-@click.command("run", help=RUN_HELP, short_help="Run CMD while holding a lock.")
+@click.command(
+    "run", cls=KeysThenCommand, help=RUN_HELP, short_help="Run CMD while holding a lock."
+)
 @common_options
-@click.argument("key", callback=validate_key)
-@click.argument("command", metavar="-- CMD...", nargs=-1, required=True, type=click.UNPROCESSED)
+@click.argument("words", metavar="KEY [KEY...] -- CMD...", nargs=-1, type=click.UNPROCESSED)
 @click.option(
     "--ttl",
     type=LEASE,
@@ -180,8 +228,7 @@ def kill_grace_for(ctx: click.Context, ttl: float, kill_grace: float | None) -> 
 def run_command(
     ctx: click.Context,
     *,
-    key: str,
-    command: tuple[str, ...],
+    words: tuple[str, ...],
     ttl: float,
     timeout: float | None,
     no_wait: bool,
@@ -190,6 +237,7 @@ def run_command(
     session: bool,
     kill_grace: float | None,
 ) -> int:
+    keys, command = split_keys(ctx, words)
     if no_wait and timeout is not None:
         raise click.UsageError("--timeout and --no-wait exclude each other", ctx=ctx)
     if session and ctx.get_parameter_source("ttl") is click.core.ParameterSource.COMMANDLINE:
@@ -198,9 +246,8 @@ def run_command(
     lease_grace = None if session else kill_grace_for(ctx, ttl, kill_grace)
     client = open_client(ctx, close_on_exit=False)
     lost = threading.Event()
-    lock = client.lock(
-        key, ttl=None if session else ttl, auto_renew=True, on_lost=lambda _lock: lost.set()
-    )
+    lock = _lock_of(ctx, client, keys, None if session else ttl, lost)
+    key = ", ".join(keys)
     grace = lease_grace if lease_grace is not None else _session_grace(ctx, lock.ttl, kill_grace)
     outcome = exit_codes.FAILURE
     try:
@@ -210,16 +257,15 @@ def run_command(
                     acquired = lock.acquire(blocking=False)
                 else:
                     log.debug("waiting for %r (timeout %s)", key, timeout)
-                    with HolderStatus(client, key):
+                    with HolderStatus(client, keys):
                         acquired = lock.acquire(timeout=timeout)
             except Interrupted as exc:
                 return exit_codes.SIGNAL_BASE + exc.signum
             if not acquired:
                 if not quiet:
-                    holder = describe_holder(client.info(key))
-                    _say(f"{key} is busy ({holder}); not running {command[0]}")
+                    _say(f"{_busy(client, keys)}; not running {command[0]}")
                 return conflict_exit_code
-            outcome = _run_holding(relay, lock, lost, command, grace)
+            outcome = _run_holding(relay, lock, keys, lost, command, grace)
             return outcome
     finally:
         # After a lost lease the renewal thread may still be blocked on the unreachable
@@ -231,9 +277,36 @@ def run_command(
             client.close()
 
 
-def _run_holding(
+def _lock_of(
+    ctx: click.Context,
+    client: dblock.Client,
+    keys: tuple[str, ...],
+    ttl: float | None,
+    lost: threading.Event,
+) -> dblock.Lock:
+    """The lock of one key, or of every key (lock_many), renewed, telling ``lost``."""
+    if len(keys) == 1:
+        return client.lock(keys[0], ttl=ttl, auto_renew=True, on_lost=lambda _: lost.set())
+    try:
+        return client.lock_many(keys, ttl=ttl, auto_renew=True, on_lost=lambda _: lost.set())
+    except ValueError as exc:  # more keys than the store takes in one step
+        client.close()
+        raise click.BadParameter(str(exc), ctx=ctx, param_hint="'KEY'") from None
+
+
+def _busy(client: dblock.Client, keys: tuple[str, ...]) -> str:
+    """``KEY is busy (its holder)`` for the first of ``keys`` held now."""
+    for key in keys:
+        info = client.info(key)
+        if info is not None or len(keys) == 1:
+            return f"{key} is busy ({describe_holder(info)})"
+    return f"{', '.join(keys)} were busy"
+
+
+def _run_holding(  # noqa: PLR0917 - what the hold's run needs, each once
     relay: SignalRelay,
     lock: dblock.Lock,
+    keys: tuple[str, ...],
     lost: threading.Event,
     command: tuple[str, ...],
     grace: float,
@@ -247,7 +320,7 @@ def _run_holding(
         return exit_codes.LEASE_LOST
     log.debug("holding %r (token %s); starting %s", lock.key, lock.token, command)
     try:
-        child = Child(command, env=_child_env(lock.key, lock))
+        child = Child(command, env=_child_env(keys, lock))
     except CannotStart as exc:
         raise CliError(str(exc), exc.exit_code) from None
     relay.attach(child)
@@ -467,7 +540,7 @@ def once_command(
             with client.once(key, ttl=ttl, note=note) as hold:
                 relay.defer()
                 _full_lease(hold)
-                child = Child(command, env=_child_env(key, hold))
+                child = Child(command, env=_child_env((key,), hold))
                 relay.attach(child)
                 _check(_Guard(child, hold, threading.Event(), grace, command).watch())
         except dblock.AlreadyDone:

@@ -70,8 +70,8 @@ def settings_of(ctx: click.Context) -> Settings:
     return ctx.ensure_object(Settings)
 
 
-#: query parameters that hold a password (libpq's; MySQL URLs take none)
-_SECRET_PARAMETERS = frozenset({"password", "sslpassword"})
+#: query parameters that hold a password (libpq's, ZooKeeper's user:password; MySQL's none)
+_SECRET_PARAMETERS = frozenset({"password", "sslpassword", "digest"})
 EXPOSED_URL_WARNING = (
     "dblock: warning: --url holds a password, which every local user can read in the process "
     "list while dblock runs; put the URL in DBLOCK_URL, or the password in ~/.pgpass "
@@ -135,9 +135,10 @@ def common_options(fn: F) -> F:
             multiple=True,
             expose_value=False,
             callback=_store("url"),
-            help="Database URL (default: $DBLOCK_URL, else the embedded SQLite file "
+            help="Store URL: postgresql://, mysql://, sqlite:///, redis://, etcd://, "
+            "zookeeper:// (default: $DBLOCK_URL, else the embedded SQLite file "
             "~/.local/state/dblock/locks.sqlite3). Given three or more times: a quorum of "
-            "independent stores (docs/quorum.md).",
+            "independent stores (docs/stores/quorum.md).",
         ),
         click.option(
             "--table",

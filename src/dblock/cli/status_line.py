@@ -27,9 +27,13 @@ REFRESH_INTERVAL = 0.5
 class HolderStatus:
     """Context manager: a spinner line ``waiting for KEY: held by ... for 12s`` on a terminal."""
 
-    def __init__(self, client: dblock.Client, key: str, stream: TextIO | None = None) -> None:
+    def __init__(
+        self, client: dblock.Client, keys: str | tuple[str, ...], stream: TextIO | None = None
+    ) -> None:
         self._client = client
-        self._key = key
+        #: the keys waited for (``dblock run KEY KEY...``): the line shows the first one held
+        self._keys = (keys,) if isinstance(keys, str) else keys
+        self._key = self._keys[0]
         self._stream = stream or sys.stderr
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -49,7 +53,7 @@ class HolderStatus:
         while True:
             if time.monotonic() >= next_read:
                 try:
-                    info, error = self._client.info(self._key), None
+                    info, error = self._first_held(), None
                 except dblock.DBLockError as exc:
                     error = f"cannot read the holder: {exc}"
                 next_read = time.monotonic() + POLL_INTERVAL
@@ -58,6 +62,14 @@ class HolderStatus:
                 self._status.update(Text(self._text(holder)))
             if self._stop.wait(REFRESH_INTERVAL):
                 return
+
+    def _first_held(self) -> dblock.LockInfo | None:
+        for key in self._keys:
+            info = self._client.info(key)
+            if info is not None:
+                self._key = key
+                return info
+        return None
 
     def __enter__(self) -> HolderStatus:
         try:

@@ -19,8 +19,8 @@ from sqlalchemy.types import TypeEngine
 
 from .._errors import ConfigurationError
 from .._validate import check_table
-from ..backends.sql.mysql import NOPAD_MARIADB, NOPAD_MYSQL
-from ..backends.sql.names import aux_name
+from ..stores._names import aux_name
+from ..stores.mysql.statements import NOPAD_MARIADB, NOPAD_MYSQL
 
 __all__ = ["DIALECTS", "metadata", "seed"]
 
@@ -62,14 +62,14 @@ def seed(dialect: str, table: str = "dblock_locks") -> list[str]:
         raise ConfigurationError(f"unknown dialect {dialect!r}: use {', '.join(DIALECTS)}")
     schema, name = check_table(table)
     if dialect == "postgresql":
-        from ..backends.sql.postgresql import PostgresStatements
+        from ..stores.postgresql.statements import PostgresStatements
 
         return [PostgresStatements(schema, name).create_token_sequence]
     if dialect == "sqlite":
-        from ..backends.sql.sqlite import SqliteStatements
+        from ..stores.sqlite.statements import SqliteStatements
 
         return [SqliteStatements(schema, name).seed_meta]
-    from ..backends.sql.mysql import MysqlStatements
+    from ..stores.mysql.statements import MysqlStatements
 
     # the token sequence (MariaDB only: MySQL skips the versioned comment), as for PostgreSQL
     mysql_statements = MysqlStatements(schema, name)
@@ -84,7 +84,7 @@ def _seeded(table: Table, statements: list[str]) -> None:
 
 @dataclass(frozen=True)
 class _Types:
-    """A dialect's column types for dblock's tables (as its DDL in backends/sql/ spells them)."""
+    """A dialect's column types for dblock's tables (as stores/*/statements.py spell them)."""
 
     key: TypeEngine[Any]
     short: TypeEngine[Any]  # kind, state

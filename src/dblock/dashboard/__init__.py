@@ -5,24 +5,31 @@ holds now in the Prometheus text format. Holds and once-records come from the pu
 API (``list``, ``state``, ``force_release``); waiters from the store's wait queue where it
 keeps one that can be listed (the SQL stores: ``QueueView``). Read-only unless started with
 ``allow_force_release``: then ``POST /api/release`` frees a hold, given the one-time secret.
+
+Every request must be addressed (its ``Host``) to the address it listens on, ``localhost`` or
+a name in ``allowed_hosts``: a web page elsewhere could otherwise read every key, owner and
+token through DNS rebinding (its own name made to resolve to this address). A request that
+fails that check, or is malformed, gets 400 and one log line, never a traceback.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import json
+import logging
 import secrets
 import threading
+from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from importlib import resources
 from typing import Any
 
+from .._contract import QueueView, provides
 from .._errors import ConfigurationError
 from .._types import LockInfo
-from ..backends._contract import QueueView
-from ..observability import key_prefix
+from ..observability import DEFAULT_MAX_PREFIXES, OTHER, key_prefix
 
 try:
     import uvicorn
@@ -30,6 +37,7 @@ try:
     from prometheus_client.core import GaugeMetricFamily
     from starlette.applications import Starlette
     from starlette.concurrency import run_in_threadpool
+    from starlette.middleware import Middleware
     from starlette.requests import Request
     from starlette.responses import HTMLResponse, JSONResponse, Response
     from starlette.routing import Route
@@ -42,6 +50,8 @@ except ImportError as exc:  # pragma: no cover - depends on the extras installed
 ONCE_KEEP = 200
 SECRET_HEADER = "x-dblock-secret"  # noqa: S105 - a header's name, not a secret
 
+log = logging.getLogger("dblock.dashboard")
+
 
 @dataclass
 class Settings:
@@ -51,6 +61,64 @@ class Settings:
     #: the one-time secret a force-release needs (made at start-up when allowed)
     secret: str = field(default_factory=lambda: secrets.token_urlsafe(18))
     poll_ms: int = 1000
+    #: the address it listens on (``serve`` sets it): requests addressed to it are answered
+    host: str = "127.0.0.1"
+    #: further names requests may be addressed to (``--allowed-host``), besides ``localhost``
+    allowed_hosts: tuple[str, ...] = ()
+
+
+def host_allowed(header: str | None, settings: Settings) -> bool:
+    """Is a request whose ``Host`` header is ``header`` addressed to this dashboard?
+
+    Yes for ``localhost``, a name in ``settings.allowed_hosts``, the address it listens on,
+    and a loopback address. Listening on every address (``0.0.0.0``, ``::``), any IP address
+    is one of its own: only a name can be rebound to it, and names need ``allowed_hosts``."""
+    if not header:
+        return False
+    name = header.strip().lower()
+    if name.startswith("["):  # [IPv6]:port
+        name = name[1:].partition("]")[0]
+    elif name.count(":") == 1:
+        name = name.partition(":")[0]
+    name = name.rstrip(".")
+    bound = settings.host.strip("[]").lower()
+    if name in ("localhost", bound) or name in {h.lower() for h in settings.allowed_hosts}:
+        return True
+    try:
+        address = ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    try:
+        every = ipaddress.ip_address(bound).is_unspecified
+    except ValueError:
+        every = False
+    return address.is_loopback or every
+
+
+class _HostCheck:
+    """ASGI middleware: 400 for a request not addressed to this dashboard (``host_allowed``)."""
+
+    def __init__(self, app: Any, settings: Settings) -> None:
+        self.app = app
+        self.settings = settings
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            host = next((v for k, v in scope["headers"] if k == b"host"), b"")
+            header = host.decode("latin-1")
+            if not host_allowed(header, self.settings):
+                log.warning(
+                    "dashboard: refused a request for host %r (not its address, localhost or an "
+                    "--allowed-host name)",
+                    header,
+                )
+                response = JSONResponse(
+                    {"error": "host not allowed: start the dashboard with --allowed-host NAME"},
+                    400,
+                )
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 class _Onces:
@@ -116,7 +184,7 @@ def snapshot(client: Any, seen: _Onces) -> dict[str, Any]:
 def waiters(client: Any, now: datetime) -> list[dict[str, Any]] | None:
     """Who waits for which key, in queue order; None where the store cannot list them."""
     store = getattr(client, "_store", None)
-    if not isinstance(store, QueueView):
+    if not provides(store, QueueView):
         return None
     return [
         {
@@ -131,10 +199,13 @@ def waiters(client: Any, now: datetime) -> list[dict[str, Any]] | None:
 
 
 class _StoreCollector:
-    """``/metrics``: what the store holds now, by key prefix and kind."""
+    """``/metrics``: what the store holds now, by key prefix and kind; the prefixes past the
+    ``max_prefixes`` that hold the most are folded into ``(other)``, as ``enable_metrics``
+    folds them (100,000 prefixes would otherwise make a scrape of 200,000 samples)."""
 
-    def __init__(self, client: Any) -> None:
+    def __init__(self, client: Any, max_prefixes: int = DEFAULT_MAX_PREFIXES) -> None:
         self._client = client
+        self._max_prefixes = max_prefixes
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         holds = self._client.list()
@@ -147,10 +218,13 @@ class _StoreCollector:
             "How long the oldest current hold has been held",
             labels=["prefix", "kind"],
         )
+        per_prefix = Counter(key_prefix(info.key) for info in holds)
+        kept = {p for p, _ in per_prefix.most_common(self._max_prefixes)}
         counts: dict[tuple[str, str], int] = {}
         ages: dict[tuple[str, str], float] = {}
         for info in holds:
-            labels = (key_prefix(info.key), info.kind)
+            prefix = key_prefix(info.key)
+            labels = (prefix if prefix in kept else OTHER, info.kind)
             counts[labels] = counts.get(labels, 0) + 1
             age = (now - info.acquired_at).total_seconds()
             ages[labels] = max(ages.get(labels, 0.0), age)
@@ -193,7 +267,11 @@ def make_app(client: Any, settings: Settings | None = None) -> Starlette:
         given = request.headers.get(SECRET_HEADER, "")
         if not secrets.compare_digest(given.encode(), settings.secret.encode()):
             return JSONResponse({"error": "wrong or missing secret"}, 403)
-        body = await request.json()
+        try:
+            body = json.loads(await request.body())
+        except ValueError as exc:  # not JSON, not UTF-8: the caller's mistake, not a 500
+            log.warning("dashboard: refused a release request whose body is not JSON: %s", exc)
+            return JSONResponse({"error": 'the body must be JSON: {"key": KEY}'}, 400)
         key = body.get("key") if isinstance(body, dict) else None
         if not isinstance(key, str):
             return JSONResponse({"error": "give the key"}, 400)
@@ -209,7 +287,8 @@ def make_app(client: Any, settings: Settings | None = None) -> Starlette:
             Route("/api/state", state),
             Route("/api/release", release, methods=["POST"]),
             Route("/metrics", metrics),
-        ]
+        ],
+        middleware=[Middleware(_HostCheck, settings=settings)],
     )
 
 
@@ -230,4 +309,5 @@ def is_loopback(host: str) -> bool:
 
 def serve(client: Any, host: str, port: int, settings: Settings) -> None:
     """Serve until Ctrl-C (``dblock dashboard``)."""
-    uvicorn.run(make_app(client, settings), host=host, port=port, log_level="warning")
+    app = make_app(client, replace(settings, host=host))
+    uvicorn.run(app, host=host, port=port, log_level="warning")

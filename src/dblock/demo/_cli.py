@@ -12,9 +12,11 @@ from rich.console import Console
 
 import dblock
 
-from .._url import DatabaseURL, default_url, parse_url, quorum_urls, redact, scrub
+from .._url import DatabaseURL, default_url, quorum_urls, redact, scrub
+from ..stores import parse_url
+from ._db import SKUS
 from ._report import NoProgress, PlainProgress, RichProgress, conclusion, table, to_json, verdict
-from ._runner import MAX_QTY, Demo, Result, SetupFailed, Unreachable
+from ._runner import MAX_LINE_QTY, MAX_LINES, MAX_QTY, Demo, Result, SetupFailed, Unreachable
 from ._strategies import STRATEGIES, Strategy, parse_strategies
 
 EX_OK, EX_FAILED, EX_USAGE, EX_UNAVAILABLE, EX_INTERRUPTED = 0, 1, 2, 69, 130
@@ -49,7 +51,9 @@ def build_parser() -> argparse.ArgumentParser:
         description=(
             "Warehouse inventory deduction: worker processes confirm outbound orders of one "
             "SKU at once, once per strategy, and the demo shows which oversell and what each "
-            "costs. Uses its own tables (dblock_demo_*), created and dropped by the run."
+            "costs; strategy 8 confirms orders of several SKUs, taking their locks with "
+            "lock_many, one by one in sorted order, or one by one in arrival order with a "
+            "timeout. Uses its own tables (dblock_demo_*), created and dropped by the run."
         ),
     )
     parser.add_argument(
@@ -65,7 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--stock",
         type=_bounded("--stock", 1, MAX_STOCK),
         default=100,
-        help="initial stock of the SKU (default: 100)",
+        help="initial stock of the SKU (default: 100; strategy 8: a fifth of it for each SKU)",
     )
     parser.add_argument(
         "--strategies",
@@ -134,14 +138,14 @@ def run(argv: list[str] | None = None) -> int:
         )
         print(json.dumps(payload, indent=2))
     else:
-        _print_report(out, results, args.stock, args.workers)
+        _print_report(out, results, args.stock, args.workers, _several_stock(demo))
     for r in failed:
         what = r.note if r.status == "error" else f"oversold {r.oversold} units"
         if r.status != "error" and r.unaccounted:
             what += f", {r.unaccounted} units unaccounted for"
         err.print(
-            f"[bold red]dblock demo: FAILED: strategy {r.number} ({r.title}) must be safe but "
-            f"{what}[/]"
+            f"[bold red]dblock demo: FAILED: strategy {r.number}{r.variant} ({r.title}) must be "
+            f"safe but {what}[/]"
         )
     return EX_FAILED if failed else EX_OK
 
@@ -157,7 +161,8 @@ def _execute(
             _print_header(out, demo)
         with demo.progress:
             for strategy in args.strategies:
-                results.append(demo.run(strategy))
+                for variant in strategy.variants:
+                    results.append(demo.run(strategy, variant))
     except (Unreachable, dblock.BackendError) as exc:
         print(f"dblock demo: cannot reach the database at {url.safe}: {exc}", file=sys.stderr)
         return EX_UNAVAILABLE
@@ -192,15 +197,28 @@ def _print_header(out: Console, demo: Demo) -> None:
         "takes 1-3 ms to process, then writes it",
         markup=False,
     )
+    if demo.several_in_use:
+        out.print(
+            f"strategy 8: {len(demo.several)} orders of 1-{MAX_LINES} SKUs, "
+            f"1-{MAX_LINE_QTY} units each, over {_several_stock(demo)}; each order locks "
+            "its SKUs, reads them, takes 1-3 ms, then decrements them all in one transaction",
+            markup=False,
+        )
     out.print(f"database: {demo.url.safe}", markup=False)
     out.print(f"demo tables (dropped at exit): {', '.join(demo.object_names())}", markup=False)
 
 
-def _print_report(out: Console, results: list[Result], stock: int, workers: int) -> None:
+def _several_stock(demo: Demo) -> str:
+    return f"{len(SKUS)} SKUs of {demo.several_stock} units"
+
+
+def _print_report(
+    out: Console, results: list[Result], stock: int, workers: int, several: str
+) -> None:
     out.print()
-    out.print(table(results, stock))
+    out.print(table(results, stock, several))
     for r in results:
         if r.status != "ok":
-            out.print(f"  {r.number} {r.title}: {verdict(r)}: {r.note}", markup=False)
+            out.print(f"  {r.name}: {verdict(r)}: {r.note}", markup=False)
     out.print()
     out.print(conclusion(results, stock, workers), markup=False)

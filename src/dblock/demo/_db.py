@@ -11,6 +11,8 @@ from typing import Any
 from .._url import DatabaseURL
 
 SKU = "sku-42"
+#: strategy 8's SKUs: its orders take 1-5 of them
+SKUS = tuple(f"sku-{n}" for n in range(41, 47))
 WAREHOUSE = "WH1"
 PREFIX = "dblock_demo_"
 CONNECT_TIMEOUT = 5
@@ -87,7 +89,7 @@ def _connect(url: DatabaseURL) -> Any:
         return psycopg.connect(url.raw, **options)
     import pymysql
 
-    from ..backends.mysql import connection_kwargs
+    from ..stores.mysql.store import connection_kwargs
 
     kwargs = connection_kwargs(url, CONNECT_TIMEOUT)
     if "init_command" in url.query:
@@ -111,21 +113,27 @@ def create_inventory(db: DemoDB, table: str, stock: int) -> None:
     reset_inventory(db, table, stock)
 
 
-def reset_inventory(db: DemoDB, table: str, stock: int) -> None:
-    """Put the stock back to ``stock`` units before a strategy runs."""
+def reset_inventory(db: DemoDB, table: str, stock: int, skus: tuple[str, ...] = (SKU,)) -> None:
+    """Put the stock back to ``stock`` units of each of ``skus`` before a strategy runs."""
     db.execute(f"DELETE FROM {table}")
-    db.execute(
-        f"INSERT INTO {table} (sku, warehouse, available, version) VALUES (%s, %s, %s, 0)",
-        (SKU, WAREHOUSE, stock),
-    )
+    for sku in skus:
+        db.execute(
+            f"INSERT INTO {table} (sku, warehouse, available, version) VALUES (%s, %s, %s, 0)",
+            (sku, WAREHOUSE, stock),
+        )
 
 
-def stock_left(db: DemoDB, table: str) -> int:
+def stocks_left(db: DemoDB, table: str, skus: tuple[str, ...]) -> dict[str, int]:
+    """Each SKU's stock."""
+    return {sku: stock_left(db, table, sku) for sku in skus}
+
+
+def stock_left(db: DemoDB, table: str, sku: str = SKU) -> int:
     row = db.one(
-        f"SELECT available FROM {table} WHERE sku = %s AND warehouse = %s", (SKU, WAREHOUSE)
+        f"SELECT available FROM {table} WHERE sku = %s AND warehouse = %s", (sku, WAREHOUSE)
     )
     if row is None:
-        raise RuntimeError(f"the inventory row of {SKU} vanished from {table}")
+        raise RuntimeError(f"the inventory row of {sku} vanished from {table}")
     return int(row[0])
 
 

@@ -8,7 +8,9 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from ._runner import Result
+from ._db import SKUS
+from ._runner import Result, several_stock
+from ._strategies import ARRIVAL_TIMEOUT, ARRIVAL_TRIES
 
 
 def verdict(result: Result) -> str:
@@ -59,7 +61,7 @@ class RichProgress:
     def finish(self, result: Result) -> None:
         if result.status == "skipped":
             self._progress.add_task(
-                f"{result.title:<38}", total=1, units="-", orders="-", start=False
+                f"{result.name:<38}", total=1, units="-", orders="-", start=False
             )
             return
         if self._task is not None:
@@ -87,11 +89,12 @@ class PlainProgress:
         return None
 
     def finish(self, result: Result) -> None:
+        name = f"{result.number}{result.variant}. {result.title}"
         if result.status == "skipped":
-            line = f"{result.number}. {result.title}: skipped ({result.note})"
+            line = f"{name}: skipped ({result.note})"
         else:
             line = (
-                f"{result.number}. {result.title}: {result.confirmed} orders, "
+                f"{name}: {result.confirmed} orders, "
                 f"{result.shipped} units in {result.elapsed:.2f} s ({verdict(result)})"
             )
         print(line, file=self._file, flush=True)
@@ -114,9 +117,13 @@ _STYLES = {
 }
 
 
-def table(results: list[Result], stock: int) -> Table:
-    """The results table: one row per strategy."""
-    t = Table(title=f"Inventory deduction, initial stock {stock}", title_justify="left")
+def table(results: list[Result], stock: int, several: str = "") -> Table:
+    """The results table: one row per strategy (per variant for strategy 8, whose stock
+    ``several`` describes)."""
+    title = f"Inventory deduction, initial stock {stock}"
+    if several and any(r.variant for r in results):
+        title += f" (8: {several})"
+    t = Table(title=title, title_justify="left")
     t.add_column("strategy")
     for name in ("orders", "shipped", "left", "oversold", "retries", "orders/s", "p99 ms"):
         t.add_column(name, justify="right")
@@ -124,10 +131,10 @@ def table(results: list[Result], stock: int) -> Table:
     for r in results:
         word = verdict(r)
         if r.status == "skipped":
-            t.add_row(f"{r.number} {r.title}", *["-"] * 7, word, style=_STYLES[word])
+            t.add_row(r.name, *["-"] * 7, word, style=_STYLES[word])
             continue
         t.add_row(
-            f"{r.number} {r.title}",
+            r.name,
             str(r.confirmed),
             str(r.shipped),
             str(r.stock_left),
@@ -141,7 +148,7 @@ def table(results: list[Result], stock: int) -> Table:
 
 
 def _names(results: list[Result]) -> str:
-    names = [f"{r.title} ({r.number})" for r in results]
+    names = [f"{r.title} ({r.number}{r.variant})" for r in results]
     return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
 
 
@@ -175,7 +182,8 @@ def conclusion(results: list[Result], stock: int, workers: int = 2) -> str:
             "failed; this is a bug worth reporting."
         )
     else:
-        parts.extend(_costs({r.number: r for r in ran if r.correct}))
+        parts.extend(_costs({r.number: r for r in ran if r.correct and not r.variant}))
+        parts.extend(_several({r.variant: r for r in ran if r.variant}))
     return " ".join(parts)
 
 
@@ -229,6 +237,60 @@ def _costs(by: dict[int, Result]) -> list[str]:
     return parts
 
 
+def _several(by: dict[str, Result]) -> list[str]:
+    """Strategy 8's variants: what taking several locks one by one costs."""
+    if not by:
+        return []
+    parts = [
+        "Orders of several SKUs (8) need every SKU's lock at once. None of the ways to take "
+        "them oversold."
+    ]
+    if "a" in by:
+        parts.append(
+            f"lock_many (8a) takes them in one step of the store, all or none, so a waiter "
+            f"holds none while it waits and no two orders can deadlock: "
+            f"{by['a'].confirmed} orders in {by['a'].elapsed:.2f} s."
+        )
+    if "b" in by:
+        parts.append(
+            f"A lock per SKU in sorted order (8b) cannot deadlock either, but pays a round trip "
+            f"per SKU and holds the first SKUs while it waits for the others: "
+            f"{by['b'].confirmed} orders in {by['b'].elapsed:.2f} s."
+        )
+    if "c" in by:
+        parts.append(
+            f"Taken in the order the lines arrived (8c), two orders can each hold a SKU the "
+            f"other waits for; only a lock timeout ({ARRIVAL_TIMEOUT:g} s) ends that: "
+            f"{by['c'].retries} timeouts (the retries column: deadlocks, or waits too long to "
+            f"tell from one), each giving up the SKUs held and trying again (at most "
+            f"{ARRIVAL_TRIES} tries an order): {by['c'].confirmed} orders in "
+            f"{by['c'].elapsed:.2f} s."
+        )
+    return parts
+
+
+def _row(r: Result) -> dict[str, Any]:
+    return {
+        "number": r.number,
+        "name": r.slug,
+        "title": r.title,
+        "correct": r.correct,
+        "status": r.status,
+        "verdict": verdict(r),
+        "note": r.note,
+        "orders_confirmed": r.confirmed,
+        "orders_rejected": r.rejected,
+        "units_shipped": r.shipped,
+        "stock_left": r.stock_left,
+        "oversold_units": r.oversold,
+        "unaccounted_units": r.unaccounted,
+        "retries": r.retries,
+        "elapsed_s": round(r.elapsed, 4),
+        "throughput_orders_per_s": round(r.throughput, 1),
+        "p99_latency_ms": round(r.p99_ms, 2),
+    }
+
+
 def to_json(
     results: list[Result],
     *,
@@ -248,26 +310,15 @@ def to_json(
         "seed": seed,
         "tables": tables,
         "ok": not any(r.failed for r in results),
-        "strategies": [
-            {
-                "number": r.number,
-                "name": r.slug,
-                "title": r.title,
-                "correct": r.correct,
-                "status": r.status,
-                "verdict": verdict(r),
-                "note": r.note,
-                "orders_confirmed": r.confirmed,
-                "orders_rejected": r.rejected,
-                "units_shipped": r.shipped,
-                "stock_left": r.stock_left,
-                "oversold_units": r.oversold,
-                "unaccounted_units": r.unaccounted,
-                "retries": r.retries,
-                "elapsed_s": round(r.elapsed, 4),
-                "throughput_orders_per_s": round(r.throughput, 1),
-                "p99_latency_ms": round(r.p99_ms, 2),
-            }
-            for r in results
-        ],
+        "strategies": [_row(r) for r in results if not r.variant],
+        # strategy 8 apart: its stock is several SKUs', its retries are lock timeouts
+        "several_skus": {
+            "skus": list(SKUS),
+            "stock_per_sku": several_stock(stock),
+            "variants": [
+                {**_row(r), "variant": r.variant, "lock_timeouts": r.retries}
+                for r in results
+                if r.variant
+            ],
+        },
     }

@@ -14,18 +14,29 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import dblock
-from dblock.backends import ddl_for, open_backend
+from dblock.stores import ddl_for, open_url, parse_url
 
-from .._url import DatabaseURL, parse_url, scrub
-from ._db import PREFIX, DemoDB, create_inventory, drop_objects, lock_table_objects, reset_inventory
+from .._url import DatabaseURL, scrub
+from ._db import (
+    PREFIX,
+    SKUS,
+    DemoDB,
+    create_inventory,
+    drop_objects,
+    lock_table_objects,
+    reset_inventory,
+    stocks_left,
+)
 from ._db import stock_left as read_stock
 from ._strategies import Strategy
-from ._worker import Config, Shared, Stats, worker_main
+from ._worker import Config, SeveralOrder, Shared, Stats, worker_main
 
 #: stores that are SQL databases: the demo's inventory table lives beside their locks
 SQL_DIALECTS = ("sqlite", "postgresql", "mysql")
 
 MAX_QTY = 5
+#: strategy 8: the most SKUs in an order, and the most units of one SKU in it
+MAX_LINES, MAX_LINE_QTY = 5, 3
 STRATEGY_DEADLINE = 300.0  # seconds; a strategy that takes longer is reported as failed
 POLL = 0.05
 
@@ -46,6 +57,8 @@ class Result:
     slug: str
     title: str
     correct: bool
+    #: strategy 8's variant ("a", "b", "c"), "" for the others
+    variant: str = ""
     status: str = "ok"  # ok | skipped | error
     note: str = ""
     confirmed: int = 0
@@ -59,6 +72,11 @@ class Result:
     throughput: float = 0.0
     p99_ms: float = 0.0
     errors: list[str] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        """The row's name: the strategy's number (and variant) and title."""
+        return f"{self.number}{self.variant} {self.title}"
 
     @property
     def failed(self) -> bool:
@@ -89,6 +107,30 @@ def make_orders(seed: int, stock: int) -> list[tuple[int, float]]:
     """
     rng = random.Random(seed)
     return [(rng.randint(1, MAX_QTY), rng.uniform(0.001, 0.003)) for _ in range(2 * stock + 10)]
+
+
+def several_stock(stock: int) -> int:
+    """Strategy 8's stock of each of its SKUs: a tenth of ``stock``, so that its three
+    variants together take about as long as one of strategies 1-7 (variant c spends most of
+    its time in lock timeouts)."""
+    return max(1, stock // 10)
+
+
+def make_several_orders(seed: int, stock: int) -> list[SeveralOrder]:
+    """Strategy 8's order book: orders of 1-5 distinct SKUs (in the order the lines arrived),
+    1-3 units of each, reproducible from ``seed``; enough that every SKU's demand is twice
+    its stock (``several_stock(stock)``)."""
+    rng = random.Random(f"several-{seed}")
+    each = several_stock(stock)
+    demand = dict.fromkeys(SKUS, 0)
+    orders: list[SeveralOrder] = []
+    while min(demand.values()) < 2 * each:
+        skus = rng.sample(SKUS, rng.randint(1, MAX_LINES))
+        lines = tuple((sku, rng.randint(1, MAX_LINE_QTY)) for sku in skus)
+        for sku, qty in lines:
+            demand[sku] += qty
+        orders.append((lines, rng.uniform(0.001, 0.003)))
+    return orders
 
 
 def p99(samples: list[float]) -> float:
@@ -130,6 +172,11 @@ class Demo:
         self.table = f"{PREFIX}inventory_{run_id}"
         self.lock_table = f"{PREFIX}locks_{run_id}"
         self.orders = make_orders(seed, stock)
+        self.several = make_several_orders(seed, stock)
+        #: strategy 8's stock of each of its SKUs
+        self.several_stock = several_stock(stock)
+        #: strategy 8 is among the strategies set up
+        self.several_in_use = False
         self.objects: list[tuple[str, str]] = []
         self.db: DemoDB | None = None
         self.procs: list[Any] = []
@@ -138,7 +185,8 @@ class Demo:
     # -- set-up and clean-up ------------------------------------------------------------------
     def setup(self, strategies: list[Strategy]) -> None:
         """Connect, create the demo's tables, start the workers. Raises Unreachable."""
-        open_backend(self.url, None, self.lock_table).close()  # URL parameters, driver present
+        open_url(self.url, None, self.lock_table).close()  # URL parameters, driver present
+        self.several_in_use = any(s.number == 8 for s in strategies)
         try:
             self.db = DemoDB(self.inventory)
         except Exception as exc:  # noqa: BLE001 - any driver error means "cannot reach"
@@ -146,7 +194,7 @@ class Demo:
         try:
             self.objects.append(("TABLE", self.table))
             create_inventory(self.db, self.table, self.stock)
-            if any(s.number == 6 for s in strategies):
+            if any(s.number in (6, 8) for s in strategies):
                 if self.url.dialect in SQL_DIALECTS:
                     self.objects.extend(
                         lock_table_objects(ddl_for(self.url.dialect, self.lock_table))
@@ -167,7 +215,14 @@ class Demo:
             tasks=ctx.Queue(),
             results=ctx.Queue(),
         )
-        config = Config(self.url.raw, self.table, self.lock_table, self.orders, self.inventory.raw)
+        config = Config(
+            self.url.raw,
+            self.table,
+            self.lock_table,
+            self.orders,
+            self.inventory.raw,
+            self.several if self.several_in_use else [],
+        )
         for wid in range(self.workers):
             proc = ctx.Process(
                 target=worker_main,
@@ -216,13 +271,14 @@ class Demo:
         return scrub(text, self.url.secrets)
 
     # -- running ------------------------------------------------------------------------------
-    def run(self, strategy: Strategy) -> Result:
-        """Run one strategy on a fresh stock with every worker at once."""
+    def run(self, strategy: Strategy, variant: str = "") -> Result:
+        """Run one strategy (its ``variant``) on a fresh stock with every worker at once."""
         result = Result(
             strategy.number,
             strategy.slug,
-            strategy.label(self.inventory.dialect),
+            strategy.label(self.inventory.dialect, variant),
             strategy.correct,
+            variant,
         )
         reason = strategy.skip_reason(self.inventory.dialect)
         if reason is not None:
@@ -233,15 +289,16 @@ class Demo:
         if self.db is None or self.shared is None:
             raise RuntimeError("Demo.setup() has not run")
         shared = self.shared
-        reset_inventory(self.db, self.table, self.stock)
+        multi = strategy.number == 8
+        stock = self._restock(multi)
         for value in (shared.next_order, shared.confirmed, shared.shipped):
             value.value = 0
         shared.sold_out.clear()
         shared.go.clear()
-        self.progress.start(result.title, self.stock)
+        self.progress.start(result.name, stock)
         deadline = time.monotonic() + STRATEGY_DEADLINE
         for _ in self.procs:
-            shared.tasks.put(strategy.number)
+            shared.tasks.put((strategy.number, variant))
         for _wid, error in self._collect("ready", deadline):
             if error is not None:
                 result.errors.append(f"worker could not connect: {error}")
@@ -249,7 +306,24 @@ class Demo:
         shared.go.set()
         stats: list[Stats] = [s for _wid, s in self._collect("done", deadline)]
         result.elapsed = time.perf_counter() - start
-        result.stock_left = read_stock(self.db, self.table)
+        self._count(result, stats, stock, multi)
+        self.progress.finish(result)
+        return result
+
+    def _restock(self, multi: bool) -> int:
+        """Put the stock back (strategy 8's SKUs if ``multi``); return its units in all."""
+        if self.db is None:
+            raise RuntimeError("Demo.setup() has not run")
+        if multi:
+            reset_inventory(self.db, self.table, self.several_stock, SKUS)
+            return self.several_stock * len(SKUS)
+        reset_inventory(self.db, self.table, self.stock)
+        return self.stock
+
+    def _count(self, result: Result, stats: list[Stats], stock: int, multi: bool) -> None:
+        """Fill ``result`` from the workers' ``stats`` and the stock left."""
+        if self.db is None:
+            raise RuntimeError("Demo.setup() has not run")
         for s in stats:
             result.confirmed += s.confirmed
             result.rejected += s.rejected
@@ -257,15 +331,20 @@ class Demo:
             result.retries += s.retries
             if s.error is not None:
                 result.errors.append(s.error)
-        result.oversold = max(0, result.shipped - self.stock)
-        result.unaccounted = result.shipped + result.stock_left - self.stock
+        if multi:
+            left = stocks_left(self.db, self.table, SKUS)
+            result.stock_left = sum(left.values())
+            # every SKU's units sold below zero (decrements cannot lose an update)
+            result.oversold = sum(-n for n in left.values() if n < 0)
+        else:
+            result.stock_left = read_stock(self.db, self.table)
+            result.oversold = max(0, result.shipped - stock)
+        result.unaccounted = result.shipped + result.stock_left - stock
         result.throughput = result.confirmed / result.elapsed if result.elapsed > 0 else 0.0
         result.p99_ms = 1000 * p99([lat for s in stats for lat in s.latencies])
         if result.errors:
             result.status = "error"
             result.note = result.errors[0]
-        self.progress.finish(result)
-        return result
 
     def _collect(self, kind: str, deadline: float) -> list[tuple[int, Any]]:
         """Wait for one ``kind`` message from every worker, updating the progress display."""

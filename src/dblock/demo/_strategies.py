@@ -4,6 +4,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+#: strategy 8's variants, run side by side: (letter, title)
+SEVERAL_SKUS: tuple[tuple[str, str], ...] = (
+    ("a", "lock_many over the SKUs"),
+    ("b", "a lock per SKU, sorted"),
+    ("c", "a lock per SKU, arrival order"),
+)
+#: variant c: how long it waits for a SKU's lock before it gives up the ones it has and
+#: tries the order again (a lock wait timeout is how a deadlock of such locks ends), and
+#: the tries an order gets
+ARRIVAL_TIMEOUT = 0.1
+ARRIVAL_TRIES = 3
+
 
 @dataclass(frozen=True)
 class Strategy:
@@ -14,9 +26,13 @@ class Strategy:
     title: str
     #: True if the strategy must never oversell (the demo fails loudly if it does)
     correct: bool
+    #: the variants run one after the other, each a row of the report ("": the strategy)
+    variants: tuple[str, ...] = ("",)
 
-    def label(self, dialect: str) -> str:
-        """The title as it applies on ``dialect``."""
+    def label(self, dialect: str, variant: str = "") -> str:
+        """The title (of ``variant``) as it applies on ``dialect``."""
+        if variant:
+            return dict(SEVERAL_SKUS)[variant]
         if self.number == 4 and dialect == "sqlite":
             return "BEGIN IMMEDIATE transaction"
         if self.number == 7:
@@ -41,6 +57,13 @@ STRATEGIES: tuple[Strategy, ...] = (
     Strategy(5, "optimistic", "optimistic version column", correct=True),
     Strategy(6, "dblock", "dblock lock", correct=True),
     Strategy(7, "advisory", "advisory lock", correct=True),
+    Strategy(
+        8,
+        "several-skus",
+        "orders of several SKUs",
+        correct=True,
+        variants=tuple(letter for letter, _ in SEVERAL_SKUS),
+    ),
 )
 
 

@@ -5,23 +5,37 @@ client). Orders are taken from a shared counter, so every strategy sees the same
 Between reading the stock and writing it, the worker "processes" the order for a millisecond
 or three (validation, pick list, carrier booking), as a real service would; that is the window
 in which unprotected strategies race.
+
+Strategy 8 confirms orders of several SKUs: under locks on the order's SKUs it reads their
+stock and, if every line is in stock, processes the order and decrements every SKU in one
+transaction. Its variants differ only in how they take the locks.
 """
 
 from __future__ import annotations
 
+import contextlib
+import random
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import dblock
 
-from .._url import parse_url
+from ..stores import parse_url
 from ._db import SKU, WAREHOUSE, DemoDB
+from ._strategies import ARRIVAL_TIMEOUT, ARRIVAL_TRIES
 
 CONFIRMED, REJECTED, SOLD_OUT = "confirmed", "rejected", "sold_out"
 LOCK_WAIT = 60.0  # seconds a worker waits for a lock before giving up on an order
+
+#: an order of several SKUs: ((sku, quantity), ...) in the order the lines arrived, and its
+#: processing seconds
+Lines = tuple[tuple[str, int], ...]
+SeveralOrder = tuple[Lines, float]
+#: what the parent sends a worker: (strategy number, variant), or None to stop
+Task = tuple[int, str]
 
 
 @dataclass(frozen=True)
@@ -35,6 +49,8 @@ class Config:
     #: where the inventory table is: the lock store's database, or for a store that is no
     #: SQL database (Redis, ZooKeeper) an SQLite file of the run's
     inventory_url: str = ""
+    #: strategy 8's order book
+    several: list[SeveralOrder] = field(default_factory=list)
 
 
 @dataclass
@@ -46,7 +62,7 @@ class Shared:
     shipped: Any  # Value('q'): units shipped so far (progress)
     sold_out: Any  # Event: a worker saw the stock at 0
     go: Any  # Event: all workers are connected, start now
-    tasks: Any  # Queue: strategy numbers, None to stop
+    tasks: Any  # Queue: Task, None to stop
     results: Any  # Queue: ("ready" | "done", worker, payload)
 
 
@@ -79,8 +95,8 @@ class Worker:
     def open(self, number: int) -> None:
         if self.db is None:
             self.db = DemoDB(self.parsed)
-        # 6, and 7 (a session hold), lock through dblock
-        if number in (6, 7) and self.client is None:
+        # 6, 7 (a session hold) and 8 lock through dblock
+        if number in (6, 7, 8) and self.client is None:
             self.client = dblock.connect(self.url, table=self.lock_table, create_schema=False)
 
     def close(self) -> None:
@@ -108,10 +124,13 @@ class Worker:
         return self.db
 
     def select(self, columns: str, suffix: str = "") -> tuple[int, ...]:
-        row = self.conn.one(f"SELECT {columns} FROM {self.table} {self.where}{suffix}", self.row)
-        if row is None:
-            raise RuntimeError(f"the inventory row vanished from {self.table}")
-        return tuple(int(v) for v in row)
+        return self.select_row(columns, self.row, suffix)
+
+    def select_row(self, columns: str, row: tuple[str, str], suffix: str = "") -> tuple[int, ...]:
+        found = self.conn.one(f"SELECT {columns} FROM {self.table} {self.where}{suffix}", row)
+        if found is None:
+            raise RuntimeError(f"the inventory row of {row[0]} vanished from {self.table}")
+        return tuple(int(v) for v in found)
 
     def read(self, suffix: str = "") -> int:
         return self.select("available", suffix)[0]
@@ -201,6 +220,60 @@ class Worker:
         with self.client.lock(self.lock_key, ttl=None, timeout=LOCK_WAIT):
             return self.check_then_write(qty, delay)
 
+    def several_skus(self, variant: str, lines: Lines, delay: float) -> tuple[str, int]:
+        """8: under locks on the order's SKUs (taken as ``variant`` says), read their stock;
+        if every line is in stock, process the order and decrement every SKU in one
+        transaction. Variant c's lock timeouts are its retries: it gives up the locks it has
+        and tries the order again, ARRIVAL_TRIES times in all, then rejects it."""
+        timeouts = 0
+        while True:
+            try:
+                with self.skus_locked(variant, [sku for sku, _ in lines]):
+                    return self.confirm_lines(lines, delay), timeouts
+            except dblock.LockTimeout:
+                if variant != "c":
+                    raise
+                timeouts += 1
+                if timeouts >= ARRIVAL_TRIES:
+                    return REJECTED, timeouts
+                time.sleep(random.uniform(0, ARRIVAL_TIMEOUT / 2))  # let the rival through
+
+    @contextlib.contextmanager
+    def skus_locked(self, variant: str, skus: Sequence[str]) -> Iterator[None]:
+        """a: lock_many over the SKUs; b: a lock per SKU, in sorted order; c: a lock per SKU,
+        in the order given (two orders with two SKUs in opposite orders deadlock: each holds
+        one and waits for the other until its short timeout)."""
+        if self.client is None:
+            raise RuntimeError("the worker has no dblock client")
+        keys = [f"inventory:{WAREHOUSE}:{sku}" for sku in skus]
+        if variant == "a":
+            with self.client.lock_many(keys, ttl=30, timeout=LOCK_WAIT):
+                yield
+            return
+        wait = ARRIVAL_TIMEOUT if variant == "c" else LOCK_WAIT
+        with contextlib.ExitStack() as held:
+            for key in keys if variant == "c" else sorted(keys):
+                held.enter_context(self.client.lock(key, ttl=30, timeout=wait))
+            yield
+
+    def confirm_lines(self, lines: Lines, delay: float) -> str:
+        """Read each line's stock; if all are in stock, process, then decrement them all in
+        one transaction (safe only while the SKUs are locked)."""
+        if any(self.select_row("available", (sku, WAREHOUSE))[0] < qty for sku, qty in lines):
+            left = self.conn.one(f"SELECT COUNT(*) FROM {self.table} WHERE available > 0")
+            return SOLD_OUT if left is not None and int(left[0]) == 0 else REJECTED
+        time.sleep(delay)
+
+        def decrement() -> tuple[str, int]:
+            for sku, qty in lines:
+                self.conn.execute(
+                    f"UPDATE {self.table} SET available = available - %s {self.where}",
+                    (qty, sku, WAREHOUSE),
+                )
+            return CONFIRMED, 0
+
+        return self.in_transaction(decrement)[0]
+
     def in_transaction(self, body: Callable[[], tuple[str, int]]) -> tuple[str, int]:
         self.conn.begin()
         try:
@@ -212,12 +285,25 @@ class Worker:
         return outcome
 
 
-def run_strategy(
-    worker: Worker, number: int, orders: list[tuple[int, float]], shared: Shared
-) -> Stats:
+def _book(
+    worker: Worker, task: Task, config: Config
+) -> tuple[Sequence[Any], Callable[[Any], tuple[str, int]], Callable[[Any], int]]:
+    """The order book of ``task``, how an order is confirmed, and its units."""
+    number, variant = task
+    if number == 8:
+        return (
+            config.several,
+            lambda o: worker.several_skus(variant, o[0], o[1]),
+            lambda o: sum(qty for _, qty in o[0]),
+        )
+    confirm = worker.strategy(number)
+    return config.orders, lambda o: confirm(o[0], o[1]), lambda o: int(o[0])
+
+
+def run_strategy(worker: Worker, task: Task, config: Config, shared: Shared) -> Stats:
     """Take orders from the shared book until it is empty or the stock is seen sold out."""
     stats = Stats()
-    confirm = worker.strategy(number)
+    orders, confirm, units = _book(worker, task, config)
     try:
         while not shared.sold_out.is_set():
             with shared.next_order.get_lock():
@@ -225,12 +311,12 @@ def run_strategy(
                 if index >= len(orders):
                     break
                 shared.next_order.value = index + 1
-            qty, delay = orders[index]
             start = time.perf_counter()
-            outcome, retries = confirm(qty, delay)
+            outcome, retries = confirm(orders[index])
             elapsed = time.perf_counter() - start
             stats.retries += retries
             if outcome == CONFIRMED:
+                qty = units(orders[index])
                 stats.confirmed += 1
                 stats.shipped += qty
                 stats.latencies.append(elapsed)
@@ -252,14 +338,13 @@ def worker_main(wid: int, config: Config, shared: Shared) -> None:
     """Process entry point: run each strategy the parent sends, until it sends None."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and stops us
     worker = Worker(config.url, config.table, config.lock_table, config.inventory_url)
-    orders = config.orders
     try:
         while True:
-            number = shared.tasks.get()
-            if number is None:
+            task: Task | None = shared.tasks.get()
+            if task is None:
                 return
             try:
-                worker.open(number)
+                worker.open(task[0])
             except Exception as exc:  # noqa: BLE001 - reported to the parent
                 detail = (str(exc).strip().splitlines() or [""])[0]
                 shared.results.put(("ready", wid, f"{type(exc).__name__}: {detail}"))
@@ -268,6 +353,6 @@ def worker_main(wid: int, config: Config, shared: Shared) -> None:
                 continue
             shared.results.put(("ready", wid, None))
             shared.go.wait()
-            shared.results.put(("done", wid, run_strategy(worker, number, orders, shared)))
+            shared.results.put(("done", wid, run_strategy(worker, task, config, shared)))
     finally:
         worker.close()

@@ -14,12 +14,17 @@ import threading
 import time
 from typing import Any
 
+from .._errors import ConfigurationError
 from .._observe import LockEvent, Outcome
 
 try:
     from opentelemetry import trace
-except ImportError:  # pragma: no cover - depends on the extras installed
-    trace = None  # type: ignore[assignment]
+except ImportError as exc:  # pragma: no cover - depends on the extras installed
+    # as enable_metrics does: a silent no-op would leave a user looking for spans that never
+    # come
+    raise ConfigurationError(
+        "dblock tracing needs the OpenTelemetry API: pip install 'dblock[otel]'"
+    ) from exc
 
 #: grants whose span a later loss links to, at most this many (the oldest are forgotten)
 _KEEP = 10_000
@@ -35,13 +40,11 @@ class Tracing:
     """The observer behind :func:`dblock.observability.enable_tracing`."""
 
     def __init__(self, tracer_provider: Any = None) -> None:
-        self.enabled = trace is not None
         self._tracer: Any = None
         if _PROXY is not None and isinstance(tracer_provider, _PROXY):
             tracer_provider = None  # the global proxy: the SDK may be set behind it later
         self._provider = tracer_provider
-        if trace is not None:
-            self._tracer = trace.get_tracer("dblock", tracer_provider=tracer_provider)
+        self._tracer = trace.get_tracer("dblock", tracer_provider=tracer_provider)
         self._grants: dict[tuple[str, str, int], Any] = {}
         self._mutex = threading.Lock()
 

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import re
+import shlex
+import subprocess
+import sys
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -89,3 +93,31 @@ def test_schema_applied_by_hand_is_accepted(
         with client.lock(key, ttl=5, timeout=5) as lock:
             assert lock.token is not None
         assert client.info(key) is None
+
+
+def test_a_timeout_names_the_info_command_that_finds_the_hold(cli: Dblock, key: str) -> None:
+    """LockTimeout's hint is a command that looks where the lock is kept: its URL (every
+    store of a quorum) and table, not ``DBLOCK_URL``'s or the default table (issue 46)."""
+    with dblock.connect(cli.url, table=cli.table) as client:
+        holder = client.lock(key, ttl=30)
+        assert holder.acquire()
+        with (
+            pytest.raises(dblock.LockTimeout) as caught,
+            client.lock(key, timeout=0.1, reentrant=False),
+        ):
+            pass
+        hint = re.search(r"`(dblock [^`]+)`", str(caught.value))
+        assert hint is not None, caught.value
+        words = shlex.split(hint.group(1))
+        assert words[-2:] == ["info", key]
+        shown = subprocess.run(
+            [sys.executable, "-m", "dblock", *words[1:], "--json"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=cli.env,  # no DBLOCK_URL: the hint alone must find it
+            check=False,
+        )
+        assert shown.returncode == 0, shown.stderr
+        assert json.loads(shown.stdout)["token"] == holder.token
+        holder.release()

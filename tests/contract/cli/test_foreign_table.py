@@ -9,8 +9,8 @@ from collections.abc import Iterator
 import pytest
 
 import dblock
-from dblock.backends.sql.names import aux_name
 from dblock.cli import main
+from dblock.stores._names import aux_name
 from tests.providers import Provider
 
 pytestmark = pytest.mark.needs("sql", "cli")

@@ -1,0 +1,236 @@
+"""Pushed wake-ups shared by the stores that have them: one listening connection per client,
+on a thread (or, for the async client, a task), waking the waiters of a key.
+
+It listens on the table's channel (releases that ring everyone, force-release notices) and on
+a channel of its own, named in its waiters' queue entries, for what only they need to hear: a
+hand-over to one of them, or their turn. Messages (as text):
+
+- ``<owner> <key>``: a release rings ``owner``'s waiter of ``key`` (every waiter if empty);
+- ``=<token> <owner> <key>``: the lock of ``key`` was handed to ``owner`` with ``token``;
+- ``!<owner> <key>``: ``owner``'s hold of ``key`` was force-released (see ``watch``).
+
+A store subclasses :class:`Listener` with its ``_run``: connect, listen on both channels, set
+``_ready`` once they are live, pass each message to ``_heard``; on a lost connection clear
+``_ready``, ``_wake(None)`` every waiter (a message may have been lost: they look again) and
+reconnect.
+"""
+
+from __future__ import annotations
+
+import logging
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from .. import _forksafe
+from .._contract import Subscription
+from .._runtime import Runtime
+
+log = logging.getLogger("dblock")
+
+
+def parse(payload: str) -> tuple[bool, str, str, int | None] | None:
+    """A message (see the module) as (a force-release notice, owner, key, the token of a
+    hand-over), or None if it is not one."""
+    if payload.startswith("!"):
+        owner, _, key = payload[1:].partition(" ")
+        return True, owner, key, None
+    granted = None
+    if payload.startswith("="):
+        token, _, payload = payload[1:].partition(" ")
+        if not token.isdigit():
+            return None
+        granted = int(token)
+    owner, _, key = payload.partition(" ")
+    if granted is not None and not owner:
+        return None
+    return False, owner, key, granted
+
+
+class PushedSubscription(Subscription):
+    """A waiter's registration with its client's listener: under its key, or under each of
+    the keys of a waiter for several keys (woken by any of them, never handed a lock)."""
+
+    targeted = True
+    latched = False
+
+    def __init__(
+        self, listener: Listener, keys: tuple[str, ...], owner: str, live: bool, *, grants: bool
+    ) -> None:
+        self._listener = listener
+        self.key = keys[0]
+        self.keys = keys
+        self.owner = owner
+        self.live = live
+        #: it takes the hand-overs told to its owner (a single-key waiter)
+        self.grants = grants
+        self.granted: int | None = None
+        self.event = listener.rt.event()
+
+    def wait(self, timeout: float) -> bool:
+        woken = self.event.wait(timeout)
+        self.event.clear()
+        return woken
+
+    def close(self) -> None:
+        self._listener.unsubscribe(self)
+
+
+class Listener(ABC):
+    """One listening connection per client; subclasses supply ``_run`` (see the module)."""
+
+    def __init__(self, rt: Runtime, channel: str) -> None:
+        #: a thread for the blocking client, a task for the async one
+        self.rt = rt
+        #: the client's own channel
+        self.channel = channel
+        self._subs: dict[str, set[PushedSubscription]] = {}
+        self._watches: dict[tuple[str, str], Callable[[], None]] = {}
+        self._lock = _forksafe.lock()
+        self._ready = rt.event()
+        #: where ``_run`` runs (it waits on ``_stopped`` there)
+        self._worker_rt = self._runs_on()
+        self._stopped = self._worker_rt.event()
+        self._thread = self._worker_rt.start("dblock-listener", self._run)
+
+    def _runs_on(self) -> Runtime:
+        """The runtime ``_run`` runs on: the client's (a thread, or a loop task); a listener
+        whose driver only blocks takes a thread whichever the client is (its wake-ups, and the
+        ``watch`` calls, are then made from that thread: both are thread-safe)."""
+        return self.rt
+
+    @abstractmethod
+    def _run(self) -> None:
+        """Listen until stopped (see the module)."""
+
+    def subscribe(self, key: str, owner: str) -> PushedSubscription:
+        return self._register((key,), owner, grants=True)
+
+    def subscribe_many(self, keys: Sequence[str], owner: str) -> PushedSubscription:
+        """One subscription for a waiter for several keys, woken by a message for any."""
+        return self._register(tuple(keys), owner, grants=False)
+
+    def _register(self, keys: tuple[str, ...], owner: str, *, grants: bool) -> PushedSubscription:
+        # Wait (briefly) until listening is live, so no release after our next try is missed.
+        live = self._ready.wait(2.0)
+        sub = PushedSubscription(self, keys, owner, live, grants=grants)
+        with self._lock:
+            for key in keys:
+                self._subs.setdefault(key, set()).add(sub)
+        return sub
+
+    def watch(self, key: str, owner: str, heard: Callable[[], None]) -> Callable[[], None]:
+        with self._lock:
+            self._watches[key, owner] = heard
+
+        def unwatch() -> None:
+            with self._lock:
+                if self._watches.get((key, owner)) is heard:
+                    del self._watches[key, owner]
+
+        return unwatch
+
+    def unsubscribe(self, sub: PushedSubscription) -> None:
+        with self._lock:
+            for key in sub.keys:
+                subs = self._subs.get(key)
+                if subs is not None:
+                    subs.discard(sub)
+                    if not subs:
+                        del self._subs[key]
+
+    def _wake(self, key: str | None, owner: str = "", granted: int | None = None) -> None:
+        """Wake ``owner``'s subscription to ``key`` (everyone's if no owner; all if no key),
+        telling it the token of a lock ``granted`` to it."""
+        with self._lock:
+            targets = {
+                s
+                for k, subs in self._subs.items()
+                if key in (None, k)
+                for s in subs
+                if not owner or s.owner == owner
+            }
+        for sub in targets:
+            if granted is not None and sub.grants:
+                sub.granted = granted
+            sub.event.set()
+
+    def _heard(self, payload: str) -> None:
+        """One message (see the module)."""
+        message = parse(payload)
+        if message is None:
+            return
+        lost, owner, key, granted = message
+        if lost:
+            with self._lock:
+                heard = self._watches.get((key, owner))  # ends when the hold does
+            if heard is not None:
+                try:
+                    heard()
+                except Exception:  # a watcher's failure must not stop the wake-ups
+                    log.exception("dblock loss watch of %r failed", key)
+            return
+        self._wake(key, owner, granted)
+
+    def alive(self) -> bool:
+        return self._thread.is_alive() and not self._stopped.is_set()
+
+    def ready(self) -> bool:
+        return self._ready.is_set()
+
+    def stop(self) -> None:
+        self._stopped.set()
+        # a thread of the async client's is not waited for: the loop would block; it ends
+        # (and closes its connection) within its next wait
+        if self._thread.is_alive() and self._worker_rt is self.rt:
+            self._thread.join(timeout=2)
+
+
+class PushedWakeups:
+    """A store's side of its listener, and the capabilities it gives (the store adds
+    ``acquire_or_enqueue``). First among the store's bases: it overrides ``subscribe`` and
+    ``close``. The listener is made on first use, and again in a forked child, whose
+    parent's listener thread is not its own."""
+
+    _listener: Listener | None = None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._listener_lock = _forksafe.lock()
+
+    @abstractmethod
+    def _new_listener(self) -> Listener:
+        """A listener for this store, started."""
+
+    def _listening(self) -> Listener:
+        with self._listener_lock:
+            if self._listener is None or not self._listener.alive():
+                self._listener = self._new_listener()
+            return self._listener
+
+    def _own_channel(self, none: str | None = None) -> str | None:
+        """The channel this client's listener hears its own messages on (``none`` if it
+        has no listener)."""
+        listener = self._listener
+        return listener.channel if listener is not None and listener.alive() else none
+
+    def joining(self) -> bool:
+        """True if this client's listener is up (subscribing costs nothing then)."""
+        listener = self._listener
+        return listener is not None and listener.alive() and listener.ready()
+
+    def subscribe(self, key: str, owner: str, queue: str | None = None) -> Subscription:
+        return self._listening().subscribe(key, owner)
+
+    def watch(self, key: str, owner: str, heard: Callable[[], None]) -> Callable[[], None]:
+        """Call ``heard`` (on the listener's thread: it must return quickly) when a
+        force-release of ``owner``'s hold of ``key`` takes effect; returns the call that
+        stops it. One listening connection per client serves every watch and every waiter."""
+        return self._listening().watch(key, owner, heard)
+
+    def close(self) -> None:
+        with self._listener_lock:
+            listener, self._listener = self._listener, None
+        if listener is not None:
+            listener.stop()
+        super().close()  # type: ignore[misc]

@@ -1,0 +1,258 @@
+"""The etcd store's wake-ups: watches, never polling.
+
+A waiter's subscription is one watch on its key's range, for deletions only, kept for the
+whole wait. A plain waiter wakes on any deletion (a release, an expiry), and its watch starts
+just after its failed try, so a release in between still wakes it. A waiter with a place in
+the fair queue wakes only for what can make it next: the entry just ahead of its own (its
+predecessor) leaving, and once it is at the head the holds ending. So a release makes one
+waiter try, not all of them (etcd's own lock recipe); the others hear it and sleep on.
+
+One watch, not a new one per predecessor: etcd serves a watch that starts at a past revision
+from its "unsynced" group, which it catches up only every 100 ms, and a new watch can land
+there even when it asks for no past revision (the server picks the current revision, and a
+write just before the watch is registered makes that revision past). A waiter that re-made
+its watch each time its predecessor left would hear of its turn up to 100 ms late now and
+then. A watch whose stream broke (its node died) is made again through another endpoint, and
+the waiter looks again meanwhile.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from functools import partial
+from typing import Any
+
+from pyetcd import etcdrpc
+
+from ..._contract import Subscription
+from ..._errors import BackendError
+
+_NOPUT = [etcdrpc.WatchCreateRequest.NOPUT]
+
+
+class EtcdSubscription(Subscription):
+    """A watch on deletions that may end a waiter's wait (see the module)."""
+
+    def __init__(self, store: Any, key: str, queued_owner: str | None, since: int | None) -> None:
+        """``store``: the EtcdStore whose key layout, reads and queue entries it uses."""
+        self._store = store
+        self._key = key
+        self._base = store._base(key)
+        #: the owner whose place in the lock queue narrows the wake-ups (None: a plain waiter)
+        self._owner = queued_owner
+        self._event = store.rt.event()
+        self._watch: int | None = None
+        #: what a queued waiter waits for: the key suffix of its predecessor's entry, or None
+        #: (it is at the head: the holds ending); and the revision it was last looked up at
+        self._target: bytes | None = None
+        self._looked_at = 0
+        #: (key suffix, revision) of deletions heard and not yet looked at (a queued waiter)
+        self._heard_deletions: deque[tuple[bytes, int]] = deque()
+        # a queued waiter looks before it waits, so its watch need not start in the past
+        self.latched = since is not None
+        self.targeted = queued_owner is not None
+        self.live = self._start(None if self.targeted else since)
+
+    # -- the watch -------------------------------------------------------------------------
+    def _start(self, since: int | None) -> bool:
+        callback: Callable[[Any], None] = self._heard
+        extra: dict[str, Any] = {"filters": _NOPUT}
+        if since is not None:
+            extra["start_revision"] = since + 1
+
+        def add(client: Any, _a: tuple[Any, ...]) -> int:
+            return int(client.add_watch_prefix_callback(self._base, callback, **extra))
+
+        try:
+            self._watch = self._store.rpc.call("subscribing", add, self._key)
+        except BackendError:
+            self._watch = None
+            return False
+        return True
+
+    def _stop(self) -> None:
+        watch, self._watch = self._watch, None
+        if watch is not None:
+            with contextlib.suppress(Exception):
+                self._store.rpc.call("unsubscribing", lambda c, _a: c.cancel_watch(watch))
+
+    def _heard(self, response: Any) -> None:
+        """pyetcd's watch thread: a response, or the stream's end (None or an exception)."""
+        if response is None or isinstance(response, BaseException):
+            self._watch = None  # the stream ended (a node lost): look again, watch again
+        elif self._owner is not None:
+            # kept for the waiter to judge after its next look; it is woken only for what
+            # can make it next as it stands now (the others sleep on through a hand-off)
+            revision = int(response.header.revision)  # no event of it is later than this
+            cut = len(self._base)
+            parts = [bytes(e.key)[cut:] for e in response.events]
+            self._heard_deletions.extend((part, revision) for part in parts)
+            if not any(self._matters(part, revision) for part in parts):
+                return
+        self._event.set()
+
+    # -- a queued waiter -------------------------------------------------------------------
+    def _look(self) -> bool:
+        """Find what can make this waiter next; True if it may try now (it is at the head
+        and the lock is free)."""
+        with self._store._mutex:
+            entry = self._store._entries.get((self._key, self._owner or ""))
+        if entry is None:
+            return False
+        mine = entry[2]
+        hold, _, shared, queue = self._store._parts(self._key)
+        line = queue + b"lock/"
+        revision, kvs = self._store._read("waiting", self._key)
+        ahead = [kv for kv in kvs if bytes(kv.key).startswith(line) and kv.create_revision < mine]
+        self._looked_at = revision
+        if ahead:
+            self._target = bytes(max(ahead, key=lambda kv: kv.create_revision).key)[
+                len(self._base) :
+            ]
+            return False
+        self._target = None
+        return not any(bytes(kv.key) == hold or bytes(kv.key).startswith(shared) for kv in kvs)
+
+    def _matters(self, part: bytes, revision: int) -> bool:
+        """Whether the deletion of ``part`` (a key suffix) at ``revision`` can make this
+        waiter next, as of its last look."""
+        if revision <= self._looked_at:
+            return False  # the look already saw it
+        target = self._target
+        return (part == b"l" or part.startswith(b"s/")) if target is None else part == target
+
+    def _concerns_us(self) -> bool:
+        """Whether a deletion heard since the last look can make this waiter next."""
+        relevant = False
+        while self._heard_deletions:
+            part, revision = self._heard_deletions.popleft()
+            relevant = self._matters(part, revision) or relevant
+        return relevant
+
+    def _unwatchable(self, end: float) -> bool:
+        """Make the watch again if its stream ended; True (after a pause, so the waiter looks
+        again without a watch) if it cannot be made now."""
+        if self._watch is None and not self._start(None):
+            self._store.rt.sleep(min(max(0.0, end - time.monotonic()), self._store.poll_cap))
+            return True
+        return False
+
+    def _wait_queued(self, end: float) -> bool:
+        while True:
+            if self._unwatchable(end):
+                return True
+            self._event.clear()
+            self._heard_deletions.clear()  # the look below sees what they did
+            if self._look():
+                return True
+            # what was heard during the look is judged against what it found
+            while not self._concerns_us():
+                if self._watch is None:
+                    break  # watch again, then look
+                if not self._event.wait(max(0.0, end - time.monotonic())):
+                    return False
+                self._event.clear()
+            else:
+                if self._target is None:
+                    return True  # a hold ended: our turn
+                # our predecessor left: look who is next
+
+    # -- Subscription ----------------------------------------------------------------------
+    def wait(self, timeout: float) -> bool:
+        """Sleep up to ``timeout`` s; True early on a release. A queued waiter returns only
+        when it is at the head and the holds are gone (its predecessor leaving just makes it
+        look again), so it need not probe before it tries."""
+        end = time.monotonic() + timeout
+        if self._owner is not None:
+            with self._store._mutex:
+                queued = (self._key, self._owner) in self._store._entries
+            if queued:
+                return self._wait_queued(end)
+        self._heard_deletions.clear()  # (a queued waiter's, between its places in the queue)
+        if self._event.is_set():
+            self._event.clear()
+            return True
+        if self._unwatchable(end):
+            return True
+        woken = bool(self._event.wait(max(0.0, end - time.monotonic())))
+        self._event.clear()
+        return woken
+
+    def close(self) -> None:
+        self._stop()
+        self._store._unsubscribed(self)
+
+
+class EtcdManySubscription(Subscription):
+    """A many-waiter's wake-ups: one watch on each of its keys' ranges (deletions, with the
+    deleted key's last version), all setting one event. It wakes at a hold of any key
+    ending, and at an entry in a key's lock queue ahead of its own leaving (before it has
+    entries: any other's). An event set between two waits stays set, so a release during
+    a try wakes the next wait. A watch whose stream broke is made again at the next wait,
+    which returns at once so that the waiter tries (what happened meanwhile was not
+    heard)."""
+
+    latched = True
+
+    def __init__(self, store: Any, keys: Sequence[str], owner: str) -> None:
+        """``store``: the EtcdStore whose key layout and many-entries it uses."""
+        self._store = store
+        self._owner = owner
+        self._event = store.rt.event()
+        self._watches: dict[str, int | None] = dict.fromkeys(keys)
+        self.live = self._start()
+
+    def _start(self) -> bool:
+        """Make the watches that are not there; False if one cannot be made now."""
+        for key, watch in self._watches.items():
+            if watch is not None:
+                continue
+            base = self._store._base(key)
+            heard = partial(self._heard, key, len(base))
+
+            def add(client: Any, _a: tuple[Any, ...], b: bytes = base, h: Any = heard) -> int:
+                return int(client.add_watch_prefix_callback(b, h, filters=_NOPUT, prev_kv=True))
+
+            try:
+                self._watches[key] = self._store.rpc.call("subscribing", add, key)
+            except BackendError:
+                return False
+        return True
+
+    def _heard(self, key: str, cut: int, response: Any) -> None:
+        """pyetcd's watch thread: a response for ``key``, or the stream's end."""
+        if response is None or isinstance(response, BaseException):
+            self._watches[key] = None
+            self._event.set()
+            return
+        place = self._store._many_place(self._owner)
+        mine = b"q/lock/" + self._owner.encode()
+        for event in response.events:
+            part = bytes(event.key)[cut:]
+            ended = part == b"l" or part.startswith(b"s/")
+            # (an entry whose previous version is compacted away reads as revision 0: ahead)
+            ahead = part.startswith(b"q/lock/") and part != mine
+            if ended or (ahead and (place is None or int(event.prev_create_revision) < place)):
+                self._event.set()
+
+    def wait(self, timeout: float) -> bool:
+        end = time.monotonic() + timeout
+        if None in self._watches.values():
+            if not self._start():  # no node answers now: a pause instead
+                self._store.rt.sleep(min(max(0.0, end - time.monotonic()), self._store.poll_cap))
+            self._event.clear()
+            return True  # the waiter tries again, now that it hears releases
+        woken = bool(self._event.wait(max(0.0, end - time.monotonic())))
+        self._event.clear()
+        return woken
+
+    def close(self) -> None:
+        watches = [w for w in self._watches.values() if w is not None]
+        self._watches = {}
+        for watch in watches:
+            with contextlib.suppress(Exception):
+                self._store.rpc.call("unsubscribing", lambda c, _a, w=watch: c.cancel_watch(w))
+        self._store._unsubscribed(self)

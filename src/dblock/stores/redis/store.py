@@ -1,0 +1,672 @@
+"""Redis backend (redis-py): the store contract as one Lua script per operation.
+
+Every operation is one ``EVALSHA`` (redis-py's ``register_script``: the script is loaded once
+per server and called by its SHA1), atomic on the server, with time read by ``TIME`` inside
+the script: leases are measured by Redis, never by the client's clock. The scripts and the
+keys they keep are in :mod:`dblock.stores.redis.scripts`; a table's keys share the prefix
+``dblock:{<table>}:``, so two tables (two applications) on one Redis do not collide, and
+``list``/``purge`` walk that prefix with ``SCAN`` (never ``KEYS``).
+
+Fencing tokens are the larger of the table's last token + 1 and the server's clock in
+microseconds, so they keep increasing across a restart of a Redis that keeps nothing on disk
+(see scripts.py for what breaks it). What such a restart does lose is every hold: its
+holders learn of it at their next renewal (``on_lost``).
+
+Releases hand the lock to the head of the key's wait queue and PUBLISH it on the channel its
+queue entry names: a waiting thread's own pub/sub connection (:mod:`.waiter`), or its
+client's listener (one pub/sub connection per client, :mod:`._listener`), which wakes it; other
+releases PUBLISH on the table's channel. A waiter whose connection was lost is woken to look
+again, and polls until one is back.
+
+Connections: a pool of ``max_connections`` (one statement each at a time), the retry policy
+and deadlines of :class:`~dblock.stores._pool.PooledStore`. The async client runs each
+operation on a worker thread with redis-py's blocking connections (``asyncio_io =
+"threads"``; why not ``redis.asyncio``: docs/stores/redis.md), and the listener on a thread of
+its own, as the blocking client does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import re
+import secrets
+import socket
+from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime, timezone
+from typing import Any
+
+import redis
+from redis.backoff import NoBackoff
+from redis.commands.core import Script
+from redis.exceptions import NoScriptError
+from redis.retry import Retry
+
+from ..._contract import (
+    FairManyKeys,
+    FairQueue,
+    FencedGrants,
+    FencedManyGrants,
+    LossPush,
+    OnceRecords,
+    QueueJoin,
+    SharedHolds,
+    Subscription,
+    Wakeups,
+)
+from ..._errors import ConfigurationError, DBLockError
+from ..._runtime import THREADS, Runtime
+from ..._types import Kind, LockInfo
+from ..._url import MAX_URL_TIMEOUT, DatabaseURL, url_number
+from .._listener import Listener, PushedWakeups
+from .._pool import MAINTENANCE_DEADLINE, STATEMENT_DEADLINE, Failure, PooledStore
+from .._schema import MissingTable
+from .scripts import SCRIPTS
+from .waiter import ListenedMany, OwnChannel, OwnChannels, OwnSubscription
+
+log = logging.getLogger("dblock")
+
+#: keys per list/purge script call (one SCAN page)
+SCAN_COUNT = 500
+#: the URL's query parameters -> redis-py's names
+_PARAMS = {
+    "client_name": "client_name",
+    "connect_timeout": "socket_connect_timeout",
+    "ssl_ca_certs": "ssl_ca_certs",
+    "ssl_certfile": "ssl_certfile",
+    "ssl_keyfile": "ssl_keyfile",
+    "ssl_cert_reqs": "ssl_cert_reqs",
+}
+_TLS_ONLY = {"ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_cert_reqs"}
+_GLOB = re.compile(r"([\\*?\[\]])")
+
+
+@functools.cache
+def _scripts() -> dict[str, Script]:
+    """The scripts, registered once per process (the registrar only hashes them: each is
+    loaded into a server by its first ``EVALSHA`` there that fails with NOSCRIPT)."""
+    registrar = redis.Redis(decode_responses=True)
+    return {name: registrar.register_script(src) for name, src in SCRIPTS.items()}
+
+
+Keys = list[str]  # a name for the class whose method `list` shadows the builtin
+
+
+def _eval(conn: Any, script: Script, keys: Keys, *args: Any) -> Any:
+    """``EVALSHA`` of ``script`` on ``conn``'s own connection: what redis-py's ``Script``
+    does, less the client's per-command layers (retries: dblock has its own; response
+    callbacks: a script has none), which cost about as much client time as the round trip.
+    A server that does not have the script yet gets it from ``Script``."""
+    connection = conn.connection
+    connection.send_command("EVALSHA", script.sha, len(keys), *keys, *args)
+    try:
+        reply = connection.read_response()
+    except NoScriptError:
+        reply = script(keys, args, conn)
+    # an application's redis.Redis (dblock.connect(client)) may leave replies undecoded
+    return reply if connection.encoder.decode_responses else _decoded(reply)
+
+
+def _decoded(reply: Any) -> Any:
+    """``reply`` with its bytes as str (the scripts' replies are UTF-8 text)."""
+    if isinstance(reply, bytes):
+        return reply.decode()
+    if isinstance(reply, list):
+        return [_decoded(r) for r in reply]
+    return reply
+
+
+def _us(seconds: float) -> int:
+    return round(seconds * 1_000_000)
+
+
+def _when(us: str) -> datetime:
+    return datetime.fromtimestamp(int(us) / 1_000_000, tz=timezone.utc)
+
+
+def _info(key: str, row: list[str]) -> LockInfo:
+    owner, token, acquired, expires, kind = row
+    kind_value: Kind = kind  # type: ignore[assignment]
+    return LockInfo(key, owner, int(token), _when(acquired), _when(expires), kind_value)
+
+
+def _read_timeout(conn: Any, seconds: float) -> None:
+    """Set a connected redis-py connection's read timeout (its socket's, and the parser's
+    that a read with a timeout of its own restores)."""
+    conn.socket_timeout = seconds
+    conn.update_current_socket_timeout(seconds)
+    buffer = getattr(getattr(conn, "_parser", None), "_buffer", None)
+    if buffer is not None and hasattr(buffer, "socket_timeout"):
+        buffer.socket_timeout = seconds
+
+
+class RedisStore(
+    PushedWakeups,
+    PooledStore[Any],
+    FairQueue,
+    SharedHolds,
+    OnceRecords,
+    Wakeups,
+    QueueJoin,
+    LossPush,
+    FencedManyGrants,
+    FencedGrants,
+    FairManyKeys,
+):
+    """Locks in Redis, under the key prefix of one table."""
+
+    name = dialect = "redis"
+    #: the async client runs each operation on a worker thread (a cancellation waits for the
+    #: script in flight, whose outcome the engine then settles: docs/stores/redis.md)
+    asyncio_io = "threads"
+
+    def __init__(self, url: DatabaseURL, schema: str | None, table: str) -> None:
+        super().__init__(url, f"{schema}.{table}" if schema else table)
+        tls = url.raw.split("://", 1)[0].lower() == "rediss"
+        self._options = self._parse(url, tls)
+        #: every key of the table starts with it (a hash tag: one cluster slot per table)
+        self.prefix = f"dblock:{{{self.table}}}:"
+        self.channel = self.prefix + "released"
+        self._meta = self.prefix + "meta"
+        #: the blocking client's waiting threads' own pub/sub connections (waiter.py)
+        self._own: OwnChannels | None = None
+        #: owner -> the channel its queue entry names, while it waits on its own connection
+        self._waiting_on: dict[str, str] = {}
+
+    @staticmethod
+    def _parse(url: DatabaseURL, tls: bool) -> dict[str, Any]:
+        """redis-py's connection options from the URL; ConfigurationError naming a bad part."""
+        database = url.database or "0"
+        if not database.isdigit() or not database.isascii():
+            raise ConfigurationError(
+                f"invalid Redis URL {url.safe!r}: the path must be a database number "
+                f"(redis://host:port/0), not {database!r}"
+            )
+        if not url.host:
+            raise ConfigurationError(f"invalid Redis URL {url.safe!r}: it names no host")
+        unknown = set(url.query) - set(_PARAMS)
+        if not tls:
+            unknown |= set(url.query) & _TLS_ONLY
+        if unknown:
+            raise ConfigurationError(
+                f"unknown Redis URL parameter(s) {sorted(unknown)} in {url.safe!r}; supported: "
+                "client_name, connect_timeout, max_connections, and for rediss:// ssl_ca_certs, "
+                "ssl_certfile, ssl_keyfile, ssl_cert_reqs (required, optional, none)"
+            )
+        reqs = url.query.get("ssl_cert_reqs", "required")
+        if reqs not in ("required", "optional", "none"):
+            raise ConfigurationError(
+                f"URL parameter ssl_cert_reqs={reqs!r} in {url.safe!r} must be required, "
+                "optional or none"
+            )
+        options: dict[str, Any] = {
+            "host": url.host,
+            "port": url.port or 6379,
+            "db": int(database),
+            "username": url.user,
+            "password": url.password,
+            "socket_connect_timeout": url_number(
+                url.query.get("connect_timeout"),
+                "connect_timeout",
+                5,
+                safe=url.safe,
+                minimum=0.001,
+                maximum=MAX_URL_TIMEOUT,
+            ),
+            # the watchdog aborts a statement at its deadline; this bounds one it cannot reach
+            "socket_timeout": MAINTENANCE_DEADLINE,
+            "decode_responses": True,
+            # dblock's own retry policy (stores/_pool.py) is the only one: redis-py's would re-send
+            # a script whose reply was lost without the operation knowing it
+            "retry": Retry(NoBackoff(), 0),
+            # this client's connections, as an operator sees them (CLIENT LIST); by default
+            # a name of this client's own
+            "client_name": url.query.get("client_name") or f"dblock-{secrets.token_hex(4)}",
+        }
+        if tls:
+            options["ssl"] = True
+            options["ssl_cert_reqs"] = reqs
+            for name in ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile"):
+                if name in url.query:
+                    options[name] = url.query[name]
+        return options
+
+    # -- connections ----------------------------------------------------------------------
+    def _connect(self) -> Any:
+        # the handshake's answers (HELLO, CLIENT SETNAME, SELECT) and the ping are read with
+        # the connect timeout: a server that accepts and never answers is unreachable within
+        # it, not after the statements' bound
+        connecting = {**self._options, "socket_timeout": self._options["socket_connect_timeout"]}
+        client = redis.Redis(single_connection_client=True, **connecting)
+        try:
+            client.ping()
+            _read_timeout(client.connection, self._options["socket_timeout"])
+        except BaseException:
+            client.close()
+            raise
+        return client
+
+    def _pubsub(self) -> Any:
+        """A pub/sub connection of its own, for the listener or a waiting thread."""
+        return redis.Redis(**self._options).pubsub()  # type: ignore[no-untyped-call]
+
+    # -- waiters that hear their own messages (waiter.py) ---------------------------------
+    def _own_connection(self) -> tuple[OwnChannels, OwnChannel] | None:
+        """This waiting thread's own pub/sub connection (and the client's ``OwnChannels``);
+        None where the waiter hears the listener's messages instead."""
+        listener = self._listening()  # holders' loss notices, and the async client's waiters
+        if self.offloads:  # the async client's waiters hear the listener's messages
+            return None
+        with self._listener_lock:
+            if self._own is None:
+                self._own = OwnChannels(
+                    self.rt, self._pubsub, self.channel, listener.channel + ":w"
+                )
+            channels = self._own
+        own = channels.mine()
+        return None if own is None else (channels, own)
+
+    def subscribe(self, key: str, owner: str, queue: str | None = None) -> Subscription:
+        mine = self._own_connection()
+        if mine is None:
+            return self._listening().subscribe(key, owner)
+        channels, own = mine
+        self._waiting_on[owner] = own.name
+
+        def done() -> None:
+            self._waiting_on.pop(owner, None)
+
+        return OwnSubscription(channels, own, [key], owner, done)
+
+    def subscribe_many(self, keys: Sequence[str], owner: str) -> Subscription | None:
+        # its entries name no channel (they are never handed a lock): a release rings it on
+        # the table's channel, which its own connection and the listener both hear
+        if not keys:
+            return None
+        mine = self._own_connection()
+        if mine is None:
+            return ListenedMany.of(self._listening(), keys, owner)
+        return OwnSubscription(*mine, keys, owner)
+
+    def _channel_of(self, owner: str) -> str:
+        """The channel ``owner``'s queue entry names: its own connection's, or the listener's."""
+        return self._waiting_on.get(owner) or self._own_channel("") or ""
+
+    def close(self) -> None:
+        with self._listener_lock:
+            channels, self._own = self._own, None
+        if channels is not None:
+            channels.close()
+        super().close()
+
+    def _close_connection(self, conn: Any) -> None:
+        with contextlib.suppress(redis.RedisError, OSError):
+            conn.close()
+
+    def _refused(self, exc: BaseException) -> str | None:
+        if isinstance(exc, redis.AuthenticationError) or (
+            isinstance(exc, redis.ResponseError) and str(exc).startswith(("WRONGPASS", "NOAUTH"))
+        ):
+            return "check the user and password in the URL"
+        if isinstance(exc, redis.ResponseError) and "DB index" in str(exc):
+            return "check the db number in the URL: the server has fewer databases"
+        return None
+
+    def _classify(self, exc: BaseException) -> Failure | None:
+        if isinstance(exc, (redis.ConnectionError, redis.TimeoutError, OSError)):
+            return Failure.DISCONNECT  # a restart, a CLIENT KILL, a network fault
+        if isinstance(exc, redis.ResponseError) and str(exc).startswith(("LOADING", "BUSY")):
+            return Failure.TRANSIENT
+        if isinstance(exc, redis.RedisError):
+            return Failure.FATAL
+        return None
+
+    def _abort(self, conn: Any) -> None:
+        sock = getattr(getattr(conn, "connection", None), "_sock", None)
+        if isinstance(sock, socket.socket):
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+    _transient_for = STATEMENT_DEADLINE
+
+    # -- running scripts --------------------------------------------------------------------
+    def _keys(self, key: str) -> list[str]:
+        return [f"{self.prefix}r:{key}", f"{self.prefix}h:{key}", self._meta]
+
+    def _call(self, what: str, script: str, key: str, *args: Any) -> Any:
+        """Run one script on ``key`` (with the retry policy); its reply."""
+        run = _scripts()[script]
+        keys = self._keys(key)
+        channel = self.channel
+        return self.run(what, lambda conn: _eval(conn, run, keys, key, channel, *args), key=key)
+
+    def _retried(self, what: str, script: str, key: str, *args: Any) -> bool:
+        """Run a script that ends a hold: a retry after a lost reply says so (the script then
+        counts the hold ended by the first attempt as ended by us)."""
+        run = _scripts()[script]
+        keys = self._keys(key)
+        calls = 0
+
+        def op(conn: Any) -> bool:
+            nonlocal calls
+            calls += 1
+            return bool(_eval(conn, run, keys, key, self.channel, *args, int(calls > 1)))
+
+        return self.run(what, op, key=key)
+
+    @staticmethod
+    def _token(reply: Any) -> int | None:
+        return None if reply is None else int(reply)
+
+    # -- schema (a marker: Redis has no tables) ------------------------------------------------
+    def ensure_schema(self, create: bool) -> None:
+        def op(conn: Any) -> None:
+            if create:
+                conn.hsetnx(self._meta, "schema", "1")
+            elif not conn.exists(self._meta):
+                raise MissingTable(
+                    f"the lock table {self.table} does not exist in {self.safe_url}; it is "
+                    "created by connect(create_schema=True) and by the dblock commands that "
+                    "take locks (run, once); Redis has no `dblock schema` to apply"
+                )
+
+        self.run("creating the lock table", op)
+
+    # -- Store ------------------------------------------------------------------------------
+    def acquire(self, key: str, owner: str, ttl: float, kind: str) -> int | None:
+        return self._token(self._call("acquire", "acquire", key, owner, _us(ttl), kind))
+
+    def renew(self, key: str, owner: str, token: int, ttl: float) -> bool:
+        return bool(self._call("renew", "renew", key, owner, token, _us(ttl)))
+
+    def release(self, key: str, owner: str, token: int) -> bool:
+        return self._retried("release", "release", key, owner, token)
+
+    def info(self, key: str) -> LockInfo | None:
+        row = self._call("info", "info", key)
+        return None if row is None else _info(key, row)
+
+    def list_holds(self, prefix: str) -> list[LockInfo]:
+        start = len(self.prefix) + 2
+
+        def batch(conn: Any, keys: Keys) -> Any:
+            flat = _eval(
+                conn, _scripts()["list"], [*keys, *(f"{self.prefix}h:{k[start:]}" for k in keys)]
+            )
+            rows = [flat[i : i + 6] for i in range(0, len(flat), 6)]
+            return [_info(keys[int(r[0]) - 1][start:], r[1:]) for r in rows]
+
+        found = self._scan("list", "r:", prefix, batch)
+        return sorted(found, key=lambda i: (i.key, i.acquired_at))
+
+    def force_release(self, key: str) -> bool:
+        return bool(self._call("force_release", "force_release", key))
+
+    def purge(self, older_than: float, include_once: bool) -> int:
+        start = len(self.prefix) + 2
+        older = _us(older_than)
+
+        def records(conn: Any, keys: Keys) -> Any:
+            holders = [f"{self.prefix}h:{k[start:]}" for k in keys]
+            run = _scripts()["purge_records"]
+            return [int(_eval(conn, run, [*keys, *holders], older, int(include_once)))]
+
+        def holders(conn: Any, keys: Keys) -> Any:
+            return [int(_eval(conn, _scripts()["purge_holders"], keys, older))]
+
+        found = self._scan("purge", "r:", "", records) + self._scan("purge", "h:", "", holders)
+        return int(sum(found))
+
+    def _scan(self, what: str, kind: str, prefix: str, batch: Callable[[Any, Keys], Any]) -> Any:
+        """``batch`` over every page of this table's keys of ``kind`` whose lock key starts
+        with ``prefix`` (SCAN: the server is never blocked by a walk of the whole keyspace)."""
+        match = _GLOB.sub(r"\\\1", f"{self.prefix}{kind}{prefix}") + "*"
+
+        def op(conn: Any) -> Any:
+            found: Any = []
+            seen: set[str] = set()
+            cursor = 0
+            while True:
+                cursor, keys = conn.scan(cursor, match=match, count=SCAN_COUNT)
+                keys = _decoded(keys)  # bytes from an application's client (see _eval)
+                fresh = [k for k in keys if k not in seen]  # SCAN may return a key twice
+                seen.update(fresh)
+                if fresh:
+                    found.extend(batch(conn, fresh))
+                if int(cursor) == 0:
+                    return found
+
+        return self.run(what, op, deadline=MAINTENANCE_DEADLINE)
+
+    # -- FairQueue --------------------------------------------------------------------------
+    def acquire_fair(self, key: str, owner: str, ttl: float, queued: bool) -> int | None:
+        reply = self._call("acquire", "acquire_fair", key, owner, _us(ttl), int(queued))
+        return self._token(reply)
+
+    def probe(self, key: str, owner: str) -> tuple[bool, int]:
+        free, ahead = self._call("probe", "probe", key, owner)
+        return bool(free), int(ahead)
+
+    def enqueue(
+        self, key: str, owner: str, kind: str, ttl: float, lease: float | None = None
+    ) -> None:
+        lease_us = "-" if lease is None else _us(lease)
+        self._call(
+            "queueing", "enqueue", key, owner, kind, _us(ttl), lease_us, self._channel_of(owner)
+        )
+
+    def requeue(self, key: str, owner: str, kind: str, ttl: float) -> bool:
+        return bool(self._call("queueing", "requeue", key, owner, _us(ttl)))
+
+    def dequeue(self, key: str, owner: str) -> None:
+        self._call("leaving the queue", "dequeue", key, owner)
+
+    # -- QueueJoin --------------------------------------------------------------------------
+    def acquire_or_enqueue(self, key: str, owner: str, ttl: float, queue_ttl: float) -> int | None:
+        reply = self._call(
+            "acquire",
+            "acquire_or_enqueue",
+            key,
+            owner,
+            _us(ttl),
+            _us(queue_ttl),
+            self._channel_of(owner),
+        )
+        return self._token(reply)
+
+    # -- SharedHolds ------------------------------------------------------------------------
+    def acquire_shared(
+        self, key: str, owner: str, ttl: float, kind: str, permits: int | None
+    ) -> int | None:
+        count = "-" if permits is None else permits
+        reply = self._call("acquire", "acquire_shared", key, owner, _us(ttl), kind, count)
+        return self._token(reply)
+
+    def release_shared(self, key: str, owner: str, token: int) -> bool:
+        return self._retried("release", "release_shared", key, owner, token)
+
+    def renew_shared(self, key: str, owner: str, token: int, ttl: float) -> bool:
+        return bool(self._call("renew", "renew_shared", key, owner, token, _us(ttl)))
+
+    def acquire_write(self, key: str, owner: str, ttl: float) -> int | None:
+        return self._token(self._call("acquire", "acquire_write", key, owner, _us(ttl)))
+
+    # -- FencedGrants -----------------------------------------------------------------------
+    def identity(self) -> str | None:
+        # the server process's run_id (whatever address or client name reached it) and the
+        # database number
+        def op(conn: Any) -> str:
+            return f"redis {conn.info('server')['run_id']} {self._options['db']}"
+
+        try:
+            return self.run("reading the server's identity", op)
+        except (DBLockError, KeyError):
+            return None
+
+    def fence(self, key: str) -> int:
+        return int(self._call("reading the fence", "fence", key))
+
+    def grant_fenced(self, key: str, owner: str, ttl: float, token: int, kind: str) -> bool:
+        return bool(self._call("acquire", "grant_fenced", key, owner, _us(ttl), kind, token))
+
+    def release_owned(self, key: str, owner: str) -> bool:
+        return bool(self._call("release", "release_owned", key, owner))
+
+    # -- FencedManyGrants: one *_many script each (the KEYS and ARGV of ManyKeys' below) ----
+    def fence_many(self, keys: Sequence[str]) -> dict[str, int]:
+        if not keys:
+            return {}
+        reply = self._many("reading the fence", "fence_many", keys, "", 0)
+        return {key: int(fence) for key, fence in zip(keys, reply, strict=True)}
+
+    def grant_fenced_many(self, tokens: Mapping[str, int], owner: str, ttl: float) -> bool:
+        if not tokens:
+            return True
+        keys = list(tokens)
+        reply = self._many("acquire", "grant_fenced_many", keys, owner, _us(ttl), *tokens.values())
+        return bool(reply)
+
+    def release_owned_many(self, keys: Sequence[str], owner: str) -> bool:
+        if not keys:
+            return False
+        return bool(self._many("release", "release_owned_many", keys, owner, 0))
+
+    # -- ManyKeys -------------------------------------------------------------------------
+    #: a script blocks every other client of the server while it runs: 64 keys keep that
+    #: pause under a millisecond (0.45 ms per script measured: docs/stores/redis.md)
+    max_keys = 64
+
+    def _many(
+        self, what: str, script: str, keys: Sequence[str], owner: str, arg: Any, *tokens: int
+    ) -> Any:
+        """Run a ``*_many`` script over ``keys`` with the retry policy (one EVALSHA); its
+        reply. ``arg`` None: the script is told whether this run is a retry (a release)."""
+        if len(keys) > self.max_keys:
+            raise ValueError(
+                f"{len(keys)} keys in one step: the Redis store takes at most {self.max_keys}"
+            )
+        run = _scripts()[script]
+        names = [n for k in keys for n in (f"{self.prefix}r:{k}", f"{self.prefix}h:{k}")]
+        names.append(self._meta)
+        calls = 0
+
+        def op(conn: Any) -> Any:
+            nonlocal calls
+            calls += 1
+            fourth = int(calls > 1) if arg is None else arg
+            return _eval(conn, run, names, "", self.channel, owner, fourth, *keys, *tokens)
+
+        return self.run(what, op, key=keys[0])
+
+    def acquire_many(self, keys: Sequence[str], owner: str, ttl: float) -> dict[str, int] | None:
+        return self._take_many("acquire_many", keys, owner, ttl)
+
+    def _take_many(
+        self, script: str, keys: Sequence[str], owner: str, ttl: float
+    ) -> dict[str, int] | None:
+        if not keys:
+            return {}
+        flat = self._many("acquire", script, keys, owner, _us(ttl))
+        if flat is None:
+            return None
+        return {flat[i]: int(flat[i + 1]) for i in range(0, len(flat), 2)}
+
+    def renew_many(self, tokens: Mapping[str, int], owner: str, ttl: float) -> bool:
+        if not tokens:
+            return True
+        reply = self._many("renew", "renew_many", list(tokens), owner, _us(ttl), *tokens.values())
+        return bool(reply)
+
+    def release_many(self, tokens: Mapping[str, int], owner: str) -> bool:
+        if not tokens:
+            return True
+        reply = self._many("release", "release_many", list(tokens), owner, None, *tokens.values())
+        return bool(reply)
+
+    # -- FairManyKeys (the order of the entries: scripts.py, `arrival`) ------------------------
+    def enqueue_many(self, keys: Sequence[str], owner: str, ttl: float) -> None:
+        if keys:
+            self._many("queueing", "enqueue_many", keys, owner, _us(ttl))
+
+    def requeue_many(self, keys: Sequence[str], owner: str, ttl: float) -> bool:
+        return not keys or bool(self._many("queueing", "requeue_many", keys, owner, _us(ttl)))
+
+    def dequeue_many(self, keys: Sequence[str], owner: str) -> None:
+        if keys:
+            self._many("leaving the queue", "dequeue_many", keys, owner, "")
+
+    def acquire_many_in_turn(
+        self, keys: Sequence[str], owner: str, ttl: float
+    ) -> dict[str, int] | None:
+        return self._take_many("acquire_many_in_turn", keys, owner, ttl)
+
+    # -- OnceRecords ------------------------------------------------------------------------
+    def claim_once(self, key: str, owner: str, ttl: float, note: str | None) -> int | None:
+        reply = self._call(
+            "once", "claim_once", key, owner, _us(ttl), int(note is not None), note or ""
+        )
+        return self._token(reply)
+
+    def once_state(self, key: str) -> tuple[str, str | None, bool] | None:
+        row = self._call("state", "once_state", key)
+        if row is None:
+            return None
+        kind, has_state, state, live = row
+        return kind, state if int(has_state) else None, bool(int(live))
+
+    def finish_once(self, key: str, owner: str, token: int, state: str) -> bool:
+        return self._retried("recording the once outcome", "finish_once", key, owner, token, state)
+
+    def finish_scheduled(self, key: str, owner: str, token: int, at_least: float) -> bool:
+        return self._retried("release", "finish_scheduled", key, owner, token, _us(at_least))
+
+    # -- Wakeups, LossPush (subscribe, watch, joining, close: PushedWakeups) ------------
+    def _new_listener(self) -> Listener:
+        return RedisListener(self)
+
+
+class RedisListener(Listener):
+    """The client's pub/sub connection: the table's channel and its own."""
+
+    def __init__(self, backend: RedisStore) -> None:
+        self._backend = backend
+        #: pub/sub connections made, for tests: a reconnect makes another
+        self.connections = 0
+        super().__init__(backend.rt, f"{backend.prefix}c:{secrets.token_hex(8)}")
+
+    def _runs_on(self) -> Runtime:
+        return THREADS  # redis-py blocks: a thread of its own, for the async client too
+
+    def _run(self) -> None:
+        pause = 0.1
+        while not self._stopped.is_set():
+            pubsub = None
+            try:
+                pubsub = self._backend._pubsub()
+                self.connections += 1
+                pubsub.subscribe(self._backend.channel, self.channel)
+                confirmed = 0
+                while not self._stopped.is_set():
+                    message = pubsub.get_message(timeout=0.5)
+                    if message is None:
+                        continue
+                    if message["type"] == "subscribe":
+                        confirmed += 1
+                        if confirmed == 2:
+                            self._ready.set()
+                            self._wake(None)  # anything released while we were away
+                            pause = 0.1
+                    elif message["type"] == "message":
+                        self._heard(message["data"])
+            except Exception as exc:  # noqa: BLE001 - any failure: reconnect, never stop
+                self._ready.clear()
+                if not self._stopped.is_set():
+                    log.debug("dblock listener reconnecting after: %s", exc)
+                    self._wake(None)  # waiters look again, and poll until we are back
+                    self._stopped.wait(pause)
+                    pause = min(pause * 2, 5.0)
+            finally:
+                if pubsub is not None:
+                    with contextlib.suppress(Exception):
+                        pubsub.close()

@@ -1,0 +1,132 @@
+"""ManyKeys on MySQL/MariaDB: the SQL stores' cases (tests/stores/_sql_many_keys.py), and a
+waiter for several keys beside the doorbell's hand-over."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from typing import Any
+
+import pytest
+
+import dblock
+from dblock.stores.mysql.store import _HANDED, MysqlStore, _batch
+from tests._internals import store_of
+from tests._servers import MYSQL_URL, raw_connect, require_server
+from tests._waiting import until
+from tests.stores._sql_many_keys import *  # noqa: F403 - the cases
+from tests.stores._sql_many_keys import QUEUE_TTL, TTL, _keys
+from tests.stores.mysql.test_doorbell import _SLACK_US, _get_lock, _in_get_lock
+
+
+@pytest.fixture
+def many_url() -> str:
+    require_server("mysql", MYSQL_URL)
+    return MYSQL_URL
+
+
+def test_a_many_waiter_looks_until_its_keys_are_free_for_it(
+    many: tuple[dblock.Client, Any],
+) -> None:
+    """No doorbell for several keys (a session sleeps in one GET_LOCK at a time): the
+    subscription looks at the keys, and ends its wait once none is held and no entry is
+    ahead of the waiter's on any."""
+    _, store = many
+    keys = _keys(2)
+    held = store.acquire(keys[1], "a", TTL, "lock")
+    assert held is not None
+    store.enqueue(keys[0], "s", "lock", QUEUE_TTL)  # a single-key waiter ahead of m
+    store.enqueue_many(keys, "m", QUEUE_TTL)
+    sub = store.subscribe_many(keys, "m")
+    try:
+        assert sub.live and sub.granted is None
+        assert not sub.wait(0.3), "a key is held, and s is ahead of m on the other"
+        assert store.release(keys[1], "a", held)
+        assert not sub.wait(0.3), "s is still ahead of m"
+        store.dequeue(keys[0], "s")
+        assert sub.wait(10), "both keys free for m"
+        assert store.acquire_many_in_turn(keys, "m", TTL) is not None
+    finally:
+        sub.close()
+    assert not sub.wait(10), "closed: no more waits"
+
+
+@pytest.mark.parametrize("queued", ["just now", "a second ago"])
+def test_a_release_at_the_bell_frees_a_key_whose_queue_a_many_waiter_heads(
+    table: str, raw: Any, queued: str
+) -> None:
+    """a holds the key and keeps its bell; m's entries head the queue (made just now, within
+    the arrival slack that lets the bell's order pass single-key waiters, or longer ago); b,
+    queued behind m for hand-overs, sleeps at the bell. a's release frees the key rather than
+    hand it to b, and b, woken at the bell, is told to keep it and look again (m takes the
+    key without the bell); m takes its keys."""
+    key, other = sorted(f"k-{uuid.uuid4().hex}" for _ in range(2))
+    b_conn = raw_connect(MYSQL_URL)
+    with dblock.connect(MYSQL_URL, table=table) as client:
+        backend = store_of(client)
+        assert isinstance(backend, MysqlStore)
+        a_conn = backend._connect()
+        try:
+            bell = backend._bells.name(key)
+            held = backend.acquire(key, "a", TTL, "lock")
+            assert held is not None
+            a_conn.cursor().execute("SELECT GET_LOCK(%s, 0)", (bell,))
+            backend.enqueue_many([key, other], "m", QUEUE_TTL)
+            if queued != "just now":
+                raw.execute(
+                    f"UPDATE `{table}_holders` SET acquired_at = acquired_at - INTERVAL 1 SECOND "
+                    "WHERE holder = 'm'"
+                )
+            entry = {"key": key, "owner": "b", "kind": "lock", "ttl": QUEUE_TTL, "lease": TTL}
+            entry["bell"] = b_conn.thread_id()
+            backend.run("queueing", lambda conn: backend._exec(conn, backend.sql.enqueue, entry))
+            rang: list[Any] = []
+            sleeper = threading.Thread(target=lambda: rang.append(_get_lock(b_conn, bell)))
+            sleeper.start()
+            until(lambda: bool(_in_get_lock(raw, table, key)), "b sleeps at the bell")
+            release = {"key": key, "owner": "a", "token": held, "bell": bell, "slack_us": _SLACK_US}
+            assert _batch(a_conn, backend.sql.release_and_hand_over, release)[_HANDED] == 1
+            sleeper.join(10)
+            assert rang == [1], "the release let go of the bell"
+            assert client.info(key) is None, "freed, not handed to b behind m"
+            cur = b_conn.cursor()
+            cur.execute(backend.sql.granted, {"key": key, "owner": "b", "slack_us": _SLACK_US})
+            assert cur.fetchone() == (0, 0), "b at the bell is told to look again, not take"
+            assert backend.acquire_fair(key, "b", TTL, queued=True) is None
+            tokens = backend.acquire_many_in_turn([key, other], "m", TTL)
+            assert tokens is not None and tokens[key] > held
+        finally:
+            a_conn.close()
+            b_conn.close()
+
+
+def test_a_waiter_at_the_bell_does_not_take_a_key_a_many_waiter_queued_for_first(
+    table: str,
+) -> None:
+    """a took the key without waiting (no bell); m queued for it, then b, for hand-overs at
+    its bell, which b has at once (nobody keeps it) and so is next in the bell's order. a's
+    release frees the key; b, looking, does not take it while m's entry is ahead of its own;
+    m takes its keys, and once m has released them b takes the key."""
+    key, other = sorted(f"k-{uuid.uuid4().hex}" for _ in range(2))
+    with dblock.connect(MYSQL_URL, table=table) as client:
+        backend = store_of(client)
+        assert isinstance(backend, MysqlStore)
+        held = backend.acquire(key, "a", TTL, "lock")
+        assert held is not None
+        backend.enqueue_many([key, other], "m", QUEUE_TTL)
+        bell = backend._bells.doorbell(key, "b", backend.rt.event())
+        assert bell is not None
+        try:
+            backend.enqueue(key, "b", "lock", QUEUE_TTL, lease=TTL)
+            assert bell.wait(5) and bell.has_bell and not bell.rung, "b has the bell; a holds"
+            assert backend.release(key, "a", held)
+            assert backend.acquire_fair(key, "b", TTL, queued=True) is None, "m is ahead of b"
+            assert client.info(key) is None
+            tokens = backend.acquire_many_in_turn([key, other], "m", TTL)
+            assert tokens is not None and tokens[key] > held
+            assert backend.release_many(tokens, "m")
+            taken = backend.acquire_fair(key, "b", TTL, queued=True)
+            assert taken is not None and taken > tokens[key], "then it is b's turn"
+            assert backend.release(key, "b", taken)
+        finally:
+            bell.close()

@@ -1,0 +1,127 @@
+"""Each operation is one script run by its SHA (EVALSHA), on the server's clock; list and purge
+walk the table's prefix with SCAN; tables do not collide."""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime, timezone
+
+import pytest
+
+import dblock
+from tests._private_servers import PrivateServer
+from tests._servers import raw_redis
+from tests.stores.redis.conftest import command_calls
+
+
+def test_every_operation_is_one_evalsha_that_reads_the_servers_clock(
+    server: PrivateServer,
+) -> None:
+    """The server's statistics count what the client sent (EVALSHA) and what the scripts ran
+    inside it: one TIME per script, nothing else from the client."""
+    raw = raw_redis(server.url)
+    with dblock.connect(server.url, table="ops") as client:
+        warm = client.lock("warm", ttl=5)
+        with warm:  # connects, and loads the scripts it uses (SCRIPT LOAD after NOSCRIPT)
+            warm.renew()
+        raw.config_resetstat()
+        lock = client.lock("k", ttl=5)
+        for _ in range(10):
+            assert lock.acquire(blocking=False)
+            lock.renew()
+            lock.release()
+        calls = command_calls(raw)
+    raw.close()
+    assert calls.pop("evalsha") == 30
+    assert calls.pop("time") == 30
+    calls.pop("config|resetstat", None)
+    calls.pop("info", None)
+    inside_scripts = {"hget", "hgetall", "hset", "hdel", "publish"}
+    assert set(calls) <= inside_scripts, f"commands besides one EVALSHA per operation: {calls}"
+
+
+def test_a_server_that_forgot_the_scripts_is_given_them_again(server: PrivateServer) -> None:
+    """SCRIPT FLUSH (as after a restart or a failover): the next EVALSHA's NOSCRIPT loads the
+    script, and the operation still runs once."""
+    raw = raw_redis(server.url)
+    with dblock.connect(server.url, table="flush") as client:
+        lock = client.lock("k", ttl=5)
+        with lock:
+            raw.script_flush()
+            lock.renew()
+        raw.script_flush()
+        with lock:
+            assert [i.owner for i in client.list("k")] == [lock.owner]
+        assert client.info("k") is None
+    raw.close()
+
+
+def test_list_and_purge_scan_and_never_use_keys(server: PrivateServer) -> None:
+    raw = raw_redis(server.url)
+    with dblock.connect(server.url, table="walk") as client:
+        held = [client.lock(f"job:{i}", ttl=30) for i in range(3)]
+        for lock in held:
+            lock.acquire()
+        with client.lock("other", ttl=30):
+            pass
+        raw.config_resetstat()
+        assert [i.key for i in client.list("job:")] == ["job:0", "job:1", "job:2"]
+        assert client.purge(older_than=0) == 1  # "other"
+        calls = command_calls(raw)
+        for lock in held:
+            lock.release()
+    raw.close()
+    assert calls.get("scan", 0) >= 2
+    assert "keys" not in calls
+
+
+def test_leases_are_on_the_servers_clock(
+    url: str, table: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The client's clock is a year off: the lease still starts at the server's TIME and
+    lasts ttl by it."""
+    raw = raw_redis(url)
+    year = 365 * 86400.0
+    real = time.time
+    monkeypatch.setattr(time, "time", lambda: real() + year)
+    with dblock.connect(url, table=table) as client:
+        before = raw.time()
+        lock = client.lock("k", ttl=7)
+        lock.acquire()
+        after = raw.time()
+        info = client.info("k")
+        lock.release()
+    raw.close()
+    assert info is not None
+
+    def at(t: tuple[int, int]) -> datetime:
+        return datetime.fromtimestamp(t[0] + t[1] / 1e6, tz=timezone.utc)
+
+    assert at(before) <= info.acquired_at <= at(after)
+    assert (info.expires_at - info.acquired_at).total_seconds() == pytest.approx(7, abs=1e-6)
+
+
+def test_two_tables_on_one_redis_do_not_collide(url: str, table: str) -> None:
+    other = table + "_b"
+    try:
+        with (
+            dblock.connect(url, table=table) as a,
+            dblock.connect(url, table=other) as b,
+        ):
+            first = a.lock("shared-name", ttl=30)
+            second = b.lock("shared-name", ttl=30)
+            assert first.acquire(blocking=False)
+            assert second.acquire(blocking=False)  # another table: another lock
+            assert [i.owner for i in a.list()] == [first.owner]
+            assert [i.owner for i in b.list()] == [second.owner]
+            first.release()
+            assert a.purge(older_than=0) == 1
+            assert b.info("shared-name") is not None  # untouched by a's purge
+            assert b.force_release("shared-name")
+            assert a.info("shared-name") is None
+            with pytest.raises(dblock.LockLost):
+                second.release()
+    finally:
+        from tests._servers import drop_tables
+
+        drop_tables(url, other)
