@@ -188,6 +188,7 @@ def judge(
         "died_holding": counts["release_died"],
         "on_lost_calls": counts["on_lost"],
         "acquire_errors": counts["error_acquire"],
+        "connect_errors": counts["error_connect"],
         "overlapping_holds": overlaps,
         "audited_writes": len(audit),
         "hung": len(hung),
@@ -272,6 +273,7 @@ def render(summary: dict[str, Any], header: str) -> str:
         ),
         ("on_lost callbacks", summary["on_lost_calls"]),
         ("acquire errors (BackendError)", summary["acquire_errors"]),
+        ("connect errors", summary["connect_errors"]),
         (
             "acquire(timeout=T) overran T by > 5 s (longest)",
             f"{summary['slow_acquires']} ({summary['slow_acquire_max']:.1f} s)",

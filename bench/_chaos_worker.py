@@ -55,7 +55,11 @@ def run(config: dict[str, Any], index: int) -> int:
             break
         try:
             if client is None:
-                client = dblock.connect(config["url"], table=config["table"], create_schema=False)
+                client = dblock.connect(
+                    config["url"],
+                    table=config["table"],
+                    create_schema=config.get("create_schema", False),
+                )
             outcome = one_hold(
                 client=client,
                 writer=writer,

@@ -275,6 +275,11 @@ class Soak:
             "dir": self.dir,
             "auto_renew": not self.args.no_auto_renew,
             "many": many and not self.args.no_many,
+            # a Redis without persistence (alone, or as a quorum's store) loses its table with
+            # each restart; a worker that starts after one connects as a service there does,
+            # making it again (with create_schema=False a majority of restarted stores would
+            # refuse every new client: no hold at all)
+            "create_schema": self.dialect in ("redis", "quorum"),
         }
         self.config_path = os.path.join(self.dir, "config.json")
         with open(self.config_path, "w", encoding="utf-8") as fh:
