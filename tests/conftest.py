@@ -8,8 +8,9 @@ services); when one is unreachable its tests skip, or fail under DBLOCK_REQUIRE_
 from __future__ import annotations
 
 import os
+import traceback
 import uuid
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,38 @@ def pytest_configure(config: pytest.Config) -> None:
         "needs(*capabilities): the test runs only on providers with these capabilities "
         "(tests/providers.py); elsewhere it is skipped by capability",
     )
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """A failure whose traceback pytest cannot render is still reported as that failure.
+
+    Python 3.11 gives some frames no line number (``tb_lineno`` None), and pytest's rendering
+    then raises TypeError inside the hook: under xdist that ends the whole run (the worker's
+    internal error), so one failing test would hide the results of thousands."""
+    try:
+        return (yield)
+    except Exception as exc:
+        if call.excinfo is None:
+            raise
+        try:
+            text = "".join(traceback.format_exception(call.excinfo.value))
+        except Exception:  # the rendering itself is what failed
+            text = f"{call.excinfo.typename}: {call.excinfo.value}"
+        text += f"\n(pytest could not render this failure: {type(exc).__name__}: {exc})"
+        return pytest.TestReport(
+            item.nodeid,
+            item.location,
+            dict.fromkeys(item.keywords, 1),
+            "failed",
+            text,
+            call.when,
+            duration=call.duration,
+            start=call.start,
+            stop=call.stop,
+        )
 
 
 def _run_temp(factory: pytest.TempPathFactory) -> Path:
