@@ -25,6 +25,22 @@ import dblock
 from tests.providers import CLIENT_MODES, PROVIDERS, Provider, bind, fresh_table
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Leave out each provider's runs in a client mode it does not run in (Entry.modes)."""
+    kept, left_out = [], []
+    for item in items:
+        params = getattr(item, "callspec", None)
+        entry = params.params.get("provider") if params is not None else None
+        mode = params.params.get("client_mode") if params is not None else None
+        if entry is not None and mode is not None and mode not in entry.modes:
+            left_out.append(item)
+        else:
+            kept.append(item)
+    if left_out:
+        config.hook.pytest_deselected(items=left_out)
+        items[:] = kept
+
+
 @pytest.fixture(params=CLIENT_MODES)
 def client_mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """The client the test drives; in the async mode the worker processes

@@ -460,10 +460,10 @@ def test_reentrant_acquisition_keeps_the_token(client: dblock.Client, key: str) 
 def test_auto_renew_keeps_the_lock_past_its_ttl_and_stops_on_release(
     client: dblock.Client, key: str
 ) -> None:
-    lock = client.lock(key, ttl=0.6, auto_renew=True)
+    lock = client.lock(key, ttl=1.2, auto_renew=True)
     lock.acquire()
     token = lock.token
-    time.sleep(1.5)
+    time.sleep(2.0)  # past the ttl: renewed at least once
     assert lock.held
     info = client.info(key)
     assert info is not None and info.token == token

@@ -154,6 +154,9 @@ class Entry:
     #: ``check_server(name, raw)`` reaches) and how a table is dropped: (url, table)
     raw: Callable[[str], Any] | None = None
     drop: Callable[[str, str], None] | None = None
+    #: the client modes the contract suite runs it in: a mode whose code paths another
+    #: provider already runs, store and client alike, is left out (the entry says why)
+    modes: tuple[str, ...] = CLIENT_MODES
 
     @property
     def capabilities(self) -> frozenset[str]:

@@ -68,7 +68,10 @@ def redis_trio(tmp: Path) -> list[Any]:
 
 #: what a quorum client is: lock, locked, scheduled, info, list, force_release, by URL (its
 #: store capabilities are QuorumStore's class line: ScheduledRuns, FairQueue, Wakeups)
-_QUORUM = frozenset({"url", "processes", "cli"})
+_QUORUM = frozenset({"url", "processes"})
+#: the command line drives the quorum client one way whatever its stores are: its runs are
+#: the Redis quorum's (each store's own command-line runs are its provider's)
+_QUORUM_CLI = _QUORUM | {"cli"}
 _STORE = "dblock.stores.quorum.store:QuorumStore"
 
 # a quorum's stores lease a little longer than the ttl (its clock-drift allowance)
@@ -80,6 +83,10 @@ PROVIDERS = (
         dialect=None,
         url=_quorum_sqlite_url,
         exact_ttl=False,
+        # its blocking runs repeat others' code paths: the quorum's thread fan-out is
+        # quorum-postgresql's and quorum-redis's, each store's SQLite code is sqlite's own;
+        # on the event loop it is the one quorum whose stores run on threads
+        modes=("async",),
     ),
     Entry(
         name="quorum-postgresql",
@@ -93,7 +100,7 @@ PROVIDERS = (
     Entry(
         name="quorum-redis",
         store=_STORE,
-        markers=_QUORUM,
+        markers=_QUORUM_CLI,
         dialect=None,
         url=_quorum_redis_url,
         exact_ttl=False,
