@@ -30,7 +30,7 @@ from urllib.parse import urlsplit, urlunsplit
 import pytest
 
 from tests._proxy import Proxy
-from tests._servers import POSTGRESQL_URL, drop_tables, require_server
+from tests._servers import POSTGRESQL_URL, drop_tables, raw_connect, require_server
 from tests._waiting import until
 
 from .conftest import WAIT, Dblock, finish, wait_for
@@ -293,16 +293,33 @@ def test_a_lock_handed_over_is_renewed_before_cmd_starts(
     """A waiter handed the lock by its releaser gets what is left of its queue entry (at most
     9 s) as its first lease: it renews to the full ttl before CMD starts, instead of stopping
     CMD at once because the lease's end is nearer than the kill grace."""
-    first = pg.start("run", key, "--", "sleep", "1")
-    wait_for(lambda: pg.run("info", key).returncode == 0, what="the first run to hold the key")
+    held, go = beats_dir / "held", beats_dir / "go"
+    # the first run holds until told: a hold of a second was over before a look at it came
+    gate = 'touch "$2"; while [ ! -e "$3" ]; do sleep 0.05; done'
+    first = pg.start("run", key, "--", *in_shell(gate, held, go))
+    wait_for(held.exists, what="the first run to hold the key")
     nxt = beats_dir / "next"
     args = ["run", "--ttl", "30", "--kill-grace", "9", "--timeout", "60", key, "--"]
     second = pg.start(*args, *heartbeat(nxt))
+    wait_for(lambda: queued(pg.table, key), what="the second run to join the key's queue")
+    go.touch()
     assert finish(pg, first)[0] == 0
     wait_for(lambda: beats(nxt), what="the second run's CMD")
     assert not stalled(nxt, 1.0)
     assert second.poll() is None, pg.stderr(second)
     end_second(pg, second, nxt)
+
+
+def queued(table: str, key: str) -> bool:
+    """A queue entry of ``key`` in PostgreSQL's holders table."""
+    conn = raw_connect(POSTGRESQL_URL)
+    try:
+        row = conn.execute(
+            f'SELECT count(*) FROM "{table}_holders" WHERE lock_key = %s AND waiting = 1', (key,)
+        ).fetchone()
+    finally:
+        conn.close()
+    return bool(row[0])
 
 
 def stalled(path: Path, seconds: float = 0.3) -> bool:
