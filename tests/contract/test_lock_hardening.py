@@ -12,11 +12,13 @@ import sys
 import textwrap
 import threading
 import time
+import uuid
 from pathlib import Path
 
 import pytest
 
 import dblock
+from tests._internals import store_call
 from tests.providers import Provider
 
 # -- point 3: a re-entrant acquire asks the database ---------------------------------------
@@ -399,3 +401,23 @@ def test_to_thread_critical_sections_exclude_across_processes(
     for proc in procs:
         assert proc.wait(timeout=240) == 0
     assert counter.read_text() == str(3 * 8)  # no lost update: they excluded each other
+
+
+def test_another_owner_with_the_right_token_ends_or_renews_nothing(
+    client: dblock.Client, provider: Provider, table: str
+) -> None:
+    """The store's release and renew check the owner, not the token alone: a token is not a
+    secret (it is printed, logged and written beside the data it fences). Asked by the
+    client that granted the hold, and by another that never saw it."""
+    key, owner = f"owner-{uuid.uuid4().hex[:8]}", f"owner-{uuid.uuid4().hex}"
+    token = store_call(client, "acquire", key, owner, 30.0, "lock")
+    assert token is not None
+    other = f"other-{uuid.uuid4().hex}"
+    with provider.connect(table=table) as elsewhere:
+        for asked in (client, elsewhere):
+            assert store_call(asked, "release", key, other, token) is False
+            assert store_call(asked, "renew", key, other, token, 30.0) is False
+    info = client.info(key)
+    assert info is not None and info.token == token
+    assert store_call(client, "release", key, owner, token) is True
+    assert client.info(key) is None

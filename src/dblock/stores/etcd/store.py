@@ -129,6 +129,9 @@ class EtcdStore(Store, FairQueue, SharedHolds, OnceRecords, Wakeups, FairManyKey
         self._marker = f"dblock/{self.table}\0".encode()
         #: token -> (lease, granted TTL, monotonic time of the acquire) of this client's holds
         self._holds: dict[int, tuple[int, int, float]] = {}
+        #: token -> owner of this client's exclusive holds: an exclusive hold's key does not
+        #: name its owner, so release and renew check it here (a token is no secret)
+        self._owners: dict[int, str] = {}
         #: tokens whose ending call failed with its outcome unknown (a copy may have been
         #: applied): the caller's next try must recognise that copy's effect (oldest first)
         self._unsure: dict[int, None] = {}
@@ -211,6 +214,7 @@ class EtcdStore(Store, FairQueue, SharedHolds, OnceRecords, Wakeups, FairManyKey
                 token = int(own[0].create_revision) if own else int(reply.header.revision)
                 with self._mutex:
                     self._holds[token] = (lease, granted, sent)
+                    self._owners[token] = owner
                 return token
             self._saw(key, int(reply.header.revision))
             mine = [kv for kv in _kvs(reply, 0) if _decode(kv).get("o") == owner]
@@ -238,7 +242,13 @@ class EtcdStore(Store, FairQueue, SharedHolds, OnceRecords, Wakeups, FairManyKey
 
     def _forget(self, token: int) -> tuple[int, int, float] | None:
         with self._mutex:
+            self._owners.pop(token, None)
             return self._holds.pop(token, None)
+
+    def _others(self, token: int, owner: str) -> bool:
+        """True if ``token`` is this client's exclusive hold of another owner."""
+        with self._mutex:
+            return self._owners.get(token, owner) != owner
 
     def _ending(
         self, what: str, token: int, compare: list[Any], ops: list[Any], key: str
@@ -263,20 +273,26 @@ class EtcdStore(Store, FairQueue, SharedHolds, OnceRecords, Wakeups, FairManyKey
     def acquire(self, key: str, owner: str, ttl: float, kind: str) -> int | None:
         return self._take(key, owner, ttl, kind, compare=self._exclusive(key), also=[])
 
-    def _lease_of(self, what: str, hold: bytes, token: int, key: str) -> tuple[int, int] | None:
-        """(lease, granted TTL) of this client's hold ``token`` at key ``hold``, or None."""
+    def _lease_of(
+        self, what: str, hold: bytes, token: int, key: str, owner: str | None = None
+    ) -> tuple[int, int] | None:
+        """(lease, granted TTL) of this client's hold ``token`` at key ``hold``, or None (also
+        if a hold this client does not know is not ``owner``'s)."""
         with self._mutex:
             known = self._holds.get(token)
         if known is not None:
             return known[0], known[1]
         reply = self.rpc.txn(what, [], [get(hold)], key=key)
         for kv in _kvs(reply, 0):
-            if int(kv.create_revision) == token and kv.lease:
+            mine = owner is None or _decode(kv).get("o") in (None, owner)
+            if int(kv.create_revision) == token and kv.lease and mine:
                 return int(kv.lease), 0
         return None
 
-    def _renew(self, hold: bytes, key: str, token: int, ttl: float) -> bool:
-        found = self._lease_of("renew", hold, token, key)
+    def _renew(
+        self, hold: bytes, key: str, token: int, ttl: float, owner: str | None = None
+    ) -> bool:
+        found = self._lease_of("renew", hold, token, key, owner)
         if found is None:
             return False
         lease, granted = found
@@ -306,7 +322,9 @@ class EtcdStore(Store, FairQueue, SharedHolds, OnceRecords, Wakeups, FairManyKey
         return True
 
     def renew(self, key: str, owner: str, token: int, ttl: float) -> bool:
-        return self._renew(self._parts(key)[0], key, token, ttl)
+        if self._others(token, owner):
+            return False
+        return self._renew(self._parts(key)[0], key, token, ttl, owner)
 
     def _end(self, hold: bytes, key: str, token: int) -> bool:
         """End the hold ``token`` at key ``hold``; an exclusive one leaves its record, with
@@ -366,7 +384,22 @@ class EtcdStore(Store, FairQueue, SharedHolds, OnceRecords, Wakeups, FairManyKey
         return False
 
     def release(self, key: str, owner: str, token: int) -> bool:
-        return self._end(self._parts(key)[0], key, token)
+        hold = self._parts(key)[0]
+        if self._others(token, owner) or not self._owned(hold, key, token, owner):
+            return False
+        return self._end(hold, key, token)
+
+    def _owned(self, hold: bytes, key: str, token: int, owner: str) -> bool:
+        """Whether hold ``token`` may be ``owner``'s: this client's own holds are known; one
+        it does not know is read first (a rare path: one more round trip)."""
+        with self._mutex:
+            if token in self._owners:
+                return True
+        reply = self.rpc.txn("release", [], [get(hold)], key=key)
+        return not any(
+            int(kv.create_revision) == token and _decode(kv).get("o") not in (None, owner)
+            for kv in _kvs(reply, 0)
+        )
 
     def _infos(self, kvs: Kvs) -> list[LockInfo]:
         """The live holds among ``kvs``, with their leases' TTL as the cluster reports it."""
@@ -685,6 +718,7 @@ class EtcdStore(Store, FairQueue, SharedHolds, OnceRecords, Wakeups, FairManyKey
                 token = int(own[0].create_revision) if own else int(reply.header.revision)
                 with self._mutex:
                     self._holds[token] = (lease, granted, sent)
+                    self._owners[token] = owner
                 return token
             if attempt or not mine:
                 break
@@ -801,6 +835,7 @@ class EtcdStore(Store, FairQueue, SharedHolds, OnceRecords, Wakeups, FairManyKey
                 token = int(own[0].create_revision) if own else int(reply.header.revision)
                 with self._mutex:
                     self._holds[token] = (lease, granted, sent)
+                    self._owners[token] = owner
                     self._many[token] = None
                     while len(self._many) > _UNSURE_KEPT:  # never released: forget the oldest
                         del self._many[next(iter(self._many))]
