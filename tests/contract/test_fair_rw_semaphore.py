@@ -86,6 +86,9 @@ def test_fair_waiters_acquire_in_the_order_they_started_waiting(
     assert order == [0, 1, 2, 3, 4]
 
 
+# serial, as the test above: its waiters wait at MySQL's doorbell past the dead head's
+# entry (up to 9 s), and a loaded machine reordered them on mysql-async in two of five CI runs
+@pytest.mark.serial
 @pytest.mark.needs("FairQueue", "processes", "sql")
 def test_a_killed_waiter_does_not_stall_the_queue(
     provider: Provider, db_url: str, table: str, key: str
@@ -101,10 +104,6 @@ def test_a_killed_waiter_does_not_stall_the_queue(
             until(
                 lambda n=idx + 1: queued(provider, table, key) == n, f"{idx + 1} waiters queue", 30
             )
-        # waiters that have all waited less than half a second may be served in the order
-        # they reached the server (MySQL's doorbell, docs/fair-lock.md): this test is about
-        # the dead head of the queue, not about that window
-        time.sleep(0.6)
         doomed.send_signal(signal.SIGKILL)
         finish([doomed])
         holder.release()
