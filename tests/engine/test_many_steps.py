@@ -10,6 +10,7 @@ import pytest
 from dblock import LockInfo
 from dblock._contract import FairManyKeys, Subscription
 from dblock._engine import QUEUE_TTL, Call, Traits, Unsubscribe, Wait
+from dblock._engine import attempt as attempt_module
 from dblock._engine import many as many_module
 from dblock._engine.many import ManyAcquisition, ManySpec
 
@@ -123,6 +124,7 @@ def test_a_grant_back_after_its_lease_is_renewed_or_ended_never_reported(
             return now[0]
 
     monkeypatch.setattr(many_module, "time", _Clock)
+    monkeypatch.setattr(attempt_module, "time", _Clock)  # where a late grant is checked
     steps = _steps(timeout=100)
     assert _call(steps.send(None))[0] == "acquire_many"
     now[0] += 31.0  # the reply came back past the 30 s lease

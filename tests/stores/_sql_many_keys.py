@@ -15,7 +15,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -192,21 +192,24 @@ def test_a_retry_takes_the_owners_keys_again(many: tuple[dblock.Client, Any]) ->
 
 
 def _lose_the_first_reply(store: Any) -> list[int]:
-    """From now on the store's first transaction that commits fails after its commit, as
-    if the connection had dropped before the reply (the driver's own error for it): the pool
-    retries the operation on a new connection. The list gets an item when that happened."""
-    real = store._transaction
+    """From now on the store's first operation that commits fails after its commit (after
+    the transaction or the autocommitted statement that it runs), as if the connection had
+    dropped before the reply (the driver's own error for it): the pool retries the operation
+    on a new connection. The list gets an item when that happened."""
+    real = store.run
     lost: list[int] = []
 
-    @contextmanager
-    def transaction(conn: Any) -> Iterator[None]:
-        with real(conn):
-            yield
-        if not lost:
-            lost.append(1)
-            raise _dropped(store.name)
+    def run(what: str, op: Callable[[Any], Any], **kw: Any) -> Any:
+        def once(conn: Any) -> Any:
+            result = op(conn)
+            if not lost:
+                lost.append(1)
+                raise _dropped(store.name)
+            return result
 
-    store._transaction = transaction
+        return real(what, once, **kw)
+
+    store.run = run
     return lost
 
 

@@ -26,20 +26,13 @@ from typing import Any
 from .._contract import FairManyKeys, ManyKeys, OnceRecords, Store, Subscription, provides
 from .._errors import BackendError, ConfigurationError
 from .._timing import Backoff, reset_deadline, set_deadline
+from .attempt import Attempt
 from .hold import Hold
 from .kinds import Spec
 from .ops import Call, Sleep, Steps, Unsubscribe, Wait
-from .replies import MEASURED, confirms
+from .replies import MEASURED
 from .traits import Traits
-from .waiting import (
-    FIRST_BACKOFF,
-    LATE_RENEWALS,
-    LATE_RETRIES,
-    PUSHED_POLL_CAP,
-    QUEUE_TTL,
-    RECORD_CHECK,
-    RECORD_CHECK_CAP,
-)
+from .waiting import FIRST_BACKOFF, LATE_RETRIES, PUSHED_POLL_CAP, QUEUE_TTL
 
 log = logging.getLogger("dblock")
 
@@ -74,8 +67,10 @@ def many_hold(spec: ManySpec, owner: str, tokens: Mapping[str, int], sent: float
     return Hold(granted, owner, granted.tokens[spec.keys[0]], spec.ttl, sent)
 
 
-class ManyAcquisition:
+class ManyAcquisition(Attempt[dict[str, int]]):
     """One ``lock_many`` acquire's waiting state machine: ``run()`` is its steps."""
+
+    spec: ManySpec
 
     def __init__(
         self,
@@ -87,11 +82,7 @@ class ManyAcquisition:
         blocking: bool,
         timeout: float | None,
     ) -> None:
-        self.traits = traits
-        self.spec = spec
-        self.owner = owner
-        self.blocking = blocking
-        self.timeout = timeout
+        super().__init__(traits, spec, owner, blocking=blocking, timeout=timeout)
         #: the store queues waiters for several keys (else they retry as newcomers)
         self.fair = provides(store, FairManyKeys)
         self.subscription: Subscription | None = None
@@ -100,24 +91,6 @@ class ManyAcquisition:
         self._queued_at: float | None = None
         #: we made entries (or may have: an interrupted statement), to remove at the end
         self._entries_made = False
-        #: tokens of a grant this acquire holds until its caller has it
-        self._in_hand: dict[str, int] | None = None
-        self._record_checked: float | None = None
-        self._record_every = RECORD_CHECK
-        self.refused = False
-
-    def run(self) -> Steps[Hold | None]:
-        """The hold had, or None if not had in time. A grant its caller will not get (a later
-        step interrupted or failed) is ended before the error propagates."""
-        try:
-            return (yield from self._run())
-        except GeneratorExit:
-            raise
-        except BaseException:
-            tokens, self._in_hand = self._in_hand, None
-            if tokens is not None:
-                yield from self._end(tokens)
-            raise
 
     def _run(self) -> Steps[Hold | None]:  # noqa: PLR0912 - the waiting loop, in one place
         spec = self.spec
@@ -215,16 +188,9 @@ class ManyAcquisition:
 
     def _no_finished_record(self) -> Steps[None]:
         """Raise ConfigurationError if a key names a finished once-record, which never ends:
-        the wait would last forever. Looked at after RECORD_CHECK s, then less often."""
-        if not self.traits.records:
+        the wait would last forever."""
+        if not self._record_check_due():
             return
-        now = time.monotonic()
-        if self._record_checked is None:
-            self._record_checked = now
-        if now - self._record_checked < self._record_every:
-            return
-        self._record_checked = now
-        self._record_every = min(2 * self._record_every, RECORD_CHECK_CAP)
         for key in self.spec.keys:
             record = yield Call(OnceRecords.once_state, key)
             if record is not None and record[0] == "once" and not record[2]:
@@ -236,18 +202,6 @@ class ManyAcquisition:
                 )
 
     # -- grants -------------------------------------------------------------------------------
-    def _granting(self, call: Call) -> Steps[dict[str, int] | None]:
-        """A statement that may grant the keys: interrupted in flight (a cancellation, Ctrl-C)
-        or aborted past its deadline on a server that then ended it, it may have granted them
-        anyway, and whatever this owner holds of them is ended before the error propagates."""
-        try:
-            tokens: dict[str, int] | None = yield call
-        except BaseException as exc:
-            if not isinstance(exc, Exception) or (isinstance(exc, BackendError) and exc._settled):
-                yield from self._disown()
-            raise
-        return tokens
-
     def _disown(self) -> Steps[None]:
         try:
             mine: dict[str, int] = {}
@@ -259,6 +213,9 @@ class ManyAcquisition:
                 yield Call(ManyKeys.release_many, mine, self.owner)
         except Exception as exc:  # noqa: BLE001 - the interruption is what propagates
             log.warning("could not end the interrupted grant of %s: %s", self.spec.key, exc)
+
+    def _end_in_hand(self, grant: dict[str, int]) -> Steps[None]:
+        yield from self._end(grant)
 
     def _end(self, tokens: Mapping[str, int]) -> Steps[None]:
         try:
@@ -272,19 +229,9 @@ class ManyAcquisition:
         it, or ended, and this try counts as failed."""
         spec, replies = self.spec, self.traits.replies
         self._in_hand = tokens
-        hold = many_hold(spec, self.owner, tokens, sent)
-        took = time.monotonic() - sent
-        replies.seen(took)
-        if confirms(spec.ttl, hold.expires_by - time.monotonic(), took) and hold.live():
+        hold, _ = yield from self._confirm(many_hold(spec, self.owner, tokens, sent), sent)
+        if hold is not None:
             return hold
-        for _ in range(LATE_RENEWALS):
-            renewed_at = time.monotonic()
-            if not (yield from self._granting(hold.spec.renew_call(self.owner, 0, spec.ttl))):
-                break
-            hold.renewed(renewed_at, spec.ttl)
-            now = time.monotonic()
-            if confirms(spec.ttl, hold.expires_by - now, now - renewed_at) and hold.live():
-                return hold
         yield from self._end(tokens)
         self._in_hand = None
         if replies.too_short(spec.ttl):

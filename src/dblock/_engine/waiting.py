@@ -15,6 +15,7 @@ from typing import Any
 from .._contract import FairQueue, OnceRecords, QueueJoin, Store, Subscription
 from .._errors import BackendError, ConfigurationError
 from .._timing import HEAD_POLL, Backoff, head_backoff, reset_deadline, set_deadline
+from .attempt import Attempt
 from .hold import Hold
 from .kinds import Spec
 from .ops import Call, Sleep, Steps, Subscribe, Unsubscribe, Wait
@@ -29,17 +30,8 @@ PUSHED_POLL_CAP = 5.0
 FIRST_BACKOFF = 0.002
 #: lease of a waiter's queue entry: a waiter that died or froze leaves the queue after it
 QUEUE_TTL = 9.0
-#: renewals that may confirm a grant whose reply came late, before it is given up
-LATE_RENEWALS = 2
 #: tries again of a try without waiting (blocking=False) whose grant came back too late to use
 LATE_RETRIES = 1
-#: a waiter that has not had the key this long looks, when it next wakes, whether a finished
-#: once-record is what stands in its way (it never ends: waiting would last forever); then
-#: twice as long each time, up to RECORD_CHECK_CAP. Its waits are never cut short for it: a
-#: waiter woken early would line up again behind later ones where the server keeps the order
-#: (MySQL's doorbell)
-RECORD_CHECK = 1.0
-RECORD_CHECK_CAP = 16.0
 
 
 def _fallback_backoff(cap: float) -> Backoff:
@@ -95,7 +87,7 @@ class _QueueEntry:
         self.written_at, self.trusted = None, False
 
 
-class Acquisition:
+class Acquisition(Attempt[int]):
     """One acquire call's waiting state machine: ``run()`` is its steps."""
 
     def __init__(
@@ -107,41 +99,12 @@ class Acquisition:
         blocking: bool,
         timeout: float | None,
     ) -> None:
-        self.traits = traits
-        self.spec = spec
-        self.owner = owner
-        self.blocking = blocking
-        self.timeout = timeout
+        super().__init__(traits, spec, owner, blocking=blocking, timeout=timeout)
         self.queue = spec.queue(traits)
         self.entry = _QueueEntry()
         #: the subscription, or False where the store cannot wake waiters (they sleep)
         self.subscription: Subscription | None = None
         self.polling = not traits.wakeups
-        #: when the waiter last looked for a finished once-record in its way (None: not yet)
-        self._record_checked: float | None = None
-        self._record_every = RECORD_CHECK
-        #: a try whose ttl the store's replies do not confirm: it fails without a second try
-        self.refused = False
-        #: the token of a hold granted to this acquisition, until its caller has it or it
-        #: was found gone or ended
-        self._in_hand: int | None = None
-
-    # -- the loop -----------------------------------------------------------------------------
-    def run(self) -> Steps[Hold | None]:
-        """The acquisition's steps: the hold had, or None if not had in time.
-
-        A hold granted to it that its caller will not get, because a later step (the
-        unsubscribe, a renewal of a hand-over, ending a late grant) was interrupted (an
-        asyncio cancellation, Ctrl-C) or failed, is ended before the error propagates."""
-        try:
-            return (yield from self._run())
-        except GeneratorExit:
-            raise  # closed unfinished: no step may follow
-        except BaseException:
-            token, self._in_hand = self._in_hand, None
-            if token is not None:
-                yield from self._end_in_hand(token)
-            raise
 
     def _end_in_hand(self, token: int) -> Steps[None]:
         try:
@@ -236,15 +199,8 @@ class Acquisition:
         """Raise ConfigurationError if the key names a finished once-record: a lock, read,
         write or permit waits for a hold to end, and that record never does (a failed one
         ends only by a ``once`` retry, a succeeded one never)."""
-        if not self.traits.records or self.spec.kind == "once":
+        if self.spec.kind == "once" or not self._record_check_due():
             return
-        now = time.monotonic()
-        if self._record_checked is None:
-            self._record_checked = now
-        if now - self._record_checked < self._record_every:
-            return
-        self._record_checked = now
-        self._record_every = min(2 * self._record_every, RECORD_CHECK_CAP)
         record = yield Call(OnceRecords.once_state, self.spec.key)
         if record is not None and record[0] == "once" and not record[2]:
             raise ConfigurationError(
@@ -254,21 +210,6 @@ class Acquisition:
             )
 
     # -- a grant interrupted ------------------------------------------------------------------
-    def _granting(self, call: Call) -> Steps[int | None]:
-        """Run a statement that may grant the hold. If it is interrupted in flight (an asyncio
-        cancellation, a timeout around the acquire, Ctrl-C), or aborted past its deadline on
-        a server that then ended it (BackendError ``_settled``), the store may have granted
-        it anyway: that hold is ended before the error propagates, so none is left for only
-        its lease to free. (Another failed statement is not: the store retried it, and it
-        failed because the database cannot be reached.)"""
-        try:
-            token: int | None = yield call
-        except BaseException as exc:
-            if not isinstance(exc, Exception) or (isinstance(exc, BackendError) and exc._settled):
-                yield from self._disown()
-            raise
-        return token
-
     def _disown(self) -> Steps[None]:
         """End whatever hold of the key this acquisition's owner has in the store."""
         spec = self.spec
@@ -382,23 +323,10 @@ class Acquisition:
         raises ValueError naming the shortest ttl they confirm, instead of waiting forever."""
         spec, replies = self.spec, self.traits.replies
         self._in_hand = token
-        hold = Hold(spec, self.owner, token, spec.ttl, sent)
-        took = time.monotonic() - sent
-        replies.seen(took)
-        if confirms(spec.ttl, hold.expires_by - time.monotonic(), took) and hold.live():
+        granted = Hold(spec, self.owner, token, spec.ttl, sent)
+        hold, confirmed = yield from self._confirm(granted, sent)
+        if hold is not None:
             return hold
-        confirmed = True
-        for _ in range(LATE_RENEWALS):
-            renewed_at = time.monotonic()
-            # interrupted in flight, the granted hold is ended, as the grant's own call is
-            renewal = spec.renew_call(self.owner, token, spec.ttl)
-            confirmed = bool((yield from self._granting(renewal)))
-            if not confirmed:
-                break
-            hold.renewed(renewed_at, spec.ttl)
-            now = time.monotonic()
-            if confirms(spec.ttl, hold.expires_by - now, now - renewed_at) and hold.live():
-                return hold
         yield from self._end_unconfirmed(token)
         self._in_hand = None
         if replies.too_short(spec.ttl):

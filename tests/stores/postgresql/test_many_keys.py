@@ -3,6 +3,8 @@ waiter for several keys is rung."""
 
 from __future__ import annotations
 
+import threading
+import time
 from typing import Any
 
 import pytest
@@ -141,3 +143,90 @@ def test_dequeue_many_rings_the_next_head_of_a_free_key(
         assert store.acquire_fair(keys[1], "s", TTL, True) is not None
     finally:
         next_sub.close()
+
+
+# -- the one-statement take and quiet release: a race between snapshot and row lock ---------
+
+
+def _free_rows(store: Any, n: int) -> list[str]:
+    """n keys whose rows exist, free."""
+    keys = _keys(n)
+    for key in keys:
+        token = store.acquire(key, "x", TTL, "lock")
+        assert token is not None and store.release(key, "x", token)
+    return keys
+
+
+def _in_a_moment(conn: Any, sql: str, params: dict[str, Any]) -> threading.Thread:
+    """Commit ``sql`` (run now, in an open transaction of ``conn``) 0.5 s from now, while
+    the test's next statement waits for the row it locked."""
+    conn.execute("BEGIN")
+    conn.execute(sql, params)
+
+    def commit() -> None:
+        time.sleep(0.5)
+        conn.execute("COMMIT")
+
+    thread = threading.Thread(target=commit)
+    thread.start()
+    return thread
+
+
+def test_a_key_taken_between_snapshot_and_row_lock_undoes_the_whole_take(
+    many: tuple[dblock.Client, Any],
+) -> None:
+    """acquire_many's one statement saw every key free in its snapshot; a key's row is taken
+    by a transaction that commits while the statement waits for its row lock, so its ON
+    CONFLICT clause refuses that key after taking the keys before it: the statement fails
+    (MANY_TAKEN_PARTLY), which undoes those, and the store answers busy."""
+    _, store = many
+    keys = _free_rows(store, 4)
+    other = raw_connect(POSTGRESQL_URL)
+    try:
+        taking = _in_a_moment(
+            other,
+            f"UPDATE {store.sql.main} SET owner = 'o', expires_at = now() + interval '1 hour',"
+            " token = token + 1000 WHERE lock_key = %(k)s",
+            {"k": keys[2]},
+        )
+        assert store.acquire_many(keys, "m", TTL) is None, "busy: the third key was taken"
+        taking.join()
+    finally:
+        other.close()
+    assert [store.info(k) for k in keys[:2] + keys[3:]] == [None, None, None], "nothing kept"
+    held = store.info(keys[2])
+    assert held is not None and held.owner == "o"
+
+
+def test_a_join_between_snapshot_and_row_lock_undoes_the_quiet_release(
+    many: tuple[dblock.Client, Any],
+) -> None:
+    """release_many's quiet statement counted every hold unwaited in its snapshot; a queue
+    join (its count on the key's row) commits while the statement waits for that row: the
+    statement fails and is undone, and the release that hands over ends every hold."""
+    _, store = many
+    keys = _free_rows(store, 4)  # a new row's join count is not trusted: not taken quietly
+    tokens = store.acquire_many(keys, "m", TTL)
+    assert tokens is not None and all((k, "m") in store._quiet for k in keys), "taken quietly"
+    other = raw_connect(POSTGRESQL_URL)
+    run = store.run
+    try:
+        joining = _in_a_moment(
+            other,
+            f"UPDATE {store.sql.main} SET joins = joins + 1 WHERE lock_key = %(k)s",
+            {"k": keys[1]},
+        )
+        calls: list[str] = []
+
+        def counted(what: str, op: Any, **kw: Any) -> Any:
+            calls.append(what)
+            return run(what, op, **kw)
+
+        store.run = counted
+        assert store.release_many(tokens, "m")
+        joining.join()
+    finally:
+        store.run = run
+        other.close()
+    assert calls == ["release", "release"], "the quiet statement, then the one that hands over"
+    assert [store.info(k) for k in keys] == [None] * 4

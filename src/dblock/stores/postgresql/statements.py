@@ -21,6 +21,8 @@ NOW = "statement_timestamp()"
 #:   waits for the disk, makes the release durable first.
 #: A statement that issues a token (an acquisition, a hand-over) always waits for the disk.
 NOT_DURABLE = "set_config('synchronous_commit', 'off', true)"
+#: the message of the error a many-key statement raises to undo itself (see _many_keys)
+MANY_TAKEN_PARTLY = "dblock: a many-key statement changed only some of its keys, undone:"
 
 
 def _advisory_key(table: str, key: str) -> str:
@@ -56,6 +58,7 @@ class PostgresStatements(OperationStatements):
         self._fair_queue(t, holders)
         self._session_statements(t, plain)
         self._shared_holds(seq)
+        self._many_keys(t, seq, plain)
 
     def _schema(self, t: str, seq: str, holders: str) -> None:
         """The schema's DDL, the objects it has, the lock that serialises its creation."""
@@ -235,6 +238,76 @@ class PostgresStatements(OperationStatements):
             f"WITH a AS ({in_turn}),\n"
             f"d AS (DELETE FROM {self.holders} WHERE lock_key = %(key)s AND holder = %(owner)s "
             "AND waiting = 1 AND EXISTS (SELECT 1 FROM a))\nSELECT token FROM a"
+        )
+
+    def _many_keys(self, t: str, seq: str, plain: str) -> None:
+        """ManyKeys' common case, each in one statement over every key (``%(keys)s``, sorted):
+        a newcomer's take of free keys, and the release of holds nobody queued for since."""
+        keys = "unnest(%(keys)s::text[])"
+        n = "cardinality(%(keys)s::text[])"
+        # a key that the take's ON CONFLICT clause would refuse (held by another, a `once`
+        # record), whose queue has a live waiter while it is not owner's already, or that a
+        # session holds: any of them, and nothing is inserted
+        any_key = "= ANY(%(keys)s::text[])"
+        refused = (
+            f"EXISTS (SELECT 1 FROM {t} b WHERE b.lock_key {any_key} AND NOT (\n"
+            f"    (b.expires_at <= {NOW} AND b.kind <> 'once')\n"
+            "    OR coalesce(b.owner = %(owner)s, false)))"
+        )
+        queued = (
+            f"EXISTS (SELECT 1 FROM {self.holders} w\n"
+            f"    WHERE {self._live_waiter('w.lock_key ' + any_key)}"
+            f" AND NOT EXISTS (SELECT 1 FROM {t} m WHERE m.lock_key = w.lock_key"
+            f" AND m.owner = %(owner)s AND m.expires_at > {NOW}))"
+        )
+        session = (
+            f"EXISTS (SELECT 1 FROM {keys} AS v(k) WHERE NOT "
+            f"pg_try_advisory_xact_lock({_advisory_key(plain, 'v.k')}))"
+        )
+        # A concurrent commit between the statement's snapshot and a row's lock can still
+        # make the ON CONFLICT clause refuse one key after others were taken: the last
+        # column's cast then fails the statement, which undoes the whole take in the same
+        # round trip (SQLSTATE 22P02 with MANY_TAKEN_PARTLY in its message; the store
+        # answers "busy"). Nothing taken is no error.
+        check = (
+            "CASE WHEN (SELECT count(*) FROM a) = " + n + " THEN true ELSE CAST("
+            f"'{MANY_TAKEN_PARTLY} ' || (SELECT count(*) FROM a) AS boolean) END"
+        )
+        # keys owner ttl -> each key's (key, token, join count), or no row if any is refused
+        self.acquire_many_as_newcomer = (
+            f"WITH a AS (INSERT INTO {t} AS l (lock_key, kind, owner, token, acquired_at,\n"
+            "    expires_at)\n"
+            f"SELECT u.k, 'lock', %(owner)s::varchar, nextval('{seq}'), {NOW},\n"
+            f"    {NOW} + make_interval(secs => %(ttl)s) FROM {keys} AS u(k)\n"
+            f"WHERE NOT {refused}\n    AND NOT {queued}\n    AND NOT {session}\n"
+            "ORDER BY u.k\n"
+            "ON CONFLICT (lock_key) DO UPDATE SET kind = EXCLUDED.kind,\n"
+            "    owner = EXCLUDED.owner, token = EXCLUDED.token,\n"
+            "    acquired_at = EXCLUDED.acquired_at, expires_at = EXCLUDED.expires_at,\n"
+            "    state = NULL, note = NULL\n"
+            f"WHERE (l.expires_at <= {NOW} AND l.kind <> 'once') OR l.owner = EXCLUDED.owner\n"
+            "RETURNING lock_key, token, CASE WHEN joins = (SELECT s.joins FROM "
+            f"{t} s WHERE s.lock_key = l.lock_key) THEN joins END AS joins)\n"
+            f"SELECT lock_key, token, joins, {check} FROM a"
+        )
+        # keys tokens joins owner -> the number of holds ended: all, if every key's live hold is
+        # owner's with its token and nobody joined its queue since it was taken (the join
+        # counts its take saw), none otherwise. Like release_unwaited, it hands nothing over
+        # and commits without waiting for the disk; a join that commits between the snapshot
+        # and a row's lock fails it as the take's check does (MANY_TAKEN_PARTLY), undone.
+        held = (
+            "x.lock_key = u.k AND x.owner = %(owner)s AND x.token = u.tok AND "
+            f"x.expires_at > {NOW} AND x.joins = u.j"
+        )
+        tokens = (
+            "unnest(%(keys)s::text[], %(tokens)s::bigint[], %(joins)s::bigint[]) AS u(k, tok, j)"
+        )
+        self.release_many_unwaited = (
+            f"WITH r AS (UPDATE {t} x SET owner = NULL, expires_at = {NOW} FROM {tokens}\n"
+            f"WHERE {held} AND (SELECT count(*) FROM {t} x, {tokens} WHERE {held}) = {n}\n"
+            "RETURNING x.lock_key)\n"
+            f"SELECT count(*), CASE WHEN count(*) IN (0, {n}) THEN {NOT_DURABLE} ELSE CAST("
+            f"'{MANY_TAKEN_PARTLY} ' || count(*) AS boolean)::text END FROM r"
         )
 
     def _once_records(self, t: str, seq: str) -> None:

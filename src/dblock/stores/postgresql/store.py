@@ -59,7 +59,7 @@ from .._schema import HOLDERS, MAIN, missing, refuse_foreign
 from .._sessions import DelegatedSessionHolds
 from .._sql_ops import Busy, StatementOperations
 from .session import PgSessions
-from .statements import NOT_DURABLE, PostgresStatements
+from .statements import MANY_TAKEN_PARTLY, NOT_DURABLE, PostgresStatements
 
 log = logging.getLogger("dblock")
 
@@ -335,7 +335,56 @@ class PostgresStore(
 
         return self.run("release", op, key=key)
 
-    # -- ManyKeys (one transaction: stores/_sql_ops.py), its statements pipelined ---------
+    # -- ManyKeys: the common case in one statement each ---------------------------------
+    def acquire_many(self, keys: Sequence[str], owner: str, ttl: float) -> dict[str, int] | None:
+        keys = sorted(keys)
+        params = {"keys": keys, "owner": owner, "ttl": ttl}
+
+        def op(conn: psycopg.Connection[Any]) -> dict[str, int] | None:
+            try:
+                rows = conn.execute(self.sql.acquire_many_as_newcomer, params).fetchall()
+            except psycopg.errors.InvalidTextRepresentation as exc:
+                if MANY_TAKEN_PARTLY not in str(exc):
+                    raise
+                return None  # a key was taken meanwhile: busy, and the statement undone
+            if not rows:
+                return None
+            for key, _, joins, _ in rows:
+                self._taken_quietly(key, owner, joins)
+            return {key: int(token) for key, token, _, _ in rows}
+
+        return self.run("acquire", op, key=keys[0])
+
+    def release_many(self, tokens: Mapping[str, int], owner: str) -> bool:
+        keys = sorted(tokens)
+        with self._quiet_lock:
+            joins = [self._quiet.pop((k, owner), None) for k in keys]
+        if None in joins:
+            return super().release_many(tokens, owner)
+        params = {"keys": keys, "tokens": [tokens[k] for k in keys], "joins": joins}
+        params["owner"] = owner
+        calls = 0
+
+        def op(conn: psycopg.Connection[Any]) -> bool | None:
+            nonlocal calls
+            calls += 1
+            try:
+                row = conn.execute(self.sql.release_many_unwaited, params).fetchone()
+            except psycopg.errors.InvalidTextRepresentation as exc:
+                if MANY_TAKEN_PARTLY not in str(exc):
+                    raise
+                return None  # someone joined a queue meanwhile: hand over (undone)
+            if row is not None and row[0] == len(keys):
+                return True
+            # after a retry the first attempt may have committed: released by us is success
+            if calls > 1 and all(self._ended_by(conn, k, owner, tokens[k]) for k in keys):
+                return True
+            return None
+
+        # someone queued for a key since it was taken: release it the way that hands over
+        return self.run("release", op, key=keys[0]) or super().release_many(tokens, owner)
+
+    # -- ManyKeys' other cases (one transaction: stores/_sql_ops.py), statements pipelined --
     # Each step is the single-key statement of each key, all sent at once (psycopg's pipeline
     # mode): one round trip for them, in key order, instead of one a key.
     def _take_all(
