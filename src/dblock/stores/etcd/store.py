@@ -933,32 +933,25 @@ class EtcdStore(Store, FairQueue, SharedHolds, OnceRecords, Wakeups, FairManyKey
         return ok
 
     def release_many(self, tokens: Mapping[str, int], owner: str) -> bool:
-        """One transaction that ends each live hold of ``owner`` (read just before, in one
-        Range) as ``release`` does, each key in a nested transaction of its own so a gone
-        hold does not keep the others; then their lease is revoked."""
+        """One transaction that ends each hold of ``owner`` as ``release`` does, each key in a
+        nested transaction of its own so a gone hold does not keep the others. Holds another
+        client granted are read first (one Range), and their lease is revoked after."""
         keys = sorted(tokens)
         if not keys:
             return True
-        live = self._own("release", tokens, owner)
+        with self._mutex:
+            granted_here = all(self._owners.get(t) == owner for t in tokens.values())
+        # holds this client granted to owner are ended by their tokens (create revisions) as
+        # release ends one, without reading them first, and their lease runs out by itself;
+        # others are read first, and only owner's live ones ended (their lease revoked)
+        live: dict[str, Any] = (
+            dict.fromkeys(keys) if granted_here else self._own("release", tokens, owner)
+        )
         with self._mutex:
             earlier = {t for t in set(tokens.values()) if self._unsure.pop(t, 0) is None}
         ended = set(live)
         if live:
-            now = time.time()
-            steps = []
-            for key, kv in live.items():
-                hold = self._parts(key)[0]
-                same = etcdrpc.Compare(
-                    key=hold,
-                    target=etcdrpc.Compare.MOD,
-                    result=etcdrpc.Compare.EQUAL,
-                    mod_revision=kv.mod_revision,
-                )
-                record = put(self._base(key) + b"r", _ended(now, 0, tokens[key]))
-                inner = etcdrpc.TxnRequest(
-                    compare=[created(hold, tokens[key]), same], success=[delete(hold), record]
-                )
-                steps.append(Req(request_txn=inner))
+            steps = self._ending_many(live, tokens)
             try:
                 reply, resent = self.rpc.txn_sent("release", [], steps, key=keys[0])
             except BackendError:
@@ -979,7 +972,7 @@ class EtcdStore(Store, FairQueue, SharedHolds, OnceRecords, Wakeups, FairManyKey
                 hold = self._parts(key)[0]
                 if self._released(hold, self._base(key) + b"r", tokens[key], None, key):
                     ended.add(key)
-        for lease in {int(kv.lease) for kv in live.values()}:
+        for lease in {int(kv.lease) for kv in live.values() if kv is not None}:
             with contextlib.suppress(BackendError):
                 self.rpc.revoke("release", lease, keys[0])
         for token in set(tokens.values()):
@@ -987,6 +980,28 @@ class EtcdStore(Store, FairQueue, SharedHolds, OnceRecords, Wakeups, FairManyKey
             with self._mutex:
                 self._many.pop(token, None)
         return len(ended) == len(keys)
+
+    def _ending_many(self, live: Mapping[str, Any], tokens: Mapping[str, int]) -> list[Any]:
+        """A nested transaction per key of ``live`` (key -> its hold as read, or None) that
+        ends the hold of its token, as ``release`` does (and, read, only as it was read)."""
+        now = time.time()
+        steps = []
+        for key, kv in live.items():
+            hold = self._parts(key)[0]
+            compare = [created(hold, tokens[key])]
+            if kv is not None:
+                compare.append(
+                    etcdrpc.Compare(
+                        key=hold,
+                        target=etcdrpc.Compare.MOD,
+                        result=etcdrpc.Compare.EQUAL,
+                        mod_revision=kv.mod_revision,
+                    )
+                )
+            record = put(self._base(key) + b"r", _ended(now, 0, tokens[key]))
+            inner = etcdrpc.TxnRequest(compare=compare, success=[delete(hold), record])
+            steps.append(Req(request_txn=inner))
+        return steps
 
     def subscribe_many(self, keys: Sequence[str], owner: str) -> Subscription | None:
         sub = EtcdManySubscription(self, keys, owner)
