@@ -125,3 +125,16 @@ def test_two_tables_on_one_redis_do_not_collide(url: str, table: str) -> None:
         from tests._servers import drop_tables
 
         drop_tables(url, other)
+
+
+def test_a_script_call_is_sent_as_redis_py_would_send_it() -> None:
+    # the store packs EVALSHA with hiredis itself (stores/redis/store.py, _eval): the bytes
+    # must be redis-py's own for str (UTF-8, not only ASCII) and int arguments
+    hiredis = pytest.importorskip("hiredis")
+    redis = pytest.importorskip("redis")
+    from redis.connection import PythonRespSerializer
+
+    encoder = redis.Redis().connection_pool.get_encoder()
+    command = ("EVALSHA", "f" * 40, 2, "dblock:{t}:r:clé", "dblock:{t}:meta", "", 30_000_000, -1)
+    expected = b"".join(PythonRespSerializer(6000, encoder.encode).pack(*command))
+    assert hiredis.pack_command(command) == expected

@@ -65,6 +65,12 @@ from .._schema import MissingTable
 from .scripts import SCRIPTS
 from .waiter import ListenedMany, OwnChannel, OwnChannels, OwnSubscription
 
+_pack_command: Callable[[tuple[Any, ...]], bytes] | None
+try:  # redis[hiredis]: packs a command in C
+    from hiredis import pack_command as _pack_command
+except ImportError:  # pragma: no cover - redis-py without hiredis
+    _pack_command = None
+
 log = logging.getLogger("dblock")
 
 #: keys per list/purge script call (one SCAN page)
@@ -99,13 +105,23 @@ def _eval(conn: Any, script: Script, keys: Keys, *args: Any) -> Any:
     callbacks: a script has none), which cost about as much client time as the round trip.
     A server that does not have the script yet gets it from ``Script``."""
     connection = conn.connection
-    connection.send_command("EVALSHA", script.sha, len(keys), *keys, *args)
+    command = ("EVALSHA", script.sha, len(keys), *keys, *args)
+    encoder = connection.encoder
+    if _pack_command is not None and (encoder.encoding, encoder.encoding_errors) == _UTF8:
+        # the bytes redis-py would send for these str and int arguments, less its Python
+        # pass over every argument (some 7 µs of client time for a 5-key script)
+        connection.send_packed_command([_pack_command(command)])
+    else:
+        connection.send_command(*command)
     try:
         reply = connection.read_response()
     except NoScriptError:
         reply = script(keys, args, conn)
     # an application's redis.Redis (dblock.connect(client)) may leave replies undecoded
     return reply if connection.encoder.decode_responses else _decoded(reply)
+
+
+_UTF8 = ("utf-8", "strict")
 
 
 def _decoded(reply: Any) -> Any:
