@@ -125,9 +125,7 @@ def test_lost_replies_to_acquire_many_and_release_many_are_recognised(
         lost.through_proxy(s, proxy)
         sent = s.rpc.txn_sent
 
-        def drop_the_release(
-            what: str, compare: Any, success: Any, *rest: Any, **kw: Any
-        ) -> Any:
+        def drop_the_release(what: str, compare: Any, success: Any, *rest: Any, **kw: Any) -> Any:
             if what == "release" and success:
                 monkeypatch.setattr(s.rpc, "txn_sent", sent)
                 proxy.drop_next_reply()
