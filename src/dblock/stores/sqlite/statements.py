@@ -275,11 +275,14 @@ class SqliteStatements(OperationStatements):
         return self._holds_update(f"expires_at = {NOW} + :ttl", n)
 
     def _holds_update(self, change: str, n: int) -> str:
-        """``change`` made to each of the ``n`` keys' live holds of (:owner, its token)."""
+        """``change`` made to each of the ``n`` keys' live holds of (:owner, its token). An
+        IN list and a CASE, not UPDATE ... FROM (VALUES ...): SQLite runs them with less work
+        (one primary-key probe per key either way)."""
+        token = " ".join(f"WHEN :k{i} THEN :t{i}" for i in range(n))
         return (
-            f"UPDATE {self.main} SET {change} FROM {_values(n, ':k{i}, :t{i}')} v\n"
-            "WHERE lock_key = v.column1 AND owner = :owner AND token = v.column2\n"
-            f"    AND expires_at > {NOW}"
+            f"UPDATE {self.main} SET {change}\n"
+            f"WHERE lock_key IN ({colon_style(self.key_list(n))}) AND owner = :owner\n"
+            f"    AND token = CASE lock_key {token} END AND expires_at > {NOW}"
         )
 
     def enqueue_many(self, n: int) -> list[str]:
