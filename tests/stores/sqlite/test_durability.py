@@ -45,3 +45,39 @@ def test_sqlite_release_relaxes_sync_for_its_own_commit_only(tmp_path: Path) -> 
             written += 1
     assert (released, mode) == (3, "FULL")
     assert written >= 4
+
+
+def test_sqlite_release_many_relaxes_sync_for_its_own_commit_only(tmp_path: Path) -> None:
+    """lock_many's grant waits for the disk; its release (one statement over the keys, in a
+    transaction of its own) commits without waiting, as a single key's release does."""
+    with dblock.connect(f"sqlite:///{tmp_path}/locks.sqlite3", table="t") as client:
+        lock = client.lock_many(["a", "b", "c"], ttl=30)
+        lock.acquire()
+        lock.release()
+        backend = store_of(client)
+        conn = backend._checkout()  # the pool's one connection
+        statements: list[str] = []
+        conn.set_trace_callback(statements.append)
+        backend._checkin(conn)
+        for _ in range(3):
+            lock.acquire()
+            lock.release()
+        lock.acquire()
+        conn.set_trace_callback(None)
+        assert conn.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
+        lock.release()
+
+    mode, last, commits = "FULL", "", {"release": 0, "acquire": 0}
+    for sql in statements:
+        words = sql.split()
+        if words[:2] == ["PRAGMA", "synchronous"]:
+            mode = words[-1]
+        elif sql.startswith("UPDATE") and "SET owner = NULL" in sql:
+            last = "release"
+        elif sql.startswith("INSERT"):
+            last = "acquire"
+        elif sql == "COMMIT":
+            assert mode == ("NORMAL" if last == "release" else "FULL"), last
+            commits[last] += 1
+    assert commits == {"release": 3, "acquire": 4}
+    assert mode == "FULL"

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 from .._names import aux_name, qualify
 from .._sql_ops import OperationStatements
@@ -106,30 +107,17 @@ class SqliteStatements(OperationStatements):
         self.next_token = f"UPDATE {t} SET token = token + 1 WHERE lock_key = :key RETURNING token"
 
         # -- locks
-        # :key :kind :owner :ttl -> one row (the new token) if taken, no row if held.
-        # A live row is taken only by its own owner (an idempotent retry); a `once` record is
-        # never taken by a plain lock.
-        def acquire_sql(fair: str = "") -> str:
-            return (
-                f"INSERT INTO {t} AS l (lock_key, kind, owner, token, acquired_at, expires_at)\n"
-                f"SELECT :key, :kind, :owner, hwm + 1, {NOW}, {NOW} + :ttl FROM {meta}\n"
-                f"WHERE id = 1 {fair and 'AND ' + fair}\n"
-                "ON CONFLICT (lock_key) DO UPDATE SET kind = excluded.kind,\n"
-                "    owner = excluded.owner, token = l.token + 1,\n"
-                "    acquired_at = excluded.acquired_at, expires_at = excluded.expires_at,\n"
-                "    state = NULL, note = NULL\n"
-                f"WHERE (l.expires_at <= {NOW} AND l.kind <> 'once') OR l.owner = excluded.owner\n"
-                "RETURNING token"
-            )
-
-        self.acquire = acquire_sql()
+        self.meta = meta
+        #: several keys' statements, built once per count of keys (see acquire_many)
+        self._many: dict[tuple[str, int], str] = {}
+        self.acquire = self._acquire_sql()
         # The fairness clause is tested once, in the SELECT: the statement reads and writes
         # one snapshot (SQLite refuses to write on a stale one), so ON CONFLICT would not
         # learn anything new from it.
         # the same, when nobody waits (a newcomer has no queue entry of its own)
-        self.acquire_as_newcomer = acquire_sql(colon_style(self.nobody_queued))
+        self.acquire_as_newcomer = self._acquire_sql(colon_style(self.nobody_queued))
         # the same, when no live waiter is ahead of :owner
-        self.acquire_in_turn = acquire_sql(colon_style(self.nobody_ahead))
+        self.acquire_in_turn = self._acquire_sql(colon_style(self.nobody_ahead))
         live = f"lock_key = :key AND owner = :owner AND token = :token AND expires_at > {NOW}"
         # :key :owner :token -> 1 row changed if the hold was live and is now ended
         self.release = f"UPDATE {t} SET owner = NULL, expires_at = {NOW} WHERE {live}"
@@ -220,6 +208,83 @@ class SqliteStatements(OperationStatements):
         )
         self.purge = f"DELETE FROM {t} WHERE {gone}"
 
+    def _acquire_sql(self, fair: str = "", n: int = 0) -> str:
+        """:key :kind :owner :ttl -> one row (the new token) if taken, no row if held, when
+        ``fair`` holds. A live row is taken only by its own owner (an idempotent retry); a
+        `once` record is never taken by a plain lock.
+
+        With ``n`` keys (:k0.. in place of :key, ``v.column1`` in ``fair``): a row (key, new
+        token) for each key taken, each exactly as the one-key statement would take it."""
+        t = self.main
+        key, keys = (":key", "") if not n else ("v.column1", f"{_values(n, ':k{i}')} v, ")
+        return (
+            f"INSERT INTO {t} AS l (lock_key, kind, owner, token, acquired_at, expires_at)\n"
+            f"SELECT {key}, :kind, :owner, hwm + 1, {NOW}, {NOW} + :ttl FROM {keys}{self.meta}\n"
+            f"WHERE id = 1 {fair and 'AND ' + fair}\n"
+            "ON CONFLICT (lock_key) DO UPDATE SET kind = excluded.kind,\n"
+            "    owner = excluded.owner, token = l.token + 1,\n"
+            "    acquired_at = excluded.acquired_at, expires_at = excluded.expires_at,\n"
+            "    state = NULL, note = NULL\n"
+            f"WHERE (l.expires_at <= {NOW} AND l.kind <> 'once') OR l.owner = excluded.owner\n"
+            f"RETURNING {'lock_key, ' if n else ''}token"
+        )
+
+    # -- several keys in one statement (ManyKeys): the keys are :k0, :k1, ... and, where each
+    # has a token, :t0, :t1, ... One statement instead of one per key: SQLite's own work per
+    # key is a few microseconds, a statement's round through the driver several more.
+    def _built(self, name: str, n: int, build: Callable[[int], str]) -> str:
+        sql = self._many.get((name, n))
+        if sql is None:
+            sql = self._many[name, n] = build(n)
+        return sql
+
+    def acquire_many(self, n: int) -> str:
+        """k0.. :kind :owner :ttl -> (key, token) of each of the ``n`` keys taken as
+        acquire_as_newcomer takes one (the caller's transaction rolls back unless all are)."""
+        return self._built("acquire_many", n, self._acquire_many)
+
+    def take_many(self, n: int) -> str:
+        """k0.. :kind :owner :ttl -> (key, token) of each of the ``n`` keys taken as acquire
+        takes one (the queues were looked at already: blocked_many)."""
+        return self._built("take_many", n, self._take_many)
+
+    def release_many(self, n: int) -> str:
+        """k0.. t0.. :owner -> a row changed for each of the ``n`` holds that was live and is
+        ended (as release ends one). No RETURNING: the count says enough, and costs less."""
+        return self._built("release_many", n, self._release_many)
+
+    def renew_many(self, n: int) -> str:
+        """k0.. t0.. :owner :ttl -> a row changed for each of the ``n`` holds that was live and
+        is extended (as renew extends one)."""
+        return self._built("renew_many", n, self._renew_many)
+
+    def _acquire_many(self, n: int) -> str:
+        return self._acquire_sql(
+            f"NOT EXISTS (SELECT 1 FROM {self.holders} w WHERE "
+            f"{colon_style(self._live_waiter('w.lock_key = v.column1'))})",
+            n,
+        )
+
+    def _take_many(self, n: int) -> str:
+        return self._acquire_sql(n=n)
+
+    def _release_many(self, n: int) -> str:
+        return self._holds_update(f"owner = NULL, expires_at = {NOW}", n)
+
+    def _renew_many(self, n: int) -> str:
+        return self._holds_update(f"expires_at = {NOW} + :ttl", n)
+
+    def _holds_update(self, change: str, n: int) -> str:
+        """``change`` made to each of the ``n`` keys' live holds of (:owner, its token). An
+        IN list and a CASE, not UPDATE ... FROM (VALUES ...): SQLite runs them with less work
+        (one primary-key probe per key either way)."""
+        token = " ".join(f"WHEN :k{i} THEN :t{i}" for i in range(n))
+        return (
+            f"UPDATE {self.main} SET {change}\n"
+            f"WHERE lock_key IN ({colon_style(self.key_list(n))}) AND owner = :owner\n"
+            f"    AND token = CASE lock_key {token} END AND expires_at > {NOW}"
+        )
+
     def enqueue_many(self, n: int) -> list[str]:
         # one statement: SQLite's clock is fixed for the whole of it, so every entry gets
         # the same time (and the write lock serialises it with every other writer anyway)
@@ -237,3 +302,9 @@ class SqliteStatements(OperationStatements):
 
     def earlier(self, name: str) -> str:
         return f"{NOW} - %({name})s"
+
+
+def _values(n: int, row: str) -> str:
+    """SQL: ``(VALUES (row), ...)`` of ``n`` rows, ``row`` formatted with i = 0 .. n - 1 (its
+    columns are column1, column2, ...)."""
+    return "(VALUES " + ", ".join(f"({row.format(i=i)})" for i in range(n)) + ")"

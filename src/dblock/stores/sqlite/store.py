@@ -19,7 +19,7 @@ import sqlite3
 import stat
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
@@ -44,7 +44,7 @@ from ..._types import Kind, LockInfo
 from ..._url import DatabaseURL, url_number
 from .._pool import MAINTENANCE_DEADLINE, Failure, Sleeper
 from .._schema import HOLDERS, MAIN, META, missing, refuse_foreign
-from .._sql_ops import StatementOperations
+from .._sql_ops import Busy, StatementOperations, many_params
 from .statements import SqliteStatements, colon_style
 
 MIN_VERSION = (3, 35, 0)
@@ -361,10 +361,74 @@ class SqliteStore(
         row = conn.execute(self.sql.owner_token, {"key": key}).fetchone()
         return row is not None and row[0] is None and row[1] == token
 
-    # -- ManyKeys' release steps (one BEGIN IMMEDIATE transaction: stores/_sql_ops.py) -----
-    def _end_hold(self, conn: sqlite3.Connection, key: str, owner: str, token: int) -> bool:
-        params = {"key": key, "owner": owner, "token": token}
-        return bool(conn.execute(self.sql.release, params).rowcount == 1)
+    # -- ManyKeys: each operation one statement over all the keys, each key's part of it what
+    # the one-key statement does (the pool's retries and the all-or-none transaction are
+    # stores/_sql_ops.py's); a statement per key would cost its driver round each
+    def _take_all(
+        self, conn: sqlite3.Connection, keys: Sequence[str], owner: str, ttl: float
+    ) -> dict[str, int]:
+        return self._take_keys(conn, self.sql.acquire_many(len(keys)), keys, owner, ttl)
+
+    def _take_all_in_turn(
+        self, conn: sqlite3.Connection, keys: list[str], owner: str, ttl: float
+    ) -> dict[str, int]:
+        params = many_params(keys, owner)
+        if self._count(conn, self.sql.blocked_many(len(keys)), params):
+            raise Busy
+        taken = self._take_keys(conn, self.sql.take_many(len(keys)), keys, owner, ttl)
+        self._exec(conn, self.sql.dequeue_many(len(keys)), params)
+        return taken
+
+    def _take_keys(
+        self, conn: sqlite3.Connection, sql: str, keys: Sequence[str], owner: str, ttl: float
+    ) -> dict[str, int]:
+        """Each key's token from ``sql`` (acquire_many or take_many), inside the caller's
+        transaction; Busy (it rolls back) unless every key was taken."""
+        if not keys:
+            return {}
+        params = many_params(keys, owner, kind="lock", ttl=ttl)
+        taken = {key: int(token) for key, token in conn.execute(sql, params)}
+        if taken.keys() != set(keys):
+            raise Busy
+        return taken
+
+    def renew_many(self, tokens: Mapping[str, int], owner: str, ttl: float) -> bool:
+        keys = sorted(tokens)
+        if not keys:
+            return True
+        sql = self.sql.renew_many(len(keys))
+        params = _token_params(keys, tokens, owner, ttl=ttl)
+
+        def op(conn: sqlite3.Connection) -> bool:
+            return bool(conn.execute(sql, params).rowcount == len(keys))
+
+        return self.run("renew", op, key=keys[0])
+
+    def release_many(self, tokens: Mapping[str, int], owner: str) -> bool:
+        keys = sorted(tokens)
+        if not keys:
+            return True
+        sql = self.sql.release_many(len(keys))
+        params = _token_params(keys, tokens, owner)
+        calls = 0
+
+        def op(conn: sqlite3.Connection) -> bool:
+            nonlocal calls
+            calls += 1
+            # no token issued: the commit need not wait for the disk, as release's
+            conn.execute("PRAGMA synchronous = NORMAL")
+            try:
+                with self._transaction(conn):
+                    ended = conn.execute(sql, params).rowcount
+            finally:
+                self._make_durable(conn)
+            # after a retry the first attempt may have committed: a key released by us (now
+            # or then) is success
+            return ended == len(keys) or (
+                calls > 1 and all(self._released_by_us(conn, k, tokens[k]) for k in keys)
+            )
+
+        return self.run("release", op, key=keys[0])
 
     def _ended_by(self, conn: sqlite3.Connection, key: str, owner: str, token: int) -> bool:
         return self._released_by_us(conn, key, token)
@@ -523,6 +587,13 @@ def _check_private(path: Path, what: str) -> None:
     private = 0o700 if what == "directory" else 0o600
     if stat.S_IMODE(info.st_mode) & ~private:
         os.chmod(path, stat.S_IMODE(info.st_mode) & private)
+
+
+def _token_params(
+    keys: list[str], tokens: Mapping[str, int], owner: str, **more: Any
+) -> dict[str, Any]:
+    """release_many's and renew_many's parameters: k0.., each key's token t0.., owner, more."""
+    return many_params(keys, owner, **{f"t{i}": tokens[k] for i, k in enumerate(keys)}, **more)
 
 
 def _info(row: Any) -> LockInfo:
