@@ -243,12 +243,13 @@ class PostgresStatements(OperationStatements):
     def _many_keys(self, t: str, seq: str, plain: str) -> None:
         """ManyKeys' common case, each in one statement over every key (``%(keys)s``, sorted):
         a newcomer's take of free keys, and the release of holds nobody queued for since."""
-        keys = "unnest(%(keys)s::text[])"
-        n = "cardinality(%(keys)s::text[])"
+        # the keys come as one JSON array (psycopg adapts a JSON string for less than a list)
+        keys = "json_array_elements_text(%(keys)s::json)"
+        n = "json_array_length(%(keys)s::json)"
         # a key that the take's ON CONFLICT clause would refuse (held by another, a `once`
         # record), whose queue has a live waiter while it is not owner's already, or that a
         # session holds: any of them, and nothing is inserted
-        any_key = "= ANY(%(keys)s::text[])"
+        any_key = f"= ANY(ARRAY(SELECT {keys}))"
         refused = (
             f"EXISTS (SELECT 1 FROM {t} b WHERE b.lock_key {any_key} AND NOT (\n"
             f"    (b.expires_at <= {NOW} AND b.kind <> 'once')\n"
@@ -290,7 +291,7 @@ class PostgresStatements(OperationStatements):
             f"{t} s WHERE s.lock_key = l.lock_key) THEN joins END AS joins)\n"
             f"SELECT lock_key, token, joins, {check} FROM a"
         )
-        # keys tokens joins owner -> the number of holds ended: all, if every key's live hold is
+        # holds owner -> the number of holds ended: all, if every key's live hold is
         # owner's with its token and nobody joined its queue since it was taken (the join
         # counts its take saw), none otherwise. Like release_unwaited, it hands nothing over
         # and commits without waiting for the disk; a join that commits between the snapshot
@@ -299,14 +300,14 @@ class PostgresStatements(OperationStatements):
             "x.lock_key = u.k AND x.owner = %(owner)s AND x.token = u.tok AND "
             f"x.expires_at > {NOW} AND x.joins = u.j"
         )
-        tokens = (
-            "unnest(%(keys)s::text[], %(tokens)s::bigint[], %(joins)s::bigint[]) AS u(k, tok, j)"
-        )
+        # the holds come as one JSON array of {k: key, tok: token, j: join count}
+        tokens = "json_to_recordset(%(holds)s::json) AS u(k text, tok bigint, j bigint)"
+        held_n = "json_array_length(%(holds)s::json)"
         self.release_many_unwaited = (
             f"WITH r AS (UPDATE {t} x SET owner = NULL, expires_at = {NOW} FROM {tokens}\n"
-            f"WHERE {held} AND (SELECT count(*) FROM {t} x, {tokens} WHERE {held}) = {n}\n"
+            f"WHERE {held} AND (SELECT count(*) FROM {t} x, {tokens} WHERE {held}) = {held_n}\n"
             "RETURNING x.lock_key)\n"
-            f"SELECT count(*), CASE WHEN count(*) IN (0, {n}) THEN {NOT_DURABLE} ELSE CAST("
+            f"SELECT count(*), CASE WHEN count(*) IN (0, {held_n}) THEN {NOT_DURABLE} ELSE CAST("
             f"'{MANY_TAKEN_PARTLY} ' || count(*) AS boolean)::text END FROM r"
         )
 

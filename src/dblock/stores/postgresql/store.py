@@ -22,6 +22,7 @@ to it.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import re
@@ -338,7 +339,7 @@ class PostgresStore(
     # -- ManyKeys: the common case in one statement each ---------------------------------
     def acquire_many(self, keys: Sequence[str], owner: str, ttl: float) -> dict[str, int] | None:
         keys = sorted(keys)
-        params = {"keys": keys, "owner": owner, "ttl": ttl}
+        params = {"keys": json.dumps(keys), "owner": owner, "ttl": ttl}
 
         def op(conn: psycopg.Connection[Any]) -> dict[str, int] | None:
             try:
@@ -361,8 +362,8 @@ class PostgresStore(
             joins = [self._quiet.pop((k, owner), None) for k in keys]
         if None in joins:
             return super().release_many(tokens, owner)
-        params = {"keys": keys, "tokens": [tokens[k] for k in keys], "joins": joins}
-        params["owner"] = owner
+        holds = [{"k": k, "tok": tokens[k], "j": j} for k, j in zip(keys, joins, strict=True)]
+        params = {"holds": json.dumps(holds), "owner": owner}
         calls = 0
 
         def op(conn: psycopg.Connection[Any]) -> bool | None:
