@@ -284,6 +284,8 @@ def test_set_waiters_in_the_queue_go_in_their_order_and_keep_newcomers_out(
     monkeypatch.setattr(quorum_store, "ANSWER_WITHIN", 30.0)
     first, second = _owner(), _owner()
     quorum.enqueue_many(["a", "b"], first, 30.0)
+    # entries made in the same millisecond of SQLite's clock are ordered by their owners
+    time.sleep(0.01)
     quorum.enqueue_many(["b", "c"], second, 30.0)
     assert quorum.acquire_many(["c", "d"], _owner(), 30.0) is None  # a newcomer set
     assert quorum.acquire_fair("a", _owner(), 30.0, False) is None  # a newcomer lock
