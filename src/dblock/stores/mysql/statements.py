@@ -238,20 +238,30 @@ class MysqlStatements(HolderStatements):
             f"TIMESTAMPDIFF(MICROSECOND, {NOW}, queued_until) FROM {t} WHERE lock_key = %(key)s"
         )
 
-        def update_sql(fair: str = "") -> str:
+        def update_sql(fair: str = "", n: int = 0) -> str:
             """key kind owner ttl_us -> 1 row changed, with the new token as insert id
             (``LAST_INSERT_ID(expr)``), if the key's row was taken; 0 if it is held, absent or
             (with ``fair``) the key had waiters lately. A live row is taken only by its own
             owner (an idempotent retry); a `once` record never by a lock; a free row not
-            while a session holds the key (%(sname)s)."""
+            while a session holds the key (%(sname)s). ``n``: the same over the keys
+            %(key_0)s ... (their GET_LOCK names %(sname_0)s ...), each row as it would be;
+            the rows changed, and no insert id: their tokens are read afterwards."""
             also = f" AND {fair}" if fair else ""
+            token = next_token("token")
+            where, free = "lock_key = %(key)s", session_free("lock_key")
+            if n:
+                where = f"lock_key IN ({', '.join(f'%(key_{i})s' for i in range(n))})"
+                names = " ".join(f"WHEN %(key_{i})s THEN %(sname_{i})s" for i in range(n))
+                free = f"IS_USED_LOCK(CASE lock_key {names} END) IS NULL"
+            else:
+                token = f"LAST_INSERT_ID({token})"
             return (
                 f"UPDATE {t} SET owner = %(owner)s,\n"
-                f"    token = LAST_INSERT_ID({next_token('token')}),\n"
+                f"    token = {token},\n"
                 f"    kind = %(kind)s, acquired_at = {NOW}, note = NULL,\n"
                 f"    expires_at = {NOW} + INTERVAL %(ttl_us)s MICROSECOND\n"
-                f"WHERE lock_key = %(key)s AND ((expires_at <= {NOW} AND kind <> 'once'{also}\n"
-                f"    AND {session_free('lock_key')}) OR owner = %(owner)s)"
+                f"WHERE {where} AND ((expires_at <= {NOW} AND kind <> 'once'{also}\n"
+                f"    AND {free}) OR owner = %(owner)s)"
             )
 
         def insert_sql(fair: str = "", *, new_row: str = "") -> str:
@@ -300,6 +310,14 @@ class MysqlStatements(HolderStatements):
         self.acquire_many_newcomer = (
             self.acquire_as_newcomer[0],
             insert_sql(self.nobody_queued, new_row=f" AND {self.nobody_queued}"),
+        )
+        #: n -> the newcomer's UPDATE over n keys, then the tokens of the keys owner holds
+        self.take_many_quietly = functools.cache(
+            lambda n: (
+                f"{update_sql(quiet, n)};\nSELECT lock_key, token FROM {t} "
+                f"WHERE lock_key IN ({', '.join(f'%(key_{i})s' for i in range(n))}) "
+                f"AND owner = %(owner)s AND expires_at > {NOW}"
+            )
         )
 
     def _marking(self, keys: str) -> str:
@@ -509,6 +527,18 @@ class MysqlStatements(HolderStatements):
         )
         # key owner token -> 1 row changed if the live hold was ended (freed, not handed over)
         self.release = f"UPDATE {t} SET owner = NULL, expires_at = {NOW} WHERE {live}"
+
+        def release_many(n: int) -> str:
+            keys = ", ".join(f"%(key_{i})s" for i in range(n))
+            tokens = " ".join(f"WHEN %(key_{i})s THEN %(token_{i})s" for i in range(n))
+            return (
+                f"UPDATE {t} SET owner = NULL, expires_at = {NOW} WHERE lock_key IN ({keys}) "
+                f"AND owner = %(owner)s AND token = CASE lock_key {tokens} END "
+                f"AND expires_at > {NOW}"
+            )
+
+        #: n -> the rows changed where owner's live holds of %(key_i)s with %(token_i)s ended
+        self.release_many = functools.cache(release_many)
         # key owner token bell slack_us -> one transaction, sent as one packet, whose UPDATE
         # (statement _HANDED) changes one row if the live hold was ended (handed over or freed). It
         # locks the lock's row, takes the key's gate (see doorbell.py), then lets go of the bell:

@@ -737,34 +737,32 @@ class MysqlStore(
                 _batch(conn, self.sql.let_go_gate, {"bell": bell})
             raise
 
-    # -- ManyKeys: each key's statement in one packet -------------------------------------
-    # One transaction as in stores/_sql_ops.py, but its statements sent together: the start,
-    # each key's UPDATE (which serves a key that has a row and no waiters) in one packet,
-    # then the commit, or the rollback where a key is busy. Two round trips to take any
-    # number of keys, one to release them (was two a key, each way, and the start and the
-    # commit: PyMySQL's client time per round trip outweighs the server's per statement).
+    # -- ManyKeys: one statement over every key ------------------------------------------
+    # One transaction as in stores/_sql_ops.py, in two round trips whatever the number of
+    # keys: its start, one UPDATE over every key (which takes each that has a row and no
+    # waiters lately, as a single key's newcomer's UPDATE would) and the read of their
+    # tokens in one packet; then the commit, or the rollback where a key is busy (a key the
+    # UPDATE did not take gets the second statement first, which looks at its queue). A
+    # release is one UPDATE. (MariaDB parses every statement anew, and PyMySQL's client
+    # time per round trip is more than the server's per row.)
     def acquire_many(self, keys: Sequence[str], owner: str, ttl: float) -> dict[str, int] | None:
         keys = sorted(keys)
-        update, insert = self.sql.acquire_many_newcomer
-        sql = "START TRANSACTION;\n" + ";\n".join(_numbered(update, i) for i in range(len(keys)))
+        sql = "START TRANSACTION;\n" + self.sql.take_many_quietly(len(keys))
         params: dict[str, Any] = {"owner": owner, "kind": "lock", "ttl_us": round(ttl * 1e6)}
         for i, key in enumerate(keys):
             params[f"key_{i}"], params[f"sname_{i}"] = key, self._sessions.name(key)
+        insert = self.sql.acquire_many_newcomer[1]
 
         def op(conn: Any) -> dict[str, int] | None:
-            taken: dict[str, int] = {}
             try:
-                results = _batch_ids(conn, sql, params)[1:]
-                for key, (count, first) in zip(keys, results, strict=True):
-                    # no row, or waiters lately: the second statement looks at the queue
-                    token = (
-                        first
-                        if count in (1, 2)
-                        else self._take_on(conn, (insert,), key, owner, ttl)
-                    )
-                    if not token:
-                        break
-                    taken[key] = token
+                rows = _batch_rows(conn, sql, params)[-1]
+                taken = {str(k): int(token) for k, token in rows}
+                for key in keys:
+                    if key not in taken:  # no row, or waiters lately: look at the queue
+                        token = self._take_on(conn, (insert,), key, owner, ttl)
+                        if token is None:
+                            break
+                        taken[key] = token
             except BaseException:
                 with contextlib.suppress(Exception):  # a broken connection is discarded anyway
                     conn.rollback()
@@ -779,11 +777,7 @@ class MysqlStore(
 
     def release_many(self, tokens: Mapping[str, int], owner: str) -> bool:
         keys = sorted(tokens)
-        sql = (
-            "START TRANSACTION;\n"
-            + "".join(f"{_numbered(self.sql.release, i)};\n" for i in range(len(keys)))
-            + "COMMIT"
-        )
+        sql = self.sql.release_many(len(keys))
         params: dict[str, Any] = {"owner": owner}
         for i, key in enumerate(keys):
             params[f"key_{i}"], params[f"token_{i}"] = key, tokens[key]
@@ -792,17 +786,10 @@ class MysqlStore(
         def op(conn: Any) -> bool:
             nonlocal calls
             calls += 1
-            try:
-                ended = [count == 1 for count, _ in _batch_ids(conn, sql, params)[1:-1]]
-            except BaseException:
-                with contextlib.suppress(Exception):
-                    conn.rollback()
-                raise
+            if self._exec(conn, sql, params)[0] == len(keys):
+                return True
             # after a retry the first attempt may have committed: released by us is success
-            return all(
-                done or (calls > 1 and self._ended_by(conn, k, owner, tokens[k]))
-                for k, done in zip(keys, ended, strict=True)
-            )
+            return calls > 1 and all(self._ended_by(conn, k, owner, tokens[k]) for k in keys)
 
         try:
             return self.run("release", op, key=keys[0])
@@ -1081,21 +1068,14 @@ def _batch(conn: Any, sql: str, params: dict[str, Any]) -> list[int]:
         return counts
 
 
-def _batch_ids(conn: Any, sql: str, params: dict[str, Any]) -> list[tuple[int, int]]:
-    """Run the statements ``sql`` (one packet); each one's (rows affected, insert id)."""
+def _batch_rows(conn: Any, sql: str, params: dict[str, Any]) -> list[list[Any]]:
+    """Run the statements ``sql`` (one packet); each one's rows (none for a write)."""
     with conn.cursor() as cur:
-        results = [(cur.execute(sql, params), int(cur.lastrowid or 0))]
+        cur.execute(sql, params)
+        results = [list(cur.fetchall())]
         while cur.nextset():
-            results.append((cur.rowcount, int(cur.lastrowid or 0)))
+            results.append(list(cur.fetchall()))
         return results
-
-
-def _numbered(sql: str, i: int) -> str:
-    """``sql`` with the parameters of one key (key, sname, token) numbered ``_i``, to send
-    several keys' statements with one parameter set."""
-    for name in ("key", "sname", "token"):
-        sql = sql.replace(f"%({name})s", f"%({name}_{i})s")
-    return sql
 
 
 def _us(params: dict[str, Any]) -> dict[str, Any]:
