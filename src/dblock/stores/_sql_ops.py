@@ -5,8 +5,9 @@
 capabilities these operations serve (FencedGrants, OnceRecords) on its own class line.
 
 :class:`ManyKeyOperations` (which StatementOperations extends, and MySQL's store inherits in
-place of ``HoldersMixin``) gives every SQL store ManyKeys: one transaction over the store's own
-single-key statements; the store declares ``ManyKeys``. With it come FairManyKeys' queue
+place of ``HoldersMixin``) gives every SQL store ManyKeys: one transaction per operation, whose
+statements each store writes over all its keys (``_take_all``, or its own ``acquire_many``);
+the store declares ``ManyKeys``. With it come FairManyKeys' queue
 entries, each operation one transaction too; the store declares ``FairManyKeys``."""
 
 from __future__ import annotations
@@ -24,22 +25,19 @@ class Busy(Exception):
 
 
 class ManyKeyOperations(HoldersMixin[C], Generic[C]):
-    """ManyKeys on a SQL store: each operation one transaction that runs the store's own
-    single-key statement for each key (so every hold it makes, extends or ends is exactly
-    what ``acquire_fair``, ``renew`` and ``release`` would make of it), in the given (sorted)
-    key order: two concurrent transactions lock the keys' rows in the same order, and a
-    deadlock the server reports anyway is a transient failure the pool retries. A busy key
-    rolls the whole transaction back. The store declares ``ManyKeys`` on its class line."""
+    """ManyKeys on a SQL store: each operation one transaction whose statements do to each
+    key what the store's single-key statement would (so every hold it makes, extends or ends
+    is exactly what ``acquire_fair``, ``renew`` and ``release`` would make of it), in the
+    given (sorted) key order: two concurrent transactions lock the keys' rows in the same
+    order, and a deadlock the server reports anyway is a transient failure the pool
+    retries. A busy key rolls the whole transaction back. The store declares ``ManyKeys`` on
+    its class line."""
 
     #: each key is one or two statements (round trips) inside a transaction that keeps every
     #: key's row locked until it commits: 64 keeps that transaction short (milliseconds)
     max_keys = 64
 
     # -- the dialect's single-key steps, inside the transaction -----------------------------
-    @abstractmethod
-    def _take_newcomer(self, conn: C, key: str, owner: str, ttl: float) -> int | None:
-        """The newcomer's acquire of ``key`` (acquire_fair, queued=False): its token, or None."""
-
     def _end_hold(self, conn: C, key: str, owner: str, token: int) -> bool:
         """The release of (owner, token)'s hold of ``key``, its side effects included: ended?
         (A store that overrides _end_all need not give it.)"""
@@ -73,14 +71,10 @@ class ManyKeyOperations(HoldersMixin[C], Generic[C]):
         return self.run("acquire", op, key=_first(keys))
 
     def _take_all(self, conn: C, keys: Sequence[str], owner: str, ttl: float) -> dict[str, int]:
-        """Each key's token; Busy at the first key that is taken (inside the transaction)."""
-        taken: dict[str, int] = {}
-        for key in sorted(keys):  # they come sorted; the row locks' order depends on it
-            token = self._take_newcomer(conn, key, owner, ttl)
-            if token is None:
-                raise Busy
-            taken[key] = token
-        return taken
+        """A newcomer's take of every key (sorted: the row locks' order depends on it), each
+        as acquire_fair(queued=False) would take it: each key's token; Busy if one is taken
+        (inside the transaction). (A store that overrides acquire_many need not give it.)"""
+        raise NotImplementedError
 
     def _extend_all(
         self, conn: C, keys: list[str], tokens: Mapping[str, int], owner: str, ttl: float
@@ -357,11 +351,6 @@ class StatementOperations(ManyKeyOperations[C], Generic[C]):
         return self.run("renew", op, key=key)
 
     # -- ManyKeys' steps (the release's are the dialect's: PostgreSQL's hands over) ---------
-    def _take_newcomer(self, conn: Any, key: str, owner: str, ttl: float) -> int | None:
-        params = {"key": key, "kind": "lock", "owner": owner, "ttl": ttl}
-        row = conn.execute(self.sql.acquire_as_newcomer, params).fetchone()
-        return None if row is None else int(row[0])
-
     def _take_free(self, conn: Any, key: str, owner: str, ttl: float) -> int | None:
         params = {"key": key, "kind": "lock", "owner": owner, "ttl": ttl}
         row = conn.execute(self.sql.acquire, params).fetchone()

@@ -305,11 +305,11 @@ class MysqlStatements(HolderStatements):
         # a newcomer's acquire: the same, only when nobody waits in the key's queue
         quiet = f"(queued_until IS NULL OR queued_until <= {NOW})"
         self.acquire_as_newcomer = (update_sql(quiet), insert_sql(self.nobody_queued))
-        # ManyKeys' acquire_many: a newcomer's, which also makes no new row for a key with
-        # live waiters (entries made without a row: the queue is the rule, whatever made them)
-        self.acquire_many_newcomer = (
-            self.acquire_as_newcomer[0],
-            insert_sql(self.nobody_queued, new_row=f" AND {self.nobody_queued}"),
+        # ManyKeys' acquire_many, for a key take_many_quietly did not take: a newcomer's
+        # second statement, which also makes no new row for a key with live waiters (entries
+        # made without a row: the queue is the rule, whatever made them)
+        self.acquire_many_newcomer = insert_sql(
+            self.nobody_queued, new_row=f" AND {self.nobody_queued}"
         )
         #: n -> the newcomer's UPDATE over n keys, then the tokens of the keys owner holds
         self.take_many_quietly = functools.cache(

@@ -751,7 +751,7 @@ class MysqlStore(
         params: dict[str, Any] = {"owner": owner, "kind": "lock", "ttl_us": round(ttl * 1e6)}
         for i, key in enumerate(keys):
             params[f"key_{i}"], params[f"sname_{i}"] = key, self._sessions.name(key)
-        insert = self.sql.acquire_many_newcomer[1]
+        insert = (self.sql.acquire_many_newcomer,)
 
         def op(conn: Any) -> dict[str, int] | None:
             try:
@@ -759,7 +759,7 @@ class MysqlStore(
                 taken = {str(k): int(token) for k, token in rows}
                 for key in keys:
                     if key not in taken:  # no row, or waiters lately: look at the queue
-                        token = self._take_on(conn, (insert,), key, owner, ttl)
+                        token = self._take_on(conn, insert, key, owner, ttl)
                         if token is None:
                             break
                         taken[key] = token
@@ -797,9 +797,6 @@ class MysqlStore(
             self._released_many(tokens, owner)
 
     # -- ManyKeys' other steps (one transaction: stores/_sql_ops.py) ---------------------
-    def _take_newcomer(self, conn: Any, key: str, owner: str, ttl: float) -> int | None:
-        return self._take_on(conn, self.sql.acquire_many_newcomer, key, owner, ttl)
-
     def _take_free(self, conn: Any, key: str, owner: str, ttl: float) -> int | None:
         return self._take_on(conn, self.sql.acquire, key, owner, ttl)
 

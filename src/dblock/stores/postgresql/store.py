@@ -388,11 +388,6 @@ class PostgresStore(
     # -- ManyKeys' other cases (one transaction: stores/_sql_ops.py), statements pipelined --
     # Each step is the single-key statement of each key, all sent at once (psycopg's pipeline
     # mode): one round trip for them, in key order, instead of one a key.
-    def _take_all(
-        self, conn: psycopg.Connection[Any], keys: Sequence[str], owner: str, ttl: float
-    ) -> dict[str, int]:
-        return _take_each(conn, self.sql.acquire_as_newcomer, sorted(keys), owner, ttl)
-
     def _take_all_in_turn(
         self, conn: psycopg.Connection[Any], keys: list[str], owner: str, ttl: float
     ) -> dict[str, int]:
