@@ -342,12 +342,8 @@ class PostgresStore(
         params = {"keys": json.dumps(keys), "owner": owner, "ttl": ttl}
 
         def op(conn: psycopg.Connection[Any]) -> dict[str, int] | None:
-            try:
-                rows = conn.execute(self.sql.acquire_many_as_newcomer, params).fetchall()
-            except psycopg.errors.InvalidTextRepresentation as exc:
-                if MANY_TAKEN_PARTLY not in str(exc):
-                    raise
-                return None  # a key was taken meanwhile: busy, and the statement undone
+            # undone: a key was taken meanwhile, so it is busy
+            rows = _unless_undone(conn, self.sql.acquire_many_as_newcomer, params)
             if not rows:
                 return None
             for key, _, joins, _ in rows:
@@ -369,13 +365,11 @@ class PostgresStore(
         def op(conn: psycopg.Connection[Any]) -> bool | None:
             nonlocal calls
             calls += 1
-            try:
-                row = conn.execute(self.sql.release_many_unwaited, params).fetchone()
-            except psycopg.errors.InvalidTextRepresentation as exc:
-                if MANY_TAKEN_PARTLY not in str(exc):
-                    raise
-                return None  # someone joined a queue meanwhile: hand over (undone)
-            if row is not None and row[0] == len(keys):
+            # undone: someone joined a queue meanwhile, to be handed the key
+            rows = _unless_undone(conn, self.sql.release_many_unwaited, params)
+            if rows is None:
+                return None
+            if rows and rows[0][0] == len(keys):
                 return True
             # after a retry the first attempt may have committed: released by us is success
             if calls > 1 and all(self._ended_by(conn, k, owner, tokens[k]) for k in keys):
@@ -660,6 +654,19 @@ def _take_each(
     if any(row is None for row, _ in rows):
         raise Busy
     return {k: int(row[0]) for k, (row, _) in zip(keys, rows, strict=True)}
+
+
+def _unless_undone(
+    conn: psycopg.Connection[Any], sql: str, params: dict[str, Any]
+) -> list[Any] | None:
+    """The rows of a many-key statement, or None if it undid itself: it changed only some of
+    its keys, so it failed (MANY_TAKEN_PARTLY, see statements.py) and nothing stays changed."""
+    try:
+        return conn.execute(sql, params).fetchall()
+    except psycopg.errors.InvalidTextRepresentation as exc:
+        if MANY_TAKEN_PARTLY not in str(exc):
+            raise
+        return None
 
 
 def _pipelined(

@@ -333,15 +333,8 @@ class SqliteStore(
         def op(conn: sqlite3.Connection) -> bool:
             nonlocal calls
             calls += 1
-            # A release issues no token: its commit need not wait for the disk. A power cut
-            # may undo it, and the lock is then held until its lease ends, as if its holder
-            # had died holding it; the WAL is written in order, so the commit of any later
-            # acquisition, which waits for the disk, makes the release durable first.
-            conn.execute("PRAGMA synchronous = NORMAL")
-            try:
+            with self._not_durable(conn):
                 ended = conn.execute(self.sql.release, params).rowcount == 1
-            finally:
-                self._make_durable(conn)
             if ended:
                 return True
             # After a retry the first attempt may have committed: released by us is success.
@@ -349,13 +342,22 @@ class SqliteStore(
 
         return self.run("release", op, key=key)
 
-    def _make_durable(self, conn: sqlite3.Connection) -> None:
-        """Back to commits that wait for the disk; a connection that cannot is closed."""
+    @contextmanager
+    def _not_durable(self, conn: sqlite3.Connection) -> Iterator[None]:
+        """Commits inside that do not wait for the disk, for releases. A release issues no
+        token: a power cut may undo it, and the lock is then held until its lease ends, as if
+        its holder had died holding it; the WAL is written in order, so the commit of any
+        later acquisition, which waits for the disk, makes the release durable first. After
+        it, back to commits that wait for the disk; a connection that cannot is closed."""
+        conn.execute("PRAGMA synchronous = NORMAL")
         try:
-            conn.execute("PRAGMA synchronous = FULL")
-        except BaseException:
-            conn.close()
-            raise
+            yield
+        finally:
+            try:
+                conn.execute("PRAGMA synchronous = FULL")
+            except BaseException:
+                conn.close()
+                raise
 
     def _released_by_us(self, conn: sqlite3.Connection, key: str, token: int) -> bool:
         row = conn.execute(self.sql.owner_token, {"key": key}).fetchone()
@@ -415,13 +417,8 @@ class SqliteStore(
         def op(conn: sqlite3.Connection) -> bool:
             nonlocal calls
             calls += 1
-            # no token issued: the commit need not wait for the disk, as release's
-            conn.execute("PRAGMA synchronous = NORMAL")
-            try:
-                with self._transaction(conn):
-                    ended = conn.execute(sql, params).rowcount
-            finally:
-                self._make_durable(conn)
+            with self._not_durable(conn), self._transaction(conn):
+                ended = conn.execute(sql, params).rowcount
             # after a retry the first attempt may have committed: a key released by us (now
             # or then) is success
             return ended == len(keys) or (
