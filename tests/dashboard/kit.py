@@ -23,6 +23,9 @@ from dblock import dashboard
 
 T = TypeVar("T")
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+# How long a page may take to show a change: generous, since a loaded CI machine can stall
+# the browser, the server thread and the database for seconds; a passing wait ends early.
+SHOWN_MS = 20_000
 
 
 @contextmanager

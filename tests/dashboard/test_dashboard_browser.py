@@ -47,16 +47,16 @@ def test_a_hold_appears_its_lease_shrinks_and_it_vanishes(
         assert page.locator("button.release").count() == 0  # read-only by default
         lock = client.lock(key, ttl=6)
         assert kit.off_loop(lock.acquire)
-        page.wait_for_selector(kit.row(key), timeout=2000)
+        page.wait_for_selector(kit.row(key), timeout=kit.SHOWN_MS)
         cells = page.locator(kit.row(key) + " td").all_inner_texts()
         assert cells[:4] == [key, "lock", lock.owner, str(lock.token)]
         first = kit.fraction(page, key)
         page.wait_for_function(
             f"document.querySelector('{kit.row(key)} .bar').dataset.fraction < {first - 0.1}",
-            timeout=4000,
+            timeout=kit.SHOWN_MS,
         )
         kit.off_loop(lock.release)
-        page.wait_for_selector(kit.row(key), state="detached", timeout=2000)
+        page.wait_for_selector(kit.row(key), state="detached", timeout=kit.SHOWN_MS)
         assert _post(base + "/api/release", {"key": key}, {}) == 404  # no force-release here
         assert "dblock_store_holds" in httpx.get(base + "/metrics").text
 
@@ -84,12 +84,12 @@ def test_a_waiter_appears_while_it_waits(client: dblock.Client, tmp_path: Path) 
         thread = threading.Thread(target=wait)
         thread.start()
         try:
-            page.wait_for_selector(waiting, timeout=4000)
+            page.wait_for_selector(waiting, timeout=kit.SHOWN_MS)
             cells = page.locator(waiting + " td").all_inner_texts()
             assert cells[:2] == [key, "lock"]
             seen_owner = cells[2]
             kit.off_loop(holder.release)
-            page.wait_for_selector(waiting, state="detached", timeout=4000)
+            page.wait_for_selector(waiting, state="detached", timeout=kit.SHOWN_MS)
         finally:
             thread.join(30)
         assert result == [(True, seen_owner)]  # the waiter shown was this acquisition
@@ -104,21 +104,21 @@ def test_force_release_needs_the_secret(client: dblock.Client, tmp_path: Path) -
         page,
         base,
     ):
-        page.wait_for_selector(kit.row(key), timeout=2000)
+        page.wait_for_selector(kit.row(key), timeout=kit.SHOWN_MS)
         # without the secret: the confirmation is accepted, a wrong secret typed in
         page.on("dialog", lambda d: d.accept("not-the-secret" if d.type == "prompt" else None))
         page.click(kit.row(key) + " button.release")
-        page.wait_for_selector("#message.bad", timeout=2000)
+        page.wait_for_selector("#message.bad", timeout=kit.SHOWN_MS)
         assert "secret" in page.inner_text("#message")
         assert _post(base + "/api/release", {"key": key}, {}) == 403
         page.wait_for_timeout(300)
         assert kit.off_loop(client.info, key) is not None
         # with the secret from start-up (in the URL, as printed)
         page.goto(base + "/?secret=" + settings.secret)
-        page.wait_for_selector(kit.row(key), timeout=2000)
+        page.wait_for_selector(kit.row(key), timeout=kit.SHOWN_MS)
         assert "secret" not in page.url  # taken out of the address bar
         page.click(kit.row(key) + " button.release")
-        page.wait_for_selector(kit.row(key), state="detached", timeout=2000)
+        page.wait_for_selector(kit.row(key), state="detached", timeout=kit.SHOWN_MS)
         assert kit.off_loop(client.info, key) is None
     with pytest.raises(dblock.LockLost):
         lock.release()
@@ -131,7 +131,7 @@ def test_filter_sort_and_phone_width(client: dblock.Client, tmp_path: Path) -> N
     for lock in locks:
         assert lock.acquire()
     with kit.open_dashboard(client, failure_shot=tmp_path / "failure.png") as (page, _):
-        page.wait_for_selector(kit.row(keys[-1]), timeout=2000)
+        page.wait_for_selector(kit.row(keys[-1]), timeout=kit.SHOWN_MS)
         page.fill("#filter", f"b{tag}")
         assert page.locator("#holds tbody tr").count() == 2
         page.click('#holds th[data-col="key"]')  # already by key: now descending
