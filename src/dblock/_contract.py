@@ -418,6 +418,52 @@ class FairManyKeys(ManyKeys):
         step."""
 
 
+class CommitGuards(ABC):
+    """A SQL store whose lock rows the caller's own transaction can hold still
+    (``lock.guard(conn)``, docs/guarantees.md). The guard's statement runs on the caller's
+    connection, not the store's: the store only writes it.
+
+    The statement checks that ``owner``'s holds of ``n`` keys are live (owner, token, lease
+    on the server's clock) and keeps their rows from changing until the caller's
+    transaction ends: a shared row lock (PostgreSQL ``FOR SHARE``, MySQL/MariaDB ``LOCK IN
+    SHARE MODE``), or, on SQLite, a write that makes the transaction the file's one writer.
+    Its parameters are named ``owner``, ``k0``..``k{n-1}`` (the keys) and ``t0``..``t{n-1}``
+    (their tokens), in the driver's style (``%(owner)s``; SQLite ``:owner``), with no ``::``
+    casts (SQLAlchemy's ``text()`` would read ``:name`` as a parameter)."""
+
+    #: how a connection's driver marks parameters in ``guard_sql``: "pyformat" or "named"
+    guard_paramstyle: str = "pyformat"
+    #: how the guard's statement tells a live hold: a row returned ("rows") or a row
+    #: changed ("rowcount") per key
+    guard_counts: str = "rows"
+
+    @abstractmethod
+    def guard_sql(self, n: int) -> str:
+        """The guard's statement over ``n`` keys of one owner (see the class)."""
+
+    @abstractmethod
+    def guard_identity_sql(self) -> str:
+        """A statement whose one row tells which database a connection is on, as
+        ``guard_identity`` reads it (only run after a guard found no live hold, to tell a
+        lost hold from a connection to another database)."""
+
+    @abstractmethod
+    def guard_identity(self, row: Sequence[object]) -> str | None:
+        """What ``guard_identity_sql``'s ``row`` names, in the form of ``identity()``."""
+
+    @abstractmethod
+    def identity(self) -> str | None:
+        """The store's own database, as ``guard_identity`` names one (None: cannot tell)."""
+
+    @abstractmethod
+    def renew_after_guard(self, tokens: Mapping[str, int], owner: str, ttl: float) -> bool:
+        """Extend each of ``owner``'s holds (key: token) to ``ttl`` s from now if its row
+        still names ``owner`` and the token, **even if its lease has run out**: a renewal
+        that waited while a guarded transaction held the row (nobody could take the key
+        then, and a key taken since has another owner or token). One statement; True if
+        every hold was extended."""
+
+
 class SchemaScript(ABC):
     """The store's schema is DDL an operator can run by hand."""
 
@@ -445,6 +491,7 @@ CAPABILITIES: tuple[type, ...] = (
     QueueView,
     ManyKeys,
     FairManyKeys,
+    CommitGuards,
 )
 
 
