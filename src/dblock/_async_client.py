@@ -203,6 +203,13 @@ class AsyncLock:
         """Ask the store: is the key held by anyone now?"""
         return await spawn(self._lock.locked)
 
+    async def guard(self, conn: object) -> None:
+        """Check this hold in ``conn``'s open transaction and keep its row still until that
+        transaction ends (see :meth:`dblock.Lock.guard`); ``conn`` is an asyncio connection
+        (psycopg ``AsyncConnection``, aiomysql, aiosqlite, SQLAlchemy ``AsyncConnection`` or
+        ``AsyncSession``)."""
+        await spawn(self._lock.guard, conn)
+
     def _lost(self, _lock: Lock) -> None:
         """``on_lost`` with this object; a coroutine function's call runs as a task."""
         on_lost = self._on_lost

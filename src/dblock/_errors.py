@@ -67,6 +67,14 @@ class EventLoopError(DBLockError, RuntimeError):
     """
 
 
+class GuardOpen(DBLockError, RuntimeError):
+    """``release()`` or ``renew()`` of a hold while the transaction that ``lock.guard(conn)``
+    guards is still open: its statement would wait for that transaction's own row lock
+    (the file's write lock on SQLite), so it would never return. Not exported by name (the
+    public error tree is fixed): catch it as ``DBLockError`` or ``RuntimeError``.
+    """
+
+
 class InProgress(DBLockError):
     """once(): another owner is processing the key right now."""
 

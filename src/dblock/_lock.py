@@ -32,10 +32,11 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
-from . import _engine, _forksafe, _observe, _runtime
+from . import _engine, _forksafe, _guard, _observe, _runtime
 from ._contract import LossPush, SessionHolds, provides
 from ._core import Core
 from ._engine import Hold, Spec
+from ._engine.lease import guard_open
 from ._errors import EventLoopError, LockLost, LockTimeout, NotHeld
 from ._timing import DeadlinePassed
 from ._validate import check_key, check_timeout, check_ttl
@@ -312,10 +313,15 @@ class Lock:
             # is its parent's, which still works under it; forget it here, touch nothing
             self._pop(tid)
             return
+        if hold.count == 1 and hold.guarded():
+            # before the mutex: a renewal sent as the guard began may hold it, waiting for
+            # the guarded transaction, whose owner may be this very thread
+            hold.cancel_job()
+            raise guard_open(hold, "release()")
         with hold.mutex:
             if self._session and hold.count == 1:  # no more checks (the engine stops renewals)
                 self._core.checks.discard(hold)
-            released = self._core.run(_engine.release(hold))
+            released = self._core.run(_engine.release(hold, hold.renews(self._auto_renew)))
             if released.final:
                 _observe.released(self, hold, released.lost)
                 self._unwatch(hold)
@@ -354,12 +360,33 @@ class Lock:
         """
         new_ttl = self._ttl if ttl is None else check_ttl(ttl)
         hold = self._current_of_thread()
+        if hold.guarded():  # before the mutex, as in release()
+            raise guard_open(hold, "renew()")
         with hold.mutex:
             if not self._core.run(_engine.renew(hold, new_ttl)):
                 _observe.found_lost(self, hold)
                 self._unwatch(hold)
                 raise self._lost_error(hold)
             self._schedule_locked(hold)
+
+    def guard(self, conn: object) -> None:
+        """Inside the caller's open transaction on ``conn`` (its own connection to the
+        database of the lock table: DB-API or SQLAlchemy), check in one statement that this
+        hold is live and keep its row in the lock table from being taken over,
+        force-released or purged until that transaction ends (docs/guarantees.md).
+
+        Raises LockLost if the hold is gone (roll the transaction back: its writes would not
+        be protected); ConfigurationError for a session hold, a connection to another
+        database, or a store that is not SQL; NotHeld if not held. Until the transaction
+        ends, ``release()`` and ``renew()`` raise instead of waiting for it, and the
+        background renewal waits: end the transaction first.
+        """
+        _guard.guard(self, self._current_of_thread(), conn)
+
+    def _found_lost(self, hold: Hold) -> None:
+        """The store said the hold is gone, to a call of its owner (which raises LockLost)."""
+        _observe.found_lost(self, hold)
+        self._unwatch(hold)
 
     def _current_of_thread(self) -> Hold:
         with self._mutex:

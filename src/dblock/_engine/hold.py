@@ -28,11 +28,13 @@ class Hold:
     """One acquisition in the store, shared by the re-entrant acquisitions of its owner."""
 
     __slots__ = (
+        "after_guard",
         "count",
         "due",
         "ending",
         "expires_by",
         "granted_at",
+        "guards",
         "handle",
         "job",
         "key",
@@ -92,11 +94,30 @@ class Hold:
         #: for observers (dblock._observe): when it was granted, and its loss was reported
         self.granted_at = time.monotonic()
         self.loss_reported = False
+        #: ``lock.guard(conn)``s of this hold whose transactions may still be open: each tells
+        #: whether its transaction still is (it holds the hold's row still until it ends)
+        self.guards: list[Callable[[], bool]] = []
+        #: a guarded transaction ended since the last renewal: the lease may have run out
+        #: while it held the row, and nobody could take the key then (see lease.renewal)
+        self.after_guard = False
 
     def live(self) -> bool:
         return (
             not self.lost and not self.ending and self.ours() and time.monotonic() < self.expires_by
         )
+
+    def guarded(self) -> bool:
+        """A guarded transaction of this hold is open: the store's row cannot change, and a
+        statement of ours on it would wait for that transaction. Guards found ended are
+        forgotten."""
+        if not self.guards:
+            return False
+        for g in list(self.guards):  # in place: another thread may be adding one
+            if not g():
+                self.guards.remove(g)
+        if not self.guards:
+            self.after_guard = True
+        return bool(self.guards)
 
     def ours(self) -> bool:
         """False in a forked child: the parent holds it, renews it and releases it."""

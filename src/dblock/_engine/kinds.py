@@ -80,6 +80,10 @@ class Spec:
             return Call(OnceRecords.claim_once, k, owner, self.ttl, self.note)
         return Call(Store.acquire, k, owner, self.ttl, self.kind)
 
+    def tokens_of(self, token: int) -> dict[str, int]:
+        """Each key of the hold with its token: one key here (``lock_many``'s has several)."""
+        return {self.key: token}
+
     def renew_call(self, owner: str, token: int, ttl: float) -> Call:
         if self.session:  # nothing to extend: is its connection (so its server lock) alive?
             return Call(SessionHolds.check_session, self.key, owner, token)

@@ -17,10 +17,37 @@ import time
 from dataclasses import dataclass
 
 from .. import _observe
-from .._contract import Store
-from .._errors import BackendError
+from .._contract import CommitGuards, Store
+from .._errors import BackendError, GuardOpen
 from .hold import Hold
 from .ops import Call, Steps
+
+#: how often (s) the background job looks whether a guarded transaction has ended: no I/O,
+#: a flag of the caller's connection
+GUARD_POLL = 0.05
+
+
+def renewal(hold: Hold, ttl: float) -> Call:
+    """The call that renews ``hold``. After a guarded transaction ended, its lease may have
+    run out while that transaction held the row (a renewal would have waited for it, so
+    none was sent): nobody could take the key then, and a key taken since names another
+    owner or token, so the row still naming ours is renewed, expired or not."""
+    if hold.after_guard:  # cleared by the caller once the renewal succeeded
+        return Call(
+            CommitGuards.renew_after_guard, hold.spec.tokens_of(hold.token), hold.owner, ttl
+        )
+    return hold.spec.renew_call(hold.owner, hold.token, ttl)
+
+
+def guard_open(hold: Hold, what: str) -> GuardOpen:
+    return GuardOpen(
+        f"{what} of lock {hold.key!r} while the transaction that lock.guard(conn) guards is "
+        "still open: it would wait for that transaction's own lock on the hold's row, and "
+        "never return. Commit or roll back that transaction first (conn is still in a "
+        "transaction: the guarded one, or one begun since)",
+        key=hold.key,
+    )
+
 
 log = logging.getLogger("dblock")
 
@@ -34,13 +61,19 @@ def reenter(hold: Hold) -> Steps[bool | None]:
     asked), or False if the store no longer has it: the hold is lost, and the caller reports
     the loss and acquires afresh, with a new token.
     """
-    if not hold.live() or hold.count == 0:
+    if hold.count == 0 or hold.lost or hold.ending or not hold.ours():
+        return None
+    if hold.guarded():  # its guarded transaction holds the row: ours until that ends
+        hold.count += 1
+        return True
+    if not hold.live() and not hold.after_guard:
         return None
     sent = time.monotonic()
-    if not (yield hold.spec.renew_call(hold.owner, hold.token, hold.ttl)):
+    if not (yield renewal(hold, hold.ttl)):
         hold.cancel_job()
         hold.lost = True
         return False
+    hold.after_guard = False
     hold.renewed(sent, hold.ttl)
     hold.cancel_job()
     hold.count += 1
@@ -51,11 +84,14 @@ def renew(hold: Hold, ttl: float) -> Steps[bool]:
     """Extend the lease to ``ttl`` from now; False if it was gone (the hold is then lost)."""
     if hold.lost:
         return False
+    if hold.guarded():
+        raise guard_open(hold, "renew()")
     sent = time.monotonic()
-    if not (yield hold.spec.renew_call(hold.owner, hold.token, ttl)):
+    if not (yield renewal(hold, ttl)):
         hold.lost = True
         hold.cancel_job()
         return False
+    hold.after_guard = False
     hold.renewed(sent, ttl)
     hold.cancel_job()
     return True
@@ -70,12 +106,27 @@ class Released:
     lost: bool
 
 
-def release(hold: Hold) -> Steps[Released]:
-    """Undo one acquisition; the last one ends the hold in the store."""
+def release(hold: Hold, revive: bool = False) -> Steps[Released]:
+    """Undo one acquisition; the last one ends the hold in the store. ``revive``: the hold
+    is renewed in the background, so a lease that ran out while a guarded transaction held
+    its row (no renewal was sent then) is renewed first, if nobody took the key since."""
     if hold.count > 1:
         hold.count -= 1
         return Released(final=False, lost=hold.lost)
+    if hold.guarded():
+        # renewal stops, as when the store cannot be reached: if the caller never comes back
+        # (the error leaves a `with` block), the lease ends within its ttl
+        hold.cancel_job()
+        hold.job = None
+        raise guard_open(hold, "release()")
     hold.cancel_job()  # stop renewing before releasing
+    if revive and hold.after_guard and not hold.lost and time.monotonic() >= hold.expires_by:
+        sent = time.monotonic()
+        if (yield renewal(hold, hold.ttl)):
+            hold.after_guard = False
+            hold.renewed(sent, hold.ttl)
+        else:
+            hold.lost = True
     hold.ending = True
     try:
         released = yield hold.spec.end_call(hold.owner, hold.token)
@@ -115,12 +166,14 @@ def check(hold: Hold, auto_renew: bool, watched: bool) -> Steps[Checked]:
     """The background job: renew the hold, or notice that its lease is gone."""
     if hold.count == 0 or hold.lost:
         return Checked(None, False)
+    if hold.guarded():  # nobody can take it now, and a renewal would wait: look again soon
+        return Checked(time.monotonic() + GUARD_POLL, False)
     if not hold.renews(auto_renew):
         hold.lost = True  # a watched lease that was not renewed has run out
         return Checked(None, True)
     sent = time.monotonic()
     try:
-        ok = yield hold.spec.renew_call(hold.owner, hold.token, hold.ttl)
+        ok = yield renewal(hold, hold.ttl)
     except BackendError as exc:
         if time.monotonic() < hold.expires_by:
             _observe.renewal_failed(hold, exc)
@@ -129,6 +182,7 @@ def check(hold: Hold, auto_renew: bool, watched: bool) -> Steps[Checked]:
     if not ok:
         hold.lost = True
         return Checked(None, True)
+    hold.after_guard = False
     hold.renewed(sent, hold.ttl)
     return Checked(hold.next_check(auto_renew, watched), False)
 

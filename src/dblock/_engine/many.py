@@ -53,6 +53,9 @@ class ManySpec(Spec):
         """The spec of the hold granted with ``tokens``."""
         return ManySpec(self.key, self.ttl, self.kind, keys=self.keys, tokens=dict(tokens))
 
+    def tokens_of(self, token: int) -> dict[str, int]:
+        return dict(self.tokens)
+
     def renew_call(self, owner: str, token: int, ttl: float) -> Call:
         return Call(ManyKeys.renew_many, self.tokens, owner, ttl)
 

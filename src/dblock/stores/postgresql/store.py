@@ -37,6 +37,7 @@ import psycopg
 
 from ... import _forksafe
 from ..._contract import (
+    CommitGuards,
     FairManyKeys,
     FairQueue,
     FencedGrants,
@@ -116,6 +117,7 @@ class PostgresStore(
     FencedGrants,
     SchemaScript,
     FairManyKeys,
+    CommitGuards,
 ):
     """Lock table in PostgreSQL."""
 
@@ -428,15 +430,32 @@ class PostgresStore(
         row = conn.execute(self.sql.released_by, params).fetchone()
         return row is not None and bool(row[0])
 
+    # -- CommitGuards (lock.guard) --------------------------------------------------------
+    def guard_sql(self, n: int) -> str:
+        return self.sql.guard(n)
+
+    def guard_identity_sql(self) -> str:
+        return self.sql.guard_identity
+
+    def guard_identity(self, row: Sequence[object]) -> str | None:
+        return None if row[0] is None else f"postgresql {row[0]} {row[1]}"
+
+    def renew_after_guard(self, tokens: Mapping[str, int], owner: str, ttl: float) -> bool:
+        keys = sorted(tokens)
+        params = {"keys": keys, "tokens": [tokens[k] for k in keys], "owner": owner, "ttl": ttl}
+
+        def op(conn: psycopg.Connection[Any]) -> bool:
+            return conn.execute(self.sql.renew_after_guard, params).rowcount == len(keys)
+
+        return self.run("renew", op, key=keys[0] if keys else None)
+
     # -- FencedGrants ---------------------------------------------------------------------
     def identity(self) -> str | None:
         # the cluster's system identifier (its data directory's, whatever address reached
         # it) and the database; a role that may not read it cannot tell
         def op(conn: psycopg.Connection[Any]) -> str | None:
-            row = conn.execute(
-                "SELECT (SELECT system_identifier FROM pg_control_system()), current_database()"
-            ).fetchone()
-            return None if row is None else f"postgresql {row[0]} {row[1]}"
+            row = conn.execute(self.sql.guard_identity).fetchone()
+            return None if row is None else self.guard_identity(row)
 
         try:
             return self.run("reading the server's identity", op)
