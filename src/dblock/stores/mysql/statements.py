@@ -78,6 +78,7 @@ class MysqlStatements(HolderStatements):
         self._fenced_grants(t, meta)
         self._once_records(t, meta)
         self._lease(t)
+        self._guards(t)
         self._inspection(t, meta)
         self._build_hand_over(t, holders, self._token_after("token"))
         self._build_sessions(t, meta, sessions)
@@ -452,6 +453,44 @@ class MysqlStatements(HolderStatements):
         live = f"lock_key = %s AND owner = %s AND token = %s AND expires_at > {NOW}"
         # ttl_us key owner token -> 1 row changed if the live hold was extended
         self.renew = f"UPDATE {t} SET expires_at = {NOW} + INTERVAL %s MICROSECOND WHERE {live}"
+
+    def _guards(self, t: str) -> None:
+        """lock.guard(conn) (CommitGuards): the guard runs on the caller's connection, so it
+        is plain ``%(name)s`` SQL, parameters as the contract names them."""
+
+        def guard(n: int) -> str:
+            # a locking read: it waits for a writer of the row and reads the latest committed
+            # row whatever the caller's isolation level, and its shared lock keeps a takeover,
+            # force_release or purge from changing the row until the caller's transaction
+            # ends. Live as `renew` tests it. The pairs are point ranges of the primary key:
+            # only these rows are read, and locked
+            pairs = " OR ".join(f"(lock_key = %(k{i})s AND token = %(t{i})s)" for i in range(n))
+            return (
+                f"SELECT token FROM {t}\n"
+                f"WHERE owner = %(owner)s AND expires_at > {NOW} AND ({pairs})\n"
+                "LOCK IN SHARE MODE"
+            )
+
+        def renew_after_guard(n: int) -> str:
+            # as release_many, but live or not: a lease that ran out while a guarded
+            # transaction held the row was taken by nobody (a key taken since has another
+            # owner or token). A retry changes the rows again (a later expiry): idempotent
+            keys = ", ".join(f"%(key_{i})s" for i in range(n))
+            tokens = " ".join(f"WHEN %(key_{i})s THEN %(token_{i})s" for i in range(n))
+            return (
+                f"UPDATE {t} SET expires_at = {NOW} + INTERVAL %(ttl_us)s MICROSECOND "
+                f"WHERE lock_key IN ({keys}) AND owner = %(owner)s "
+                f"AND token = CASE lock_key {tokens} END"
+            )
+
+        #: n -> owner k0.. t0.. -> the token of each of owner's live holds, share-locked
+        self.guard = functools.cache(guard)
+        #: n -> owner key_i token_i ttl_us -> the rows changed where owner's hold of key_i
+        #: with token_i, its lease run out or not, was extended ttl_us from now
+        self.renew_after_guard = functools.cache(renew_after_guard)
+        # -> (host name, port, data directory, database) of the connection's server: with
+        # the lock table's database, the store's identity (MysqlStore.guard_identity)
+        self.identity = "SELECT @@hostname, @@port, @@datadir, DATABASE()"
 
     def _inspection(self, t: str, meta: str) -> None:
         """info, list_holds, force_release, purge."""

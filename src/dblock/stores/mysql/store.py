@@ -40,6 +40,7 @@ import pymysql
 from pymysql.constants import CLIENT, CR
 
 from ..._contract import (
+    CommitGuards,
     FairManyKeys,
     FairQueue,
     FencedGrants,
@@ -239,6 +240,7 @@ class MysqlStore(
     FencedGrants,
     SchemaScript,
     FairManyKeys,
+    CommitGuards,
 ):
     """Lock table in MySQL 8 or MariaDB 10.5+. Session holds only on MariaDB, once
     ensure_schema has found (or made) the table's token sequence: withheld until then."""
@@ -875,15 +877,39 @@ class MysqlStore(
         self._sessions.close()
         super().close()
 
+    # -- CommitGuards (lock.guard) --------------------------------------------------------
+    def guard_sql(self, n: int) -> str:
+        return self.sql.guard(n)
+
+    def guard_identity_sql(self) -> str:
+        return self.sql.identity
+
+    def guard_identity(self, row: Sequence[object]) -> str | None:
+        # MariaDB has no @@server_uuid: the server's host name, port and data directory tell
+        # one server from another (whatever address reached it); the database is the lock
+        # table's: the one it is qualified with, else the connection's
+        host, port, datadir, database = row
+        return f"mysql {host} {port} {datadir} {self._schema or database}"
+
+    def renew_after_guard(self, tokens: Mapping[str, int], owner: str, ttl: float) -> bool:
+        keys = sorted(tokens)
+        sql = self.sql.renew_after_guard(len(keys))
+        params: dict[str, Any] = {"owner": owner, "ttl_us": round(ttl * 1e6)}
+        for i, key in enumerate(keys):
+            params[f"key_{i}"], params[f"token_{i}"] = key, tokens[key]
+
+        def op(conn: Any) -> bool:
+            return self._exec(conn, sql, params)[0] == len(keys)
+
+        return self.run("renew", op, key=keys[0])
+
     # -- FencedGrants ---------------------------------------------------------------------
     def identity(self) -> str | None:
-        # MariaDB has no @@server_uuid: the server's host name, port and data directory tell
-        # one server from another (whatever address reached it), with the database
-        def op(conn: Any) -> str:
+        def op(conn: Any) -> str | None:
             with conn.cursor() as cur:
-                cur.execute("SELECT @@hostname, @@port, @@datadir, DATABASE()")
+                cur.execute(self.sql.identity)
                 row = cur.fetchone()
-            return "mysql " + " ".join(str(v) for v in row)
+            return None if row is None else self.guard_identity(row)
 
         try:
             return self.run("reading the server's identity", op)
