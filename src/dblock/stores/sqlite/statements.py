@@ -268,21 +268,48 @@ class SqliteStatements(OperationStatements):
     def _take_many(self, n: int) -> str:
         return self._acquire_sql(n=n)
 
+    def renew_after_guard(self, n: int) -> str:
+        """k0.. t0.. :owner :ttl -> a row changed for each of the ``n`` rows that still names
+        :owner and its token, live or not, now extended (CommitGuards.renew_after_guard)."""
+        return self._built("renew_after_guard", n, self._renew_after_guard)
+
+    def guard(self, n: int) -> str:
+        """k0.. t0.. :owner -> a row changed for each of the ``n`` holds that is live (as renew
+        tests it), changing nothing (CommitGuards.guard_sql, run in the caller's transaction).
+
+        SQLite has no row locks: the no-op write makes the caller's transaction the file's
+        one writer until it ends, so every other writer (a takeover, a force_release, a
+        renewal) waits for it. In WAL mode a transaction that read first (a deferred BEGIN)
+        may fail to upgrade to a writer (SQLITE_BUSY_SNAPSHOT, if another connection wrote
+        since its read): the caller should guard first, or BEGIN IMMEDIATE."""
+        return self._built("guard", n, self._guard)
+
     def _release_many(self, n: int) -> str:
         return self._holds_update(f"owner = NULL, expires_at = {NOW}", n)
 
     def _renew_many(self, n: int) -> str:
         return self._holds_update(f"expires_at = {NOW} + :ttl", n)
 
-    def _holds_update(self, change: str, n: int) -> str:
-        """``change`` made to each of the ``n`` keys' live holds of (:owner, its token). An
-        IN list and a CASE, not UPDATE ... FROM (VALUES ...): SQLite runs them with less work
-        (one primary-key probe per key either way)."""
+    def _renew_after_guard(self, n: int) -> str:
+        return self._holds_update(f"expires_at = {NOW} + :ttl", n, live=False)
+
+    def _guard(self, n: int) -> str:
+        held = " OR ".join(f"(lock_key = :k{i} AND token = :t{i})" for i in range(n))
+        return (
+            f"UPDATE {self.main} SET token = token\n"
+            f"WHERE owner = :owner AND expires_at > {NOW} AND ({held})"
+        )
+
+    def _holds_update(self, change: str, n: int, *, live: bool = True) -> str:
+        """``change`` made to each of the ``n`` keys' holds of (:owner, its token), live ones
+        only unless not ``live``. An IN list and a CASE, not UPDATE ... FROM (VALUES ...):
+        SQLite runs them with less work (one primary-key probe per key either way)."""
         token = " ".join(f"WHEN :k{i} THEN :t{i}" for i in range(n))
+        alive = f" AND expires_at > {NOW}" if live else ""
         return (
             f"UPDATE {self.main} SET {change}\n"
             f"WHERE lock_key IN ({colon_style(self.key_list(n))}) AND owner = :owner\n"
-            f"    AND token = CASE lock_key {token} END AND expires_at > {NOW}"
+            f"    AND token = CASE lock_key {token} END{alive}"
         )
 
     def enqueue_many(self, n: int) -> list[str]:

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from ..._contract import (
+    CommitGuards,
     FairManyKeys,
     FairQueue,
     FencedGrants,
@@ -122,10 +123,14 @@ class SqliteStore(
     FencedGrants,
     SchemaScript,
     FairManyKeys,
+    CommitGuards,
 ):
     """Lock table in a SQLite file."""
 
     name = dialect = "sqlite"
+    # the guard is a no-op write (no row locks in SQLite): a changed row per live hold
+    guard_paramstyle = "named"
+    guard_counts = "rowcount"
 
     @staticmethod
     def _row_info(row: Any) -> LockInfo:
@@ -313,12 +318,7 @@ class SqliteStore(
     # (acquire, renew, grant_fenced, release_owned, claim_once, once_state: stores/_sql_ops.py)
     # -- FencedGrants ---------------------------------------------------------------------
     def identity(self) -> str | None:
-        # the file, not its name: a symlink, "./" or a hard link reach the same one
-        try:
-            st = os.stat(self.path)
-        except OSError:
-            return None
-        return f"sqlite file {st.st_dev}:{st.st_ino}"
+        return _file_identity(self.path)
 
     def fence(self, key: str) -> int:
         def op(conn: sqlite3.Connection) -> int:
@@ -427,6 +427,33 @@ class SqliteStore(
 
         return self.run("release", op, key=keys[0])
 
+    # -- CommitGuards: the statements run on the caller's connection (sqlite3's :name style)
+    def guard_sql(self, n: int) -> str:
+        return self.sql.guard(n)
+
+    def guard_identity_sql(self) -> str:
+        # PRAGMA database_list's row (seq, name, file) for the main database: the file the
+        # caller's connection opened (an empty name for an in-memory or temporary one)
+        return "SELECT seq, name, file FROM pragma_database_list WHERE name = 'main'"
+
+    def guard_identity(self, row: Sequence[object]) -> str | None:
+        file = row[2] if len(row) > 2 else None
+        return _file_identity(file) if isinstance(file, str) and file else None
+
+    def renew_after_guard(self, tokens: Mapping[str, int], owner: str, ttl: float) -> bool:
+        keys = sorted(tokens)
+        if not keys:
+            return True
+        sql = self.sql.renew_after_guard(len(keys))
+        params = _token_params(keys, tokens, owner, ttl=ttl)
+
+        # a retry after a lost reply sets the same rows again (owner and token unchanged):
+        # the count is the same, so no check of what the first attempt did is needed
+        def op(conn: sqlite3.Connection) -> bool:
+            return bool(conn.execute(sql, params).rowcount == len(keys))
+
+        return self.run("renew", op, key=keys[0])
+
     def _ended_by(self, conn: sqlite3.Connection, key: str, owner: str, token: int) -> bool:
         return self._released_by_us(conn, key, token)
 
@@ -532,6 +559,16 @@ class SqliteStore(
             return int(count)
 
         return self.run("purge", op, deadline=MAINTENANCE_DEADLINE)
+
+
+def _file_identity(path: str) -> str | None:
+    """A database file's identity: the file, not its name (a symlink, "./" or a hard link
+    reach the same one); None if it cannot be read."""
+    try:
+        st = os.stat(Path(path).expanduser())
+    except OSError:
+        return None
+    return f"sqlite file {st.st_dev}:{st.st_ino}"
 
 
 def _private_file(path: Path) -> None:
