@@ -20,15 +20,15 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from . import _green
 from ._contract import CommitGuards, lacking, provides
 from ._errors import BackendError, ConfigurationError, DBLockError, LockLost
 
 if TYPE_CHECKING:
+    from ._core import Core
     from ._engine import Hold
-    from ._lock import Lock
 
 #: a DB-API driver's top-level module -> the store it speaks to
 DRIVERS = {
@@ -50,6 +50,16 @@ ACCEPTED = (
     "SQLAlchemy Connection, Session, AsyncConnection or AsyncSession"
 )
 _PYFORMAT = re.compile(r"%\((\w+)\)s")
+
+
+class Lock(Protocol):
+    """What the guard asks of the lock whose hold it guards (``dblock.Lock``)."""
+
+    _core: Core
+
+    def _lost_error(self, hold: Hold) -> LockLost: ...
+
+    def _found_lost(self, hold: Hold) -> None: ...
 
 
 @dataclass

@@ -9,6 +9,7 @@ transactions that overlap would both write the same ``seq`` (a primary key: one 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -47,13 +48,29 @@ class App:
         self.q = "`" if self.dialect == "mysql" else '"'
         self.mark = "?" if self.dialect == "sqlite" and kind == "dbapi" else "%s"
         self._engine: Any = None
+        self._task: asyncio.Task[None] | None = None
+        self._calls: asyncio.Queue[tuple[Any, asyncio.Future[Any]]] = asyncio.Queue()
         self.conn: Any = self.run(self._open())
 
     def run(self, awaitable: Awaitable[T] | T) -> T:
+        """``awaitable``'s result (an asyncio kind's), awaited by the one task that makes
+        every call of this side: the async client's holds belong to the task that took them."""
         if not self.awaited:
             return awaitable  # type: ignore[return-value]
         assert self.loop is not None
-        return self.loop.run_until_complete(awaitable)  # type: ignore[arg-type]
+        if self._task is None:
+            self._task = self.loop.create_task(self._serve())
+        done = self.loop.create_future()
+        self._calls.put_nowait((awaitable, done))
+        return self.loop.run_until_complete(done)  # type: ignore[no-any-return]
+
+    async def _serve(self) -> None:
+        while True:
+            awaitable, done = await self._calls.get()
+            try:
+                done.set_result(await awaitable)
+            except Exception as exc:  # noqa: BLE001 - the caller's to see
+                done.set_exception(exc)
 
     async def _aopen(self) -> Any:
         kind, dialect, parts = self.kind, self.dialect, urlsplit(self.url)
@@ -97,7 +114,7 @@ class App:
                 )  # fmt: skip
             import sqlite3
 
-            return sqlite3.connect(parts.path[1:], timeout=30)
+            return sqlite3.connect(parts.path[1:], timeout=30, check_same_thread=False)
         from sqlalchemy import create_engine
         from sqlalchemy.orm import Session
 
@@ -163,9 +180,15 @@ class App:
         self.run(self.conn.rollback())
 
     def close(self) -> None:
-        self.run(self.conn.close())
+        closed = self.conn.close()  # aiomysql's close is not a coroutine
+        if closed is not None:
+            self.run(closed)
         if self._engine is not None:
             self.run(self._engine.dispose())
+        if self._task is not None and self.loop is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                self.loop.run_until_complete(self._task)
 
     # -- the business table -------------------------------------------------------------------
     def create_table(self) -> str:
@@ -182,7 +205,10 @@ class App:
         self.execute(f"INSERT INTO {q}{table}{q} (seq, who) VALUES (%s, %s)", (seen + 1, who))
 
     def rows(self, table: str) -> list[tuple[int, str]]:
-        rows = [(int(s), str(w)) for s, w in self.execute(f"SELECT seq, who FROM {self.q}{table}{self.q} ORDER BY seq")]  # noqa: E501
+        rows = [
+            (int(s), str(w))
+            for s, w in self.execute(f"SELECT seq, who FROM {self.q}{table}{self.q} ORDER BY seq")
+        ]  # noqa: E501
         self.commit()
         return rows
 
