@@ -69,7 +69,7 @@ class App:
             awaitable, done = await self._calls.get()
             try:
                 done.set_result(await awaitable)
-            except Exception as exc:  # noqa: BLE001 - the caller's to see
+            except Exception as exc:
                 done.set_exception(exc)
 
     async def _aopen(self) -> Any:
@@ -208,7 +208,7 @@ class App:
         rows = [
             (int(s), str(w))
             for s, w in self.execute(f"SELECT seq, who FROM {self.q}{table}{self.q} ORDER BY seq")
-        ]  # noqa: E501
+        ]
         self.commit()
         return rows
 
