@@ -250,3 +250,23 @@ def test_guard_identity_names_the_stores_file_and_no_other(
         assert identity(memory) is None  # no file: cannot tell
     finally:
         memory.close()
+
+
+def test_a_guard_on_another_file_with_the_same_table_is_a_configuration_error(
+    url: str, table: str, tmp_path: Path
+) -> None:
+    """The other file has a lock table of the same name (so the statement runs and finds no
+    row): the guard tells the other database from a lost hold by the files' identities."""
+    other_url = f"sqlite:///{tmp_path / 'other.sqlite3'}"
+    with dblock.connect(url, table=table) as client, dblock.connect(other_url, table=table):
+        lock = client.lock("k", ttl=TTL)
+        assert lock.acquire()
+        conn = sqlite3.connect(str(tmp_path / "other.sqlite3"))
+        try:
+            with pytest.raises(dblock.ConfigurationError, match="another database"):
+                lock.guard(conn)
+            conn.rollback()
+        finally:
+            conn.close()
+        assert lock.held  # not taken for lost
+        lock.release()
