@@ -130,3 +130,35 @@ def test_a_waiter_at_the_bell_does_not_take_a_key_a_many_waiter_queued_for_first
             assert backend.release(key, "b", taken)
         finally:
             bell.close()
+
+
+def test_a_take_of_keys_with_rows_is_one_round_trip_and_a_partial_one_takes_none(
+    many: tuple[dblock.Client, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Keys that all have rows and no waiters are taken and committed in one packet; where
+    one is held the packet stops before its commit, and the transaction is rolled back."""
+    import pymysql
+
+    client, _ = many
+    store = store_of(client)
+    keys = _keys(4)
+    tokens = store.acquire_many(keys, "o1", TTL)  # makes the rows
+    assert tokens is not None and store.release_many(tokens, "o1")
+    sent: list[Any] = []  # every command sent (a query, COMMIT, ROLLBACK: each a round trip)
+    command = pymysql.connections.Connection._execute_command
+
+    def counted(conn: Any, kind: int, sql: Any) -> Any:
+        sent.append(sql)
+        return command(conn, kind, sql)
+
+    monkeypatch.setattr(pymysql.connections.Connection, "_execute_command", counted)
+    again = store.acquire_many(keys, "o2", TTL)
+    assert again is not None and len(sent) == 1, sent
+    assert store.release_many(again, "o2")
+    other = store.acquire_many(keys[2:3], "o3", TTL)
+    assert other is not None
+    assert store.acquire_many(keys, "o4", TTL) is None
+    monkeypatch.undo()
+    for key in keys[:2] + keys[3:]:
+        assert client.info(key) is None  # none of them kept
+    assert store.release_many(other, "o3")

@@ -31,6 +31,9 @@ MANY_BELL = 0
 MANY_AHEAD = f"w.bell = {MANY_BELL}"
 #: the GET_LOCK name of a key's session holds: this prefix and a SHA-1 of scope and key
 SESSION_PREFIX = "dblock-s:"
+#: the error (ER_SUBSELECT_NO_1_ROW) of take_many_at_once's check when its UPDATE took only
+#: some of the keys: the rest of the packet, the commit too, is not run
+MANY_TAKEN_PARTLY = 1242
 #: the name of the session grant's look, prepared on each session connection
 PREPARED_LOOK = "dblock_session_look"
 
@@ -306,18 +309,31 @@ class MysqlStatements(HolderStatements):
         # a newcomer's acquire: the same, only when nobody waits in the key's queue
         quiet = f"(queued_until IS NULL OR queued_until <= {NOW})"
         self.acquire_as_newcomer = (update_sql(quiet), insert_sql(self.nobody_queued))
-        # ManyKeys' acquire_many, for a key take_many_quietly did not take: a newcomer's
+        # ManyKeys' acquire_many, for a key take_many_at_once did not take: a newcomer's
         # second statement, which also makes no new row for a key with live waiters (entries
         # made without a row: the queue is the rule, whatever made them)
         self.acquire_many_newcomer = insert_sql(
             self.nobody_queued, new_row=f" AND {self.nobody_queued}"
         )
-        #: n -> the newcomer's UPDATE over n keys, then the tokens of the keys owner holds
-        self.take_many_quietly = functools.cache(
+        #: n -> the tokens of the keys %(key_0)s ... that owner holds
+        self.many_tokens = functools.cache(
             lambda n: (
-                f"{update_sql(quiet, n)};\nSELECT lock_key, token FROM {t} "
+                f"SELECT lock_key, token FROM {t} "
                 f"WHERE lock_key IN ({', '.join(f'%(key_{i})s' for i in range(n))}) "
                 f"AND owner = %(owner)s AND expires_at > {NOW}"
+            )
+        )
+        #: n -> one packet: a transaction whose UPDATE takes every key a newcomer may take,
+        #: then reads their tokens and commits, if it took all n. Else the check between
+        #: them fails (its subquery has two rows: MANY_TAKEN_PARTLY), the rest of the packet
+        #: is not run, and the transaction stays open for the keys left (MysqlStore). The
+        #: keys are distinct rows and every row taken changes (a new token), so n rows
+        #: changed is every key taken.
+        self.take_many_at_once = functools.cache(
+            lambda n: (
+                f"START TRANSACTION;\n{update_sql(quiet, n)};\n"
+                f"SELECT (SELECT 1 UNION ALL SELECT 2 FROM DUAL WHERE ROW_COUNT() <> {n});\n"
+                f"{self.many_tokens(n)};\nCOMMIT"
             )
         )
 

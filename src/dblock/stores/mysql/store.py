@@ -65,7 +65,7 @@ from .._sql_ops import ManyKeyOperations, many_params
 from .doorbell import BELL_IDLE, Bells, KeysLook
 from .session import MysqlSessions
 from .statements import HANDED as _HANDED
-from .statements import NOPAD_MARIADB, NOPAD_MYSQL, MysqlStatements
+from .statements import MANY_TAKEN_PARTLY, NOPAD_MARIADB, NOPAD_MYSQL, MysqlStatements
 
 log = logging.getLogger("dblock")
 # server gone away, lost connection, killed (MariaDB 1927), shutdown, idle disconnect
@@ -740,16 +740,17 @@ class MysqlStore(
             raise
 
     # -- ManyKeys: one statement over every key ------------------------------------------
-    # One transaction as in stores/_sql_ops.py, in two round trips whatever the number of
-    # keys: its start, one UPDATE over every key (which takes each that has a row and no
-    # waiters lately, as a single key's newcomer's UPDATE would) and the read of their
-    # tokens in one packet; then the commit, or the rollback where a key is busy (a key the
-    # UPDATE did not take gets the second statement first, which looks at its queue). A
-    # release is one UPDATE. (MariaDB parses every statement anew, and PyMySQL's client
-    # time per round trip is more than the server's per row.)
+    # One transaction as in stores/_sql_ops.py, in one round trip whatever the number of keys
+    # when every key has a row and no waiters lately (take_many_at_once: its start, one
+    # UPDATE over every key, as a single key's newcomer's UPDATE would take each, the read of
+    # their tokens and the commit, in one packet). A key the UPDATE did not take stops the
+    # packet before the commit; then the transaction goes on with the second statement for
+    # each such key (which looks at its queue), and commits, or rolls back where a key is
+    # busy. A release is one UPDATE. (MariaDB parses every statement anew, and PyMySQL's
+    # client time per round trip is more than the server's per row.)
     def acquire_many(self, keys: Sequence[str], owner: str, ttl: float) -> dict[str, int] | None:
         keys = sorted(keys)
-        sql = "START TRANSACTION;\n" + self.sql.take_many_quietly(len(keys))
+        n = len(keys)
         params: dict[str, Any] = {"owner": owner, "kind": "lock", "ttl_us": round(ttl * 1e6)}
         for i, key in enumerate(keys):
             params[f"key_{i}"], params[f"sname_{i}"] = key, self._sessions.name(key)
@@ -757,7 +758,13 @@ class MysqlStore(
 
         def op(conn: Any) -> dict[str, int] | None:
             try:
-                rows = _batch_rows(conn, sql, params)[-1]
+                try:
+                    rows = _batch_rows(conn, self.sql.take_many_at_once(n), params)[3]
+                    return {str(k): int(token) for k, token in rows}  # committed
+                except pymysql.err.MySQLError as exc:
+                    if not exc.args or exc.args[0] != MANY_TAKEN_PARTLY:
+                        raise
+                rows = _batch_rows(conn, self.sql.many_tokens(n), params)[0]
                 taken = {str(k): int(token) for k, token in rows}
                 for key in keys:
                     if key not in taken:  # no row, or waiters lately: look at the queue
@@ -769,7 +776,7 @@ class MysqlStore(
                 with contextlib.suppress(Exception):  # a broken connection is discarded anyway
                     conn.rollback()
                 raise
-            if len(taken) < len(keys):
+            if len(taken) < n:
                 conn.rollback()
                 return None
             conn.commit()
