@@ -196,7 +196,8 @@ def _uncontended(
     interleaved, and what one transaction of each sends."""
     import dblock
 
-    app_table = f"{table}_app"  # dropped with the lock table (servers.drop_dblock_tables)
+    # one per process, dropped at its end (or with the lock table: servers.drop_dblock_tables)
+    app_table = f"{table}_app_{uuid.uuid4().hex[:8]}"
     out: dict[str, dict[str, float]] = {s: {"ops": 0, "wall": 0.0, "cpu": 0.0} for s in SIDES}
     counts: dict[str, dict[str, int | None]] = {}
     with dblock.connect(t.url(backend), table=table) as client:
@@ -225,6 +226,9 @@ def _uncontended(
         finally:
             with contextlib.suppress(Exception):
                 conn.rollback()
+                q = "`" if backend == "mysql" else '"'
+                conn.cursor().execute(f"DROP TABLE IF EXISTS {q}{app_table}{q}")
+                conn.commit()
             conn.close()
             lock.release()
     return {
