@@ -26,6 +26,9 @@ Scenarios (issue 6):
      (bench/many.py; issue 47)
   many-contended  dblock: 8 processes taking a random 3 of 10 keys, held 1 ms, with lock_many
      vs per-key locks in sorted order: sets/s, p50/p99 wait, exclusion per key
+  guard  dblock: a transaction on the application's own connection writing one row, plain vs
+     with lock.guard(conn) first vs a dblock.fencing token-column UPDATE, the lock held:
+     transactions/s, the time the guard adds, its round trips (bench/guard.py; issue 50)
   scrape  dblock's metrics with 1,000 / 10,000 / 100,000 keys of distinct prefixes: memory
      kept and scrape time under the prefix cap, and without it (bench/scrape.py; issue 46)
 
@@ -51,11 +54,25 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from bench import async_contended, many, observe, procs, scrape, servers, workload
+from bench import async_contended, guard, many, observe, procs, scrape, servers, workload
 from bench.contenders import BACKENDS, TRIP, Contender, Targets, select
 from dblock.bench import handoffs, median, new_counter, percentile, read_counter
 
-SCENARIOS = ("a", "b", "c", "d", "e", "f", "g", "async", "obs", "scrape", "many", "many-contended")
+SCENARIOS = (
+    "a",
+    "b",
+    "c",
+    "d",
+    "e",
+    "f",
+    "g",
+    "async",
+    "obs",
+    "scrape",
+    "many",
+    "many-contended",
+    "guard",
+)
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
 
@@ -819,6 +836,8 @@ def markdown(report: dict[str, Any]) -> str:
         lines += many.markdown_many(res["many"], report["budget"]["repeats"])
     if "many-contended" in res:
         lines += many.markdown_contended(res["many-contended"], report["budget"])
+    if "guard" in res:
+        lines += guard.markdown(res["guard"], report["budget"]["repeats"])
     if report.get("unavailable"):
         lines += ["### Not run", ""]
         for cid, why in report["unavailable"].items():
@@ -826,7 +845,7 @@ def markdown(report: dict[str, Any]) -> str:
         lines.append("")
     if report.get("targets"):
         lines += [
-            "### Targets (issue 6: dblock, default lock; (many): issue 47)",
+            "### Targets (issue 6: dblock, default lock; (many): issue 47; (guard): issue 50)",
             "",
             "| target | measured | met |",
             "|---|---|---|",
@@ -931,6 +950,8 @@ def evaluate_targets(res: dict[str, Any], contenders: list[Contender]) -> list[d
         out += scrape.targets(res["scrape"])
     if "many" in res:
         out += many.targets(res["many"])
+    if "guard" in res:
+        out += guard.targets(res["guard"])
     return out
 
 
@@ -1155,6 +1176,8 @@ def run(
                 results["many-contended"] = many.scenario_many_contended(
                     live_backends, t, budget, tmp
                 )
+            if "guard" in scenarios and (names is None or any("dblock" in n for n in names)):
+                results["guard"] = guard.scenario_guard(live_backends, t, budget)
         report = {
             "meta": _meta(t, live_backends, started, budget, not args.no_spinner),
             "budget": {

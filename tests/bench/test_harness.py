@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from bench.contenders import Targets, select
 
-from bench import many, run, workload
+from bench import guard, many, run, workload
 from dblock.bench import handoffs, percentile
 
 TINY = ["--duration", "0.3", "--repeats", "1", "--max-ops", "150", "--no-spinner"]
@@ -322,3 +322,45 @@ def test_set_handoffs_on_synthetic_records() -> None:
     ]
     sets = [(1, 2), (2, 3), (3, 4), (9,)]
     assert many.set_handoffs(records, sets) == pytest.approx([1.0, 0.5])
+
+
+def test_guard_scenario_counts_one_statement_for_the_guard(
+    db_url: str, dialect: str, tmp_path: Path
+) -> None:
+    """lock.guard(conn) (issue 50) beside a plain and a fenced transaction on the store: every
+    side measured, the guard's share of a transaction's traffic counted (one statement, one
+    round trip on a server), the ratios derived from the one repeat."""
+    urls = {"postgresql": ["--pg-url", db_url], "mysql": ["--mysql-url", db_url]}
+    code, report, md = _main(
+        tmp_path,
+        *TINY,
+        *urls.get(dialect, []),
+        "--backends",
+        dialect,
+        "--scenarios",
+        "guard",
+        "--contenders",
+        "dblock",
+        "--repeats",
+        "2",  # each repeat's process sets up its own business table
+    )
+    assert code == 0
+    v = report["results"]["guard"][dialect]
+    assert "error" not in v, v
+    for side in guard.SIDES:
+        assert v[side]["tx_per_s"] > 0, side
+    assert len(v["repeats"]) == 2
+    for rep, added, ratio in zip(
+        v["repeats"], v["guard_added_us_repeats"], v["guard_ratio_repeats"], strict=True
+    ):
+        plain, guarded = (1e6 / rep[s]["tx_per_s"] for s in ("plain", "guard"))
+        assert added == pytest.approx(guarded - plain)
+        assert ratio == pytest.approx(guarded / plain)
+    assert v["guard_statements"] == 1
+    assert v["guard"]["statements"] == v["plain"]["statements"] + 1
+    assert v["guard_round_trips"] == (None if dialect == "sqlite" else 1)
+    assert v["fenced"]["statements"] == v["plain"]["statements"]
+    assert "(guard) what lock.guard(conn) adds" in md
+    assert f"| {dialect} |" in md
+    (target,) = [t for t in report["targets"] if t["target"].startswith(f"(guard) {dialect}")]
+    assert target["met"] is True
