@@ -1,7 +1,7 @@
 """``dblock demo`` on every provider the demo reaches by URL, with a small workload (3 workers,
 stock 30).
 
-Only what must hold is asserted: the protected strategies (3-7) never oversell and ship exactly
+Only what must hold is asserted: the protected strategies (3-9) never oversell and ship exactly
 the stock. Whether the unprotected ones (1, 2) oversell depends on timing, so it is not.
 Strategy 7, a session advisory lock, is skipped by the demo where the store has none.
 """
@@ -92,6 +92,15 @@ def test_protected_strategies_ship_exactly_the_stock(
         assert v["oversold_units"] == 0 and v["unaccounted_units"] == 0, v
         assert v["units_shipped"] + v["stock_left"] == total, v
     assert variants["c"]["oversold_units"] == 0 and variants["c"]["lock_timeouts"] >= 0
+    # strategy 9, holders stalled past their lease: the token column (a) and the guarded
+    # commit (b) ship exactly the stock; which stalled writes were refused is timing
+    stalled = {v["variant"]: v for v in report["stalled_holder"]["variants"]}
+    assert sorted(stalled) == ["a", "b"]
+    for v in stalled.values():
+        assert v["status"] == "ok" and v["correct"] is True, v
+        assert v["oversold_units"] == 0 and v["unaccounted_units"] == 0, v
+        assert v["units_shipped"] == 30 and v["stock_left"] == 0, v
+        assert v["stalled_wrote"] + v["stalled_refused"] == 2, v
     # the demo's own tables are gone, the user's table is untouched
     tables = set(report["tables"])
     assert len(tables) >= 2

@@ -1,6 +1,7 @@
 """``dblock demo`` on a store that is no SQL database (Redis, ZooKeeper, etcd): the inventory
 table lives in an SQLite file of the run's, strategy 6 locks through the store, and the
-protected strategies never oversell; strategy 7 (a session advisory lock) is skipped."""
+protected strategies never oversell; strategy 7 (a session advisory lock) and 9b (a guarded
+commit) are skipped."""
 
 from __future__ import annotations
 
@@ -31,3 +32,9 @@ def test_the_inventory_in_sqlite_the_locks_in_the_store(
         assert by[number]["units_shipped"] == 30
         assert by[number]["oversold_units"] == 0
     assert by[7]["status"] == "skipped"
+    # strategy 9: the token column fences with the store's tokens; lock.guard needs the lock
+    # table in the inventory's database
+    stalled = {v["variant"]: v for v in report["stalled_holder"]["variants"]}
+    assert stalled["a"]["status"] == "ok" and stalled["a"]["oversold_units"] == 0
+    assert stalled["a"]["units_shipped"] == 30
+    assert stalled["b"]["status"] == "skipped" and "lock.guard" in stalled["b"]["note"]

@@ -26,7 +26,15 @@ from dblock.demo._runner import (
     p99,
     several_stock,
 )
-from dblock.demo._strategies import ARRIVAL_TRIES, SEVERAL_SKUS, STRATEGIES, parse_strategies
+from dblock.demo._strategies import (
+    ARRIVAL_TRIES,
+    SEVERAL_SKUS,
+    STALLED_HOLDER,
+    STALLED_SHOWS,
+    STALLS,
+    STRATEGIES,
+    parse_strategies,
+)
 
 SMALL = ["--workers", "3", "--stock", "30", "--seed", "7"]
 
@@ -114,11 +122,16 @@ def test_orders_are_reproducible_from_the_seed() -> None:
 
 def test_strategy_selection() -> None:
     assert [s.number for s in parse_strategies("6, read-write,3,6")] == [6, 1, 3]
-    assert len(parse_strategies(",".join(s.slug for s in STRATEGIES))) == 8
+    assert len(parse_strategies(",".join(s.slug for s in STRATEGIES))) == 9
     (several,) = parse_strategies("several-skus")
     assert several.number == 8 and several.variants == ("a", "b", "c")
     assert parse_strategies("8") == [several]
-    for bad in ("", "0", "9", "redis"):
+    (stalled,) = parse_strategies("stalled-holder")
+    assert stalled.number == 9 and stalled.variants == ("a", "b") and stalled.correct
+    assert stalled.skip_reason("sqlite", "a", sql_store=False) is None  # tokens: any store
+    assert "lock.guard" in str(stalled.skip_reason("sqlite", "b", sql_store=False))
+    assert stalled.skip_reason("postgresql", "b") is None
+    for bad in ("", "0", "10", "redis"):
         with pytest.raises(ValueError):
             parse_strategies(bad)
 
@@ -285,14 +298,22 @@ def test_report_rows_of_the_variants() -> None:
         for letter, title in SEVERAL_SKUS
     ]
     rows[2].retries = 4
+    rows += [
+        Result(9, "stalled-holder", title, correct=True, variant=letter, shipped=30)
+        for letter, title in STALLED_HOLDER
+    ]
+    rows[3].stalled, rows[3].retries = ["refused", "refused"], 2
+    rows[4].stalled, rows[4].retries = ["written", "refused"], 1
     buffer = io.StringIO()
     Console(file=buffer, width=120).print(table([single, *rows], 30, "6 SKUs of 6 units"))
     text = buffer.getvalue()
     assert "8a lock_many over the SKUs" in text
     assert "8c a lock per SKU, arrival order" in text
     assert "(8: 6 SKUs of 6 units)" in text
+    assert "9b guarded commit (lock.guard)" in text
     words = conclusion([single, *rows], 30)
     assert "4 timeouts" in words and "oversold nothing" in words
+    assert "of 2 stalled holders 1 committed" in words
     payload = to_json(
         [single, *rows], url="u", dialect="sqlite", workers=3, stock=30, seed=1, tables=[]
     )
@@ -300,3 +321,84 @@ def test_report_rows_of_the_variants() -> None:
     variants = payload["several_skus"]["variants"]
     assert [v["variant"] for v in variants] == ["a", "b", "c"]
     assert variants[2]["lock_timeouts"] == 4
+    stalled = payload["stalled_holder"]["variants"]
+    assert [v["variant"] for v in stalled] == ["a", "b"]
+    assert stalled[1]["shows"] == STALLED_SHOWS["b"]
+    assert stalled[1]["shows"].startswith("no token column")
+    assert (stalled[1]["stalled_wrote"], stalled[1]["stalled_refused"]) == (1, 1)
+
+
+def test_stalled_holder_variants_on_sqlite(
+    capsys: pytest.CaptureFixture[str], tmp_path: Any
+) -> None:
+    """Strategy 9 on the embedded store: holders stalled past their lease, yet neither the
+    token column nor the guarded commit oversells or loses an update. Which stalled writes
+    were refused depends on timing; that each stalled holder is accounted for does not."""
+    url = f"sqlite:///{tmp_path}/demo.sqlite3"
+    status, report = _run_json(capsys, "--url", url, *SMALL, "--strategies", "9")
+    assert status == 0, report
+    assert report["strategies"] == [] and report["several_skus"]["variants"] == []
+    rows = {v["variant"]: v for v in report["stalled_holder"]["variants"]}
+    assert sorted(rows) == ["a", "b"]
+    for v in rows.values():
+        assert v["status"] == "ok" and v["verdict"] == "ok" and v["correct"] is True, v
+        assert v["oversold_units"] == 0 and v["unaccounted_units"] == 0, v
+        assert v["units_shipped"] == 30 and v["stock_left"] == 0, v
+        assert v["stalled_wrote"] + v["stalled_refused"] == len(STALLS), v
+        assert v["retries"] >= v["stalled_refused"]
+
+
+@pytest.fixture
+def stall_worker(tmp_path: Any) -> Any:
+    """A strategy 9 worker on an SQLite inventory of 10 units, and a client of its locks."""
+    import dblock
+    from dblock.demo._db import DemoDB, create_inventory
+    from dblock.demo._worker import Worker
+    from dblock.stores import parse_url
+
+    url = f"sqlite:///{tmp_path}/demo.sqlite3"
+    db = DemoDB(parse_url(url))
+    create_inventory(db, "dblock_demo_inventory_t", 10)
+    with dblock.connect(url, table="dblock_demo_locks_t") as client:
+        worker = Worker(url, "dblock_demo_inventory_t", "dblock_demo_locks_t")
+        worker.open(9)
+        try:
+            yield worker, client, db
+        finally:
+            worker.close()
+            db.close()
+
+
+def test_the_token_column_refuses_a_stale_holder(stall_worker: Any) -> None:
+    """9a: a holder whose token is older than the one recorded on the row writes nothing,
+    at its claim or at its write; the newest token writes."""
+    from dblock.demo._db import stock_left
+
+    worker, _client, db = stall_worker
+    assert worker.fenced(5, 2, 0.001) == "confirmed"
+    assert stock_left(db, "dblock_demo_inventory_t") == 8
+    assert worker.fenced(4, 2, 0.001) is None  # a newer holder (5) claimed the row
+    assert stock_left(db, "dblock_demo_inventory_t") == 8
+    row = db.one("SELECT fence_token FROM dblock_demo_inventory_t")
+    assert row == (5,)
+
+
+def test_the_guard_refuses_a_hold_taken_over_and_nothing_is_written(stall_worker: Any) -> None:
+    """9b: the lease of a stalled holder is gone and another owner holds the lock: its
+    guard raises LockLost, the transaction is rolled back, the stock is untouched; a live
+    hold's guarded read-check-write commits."""
+    import dblock
+    from dblock.demo._db import stock_left
+
+    worker, client, db = stall_worker
+    lock = worker.client.lock(worker.lock_key, ttl=30)
+    assert lock.acquire(blocking=False)
+    assert worker.guarded(lock, 3, 0.001) == "confirmed"
+    assert stock_left(db, "dblock_demo_inventory_t") == 7
+    assert client.force_release(worker.lock_key)
+    assert client.lock(worker.lock_key, ttl=30).acquire(blocking=False)
+    assert worker.guarded(lock, 3, 0.001) is None
+    assert stock_left(db, "dblock_demo_inventory_t") == 7
+    assert not worker.conn.connection.in_transaction  # rolled back
+    with pytest.raises(dblock.LockLost):
+        lock.release()

@@ -15,9 +15,25 @@ import dblock
 from .._url import DatabaseURL, default_url, quorum_urls, redact, scrub
 from ..stores import parse_url
 from ._db import SKUS
-from ._report import NoProgress, PlainProgress, RichProgress, conclusion, table, to_json, verdict
+from ._report import (
+    NoProgress,
+    PlainProgress,
+    RichProgress,
+    conclusion,
+    shows,
+    table,
+    to_json,
+    verdict,
+)
 from ._runner import MAX_LINE_QTY, MAX_LINES, MAX_QTY, Demo, Result, SetupFailed, Unreachable
-from ._strategies import STRATEGIES, Strategy, parse_strategies
+from ._strategies import (
+    STALL_SECONDS,
+    STALL_TTL,
+    STALLS,
+    STRATEGIES,
+    Strategy,
+    parse_strategies,
+)
 
 EX_OK, EX_FAILED, EX_USAGE, EX_UNAVAILABLE, EX_INTERRUPTED = 0, 1, 2, 69, 130
 MAX_WORKERS = 32
@@ -53,7 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
             "SKU at once, once per strategy, and the demo shows which oversell and what each "
             "costs; strategy 8 confirms orders of several SKUs, taking their locks with "
             "lock_many, one by one in sorted order, or one by one in arrival order with a "
-            "timeout. Uses its own tables (dblock_demo_*), created and dropped by the run."
+            "timeout; strategy 9 stalls a few holders past a short lease and keeps their "
+            "writes safe with a fencing token column or a guarded commit (lock.guard). "
+            "Uses its own tables (dblock_demo_*), created and dropped by the run."
         ),
     )
     parser.add_argument(
@@ -204,6 +222,14 @@ def _print_header(out: Console, demo: Demo) -> None:
             "its SKUs, reads them, takes 1-3 ms, then decrements them all in one transaction",
             markup=False,
         )
+    if any(s.number == 9 for s in demo.strategies):
+        where = {"taken": "right after taking the lock", "processing": "while processing"}
+        stalls = "; ".join(f"order {i + 1} {where[w]}" for i, w in sorted(STALLS.items()))
+        out.print(
+            f"strategy 9: as strategy 6 with a {STALL_TTL:g} s lease; holders stall "
+            f"{STALL_SECONDS:g} s ({stalls}) and another worker takes the lock meanwhile",
+            markup=False,
+        )
     out.print(f"database: {demo.url.safe}", markup=False)
     out.print(f"demo tables (dropped at exit): {', '.join(demo.object_names())}", markup=False)
 
@@ -220,5 +246,7 @@ def _print_report(
     for r in results:
         if r.status != "ok":
             out.print(f"  {r.name}: {verdict(r)}: {r.note}", markup=False)
+        elif r.number == 9:
+            out.print(f"  {r.name}: {shows(r)}", markup=False)
     out.print()
     out.print(conclusion(results, stock, workers), markup=False)

@@ -45,6 +45,11 @@ class DemoDB:
         finally:
             cur.close()
 
+    @property
+    def connection(self) -> Any:
+        """The driver's connection (what ``lock.guard`` runs its statement on)."""
+        return self._conn
+
     def begin(self) -> None:
         """Start a transaction (SQLite: ``BEGIN IMMEDIATE``, which takes the write lock)."""
         self.execute("BEGIN IMMEDIATE" if self.dialect == "sqlite" else "BEGIN")
@@ -107,6 +112,8 @@ def create_inventory(db: DemoDB, table: str, stock: int) -> None:
         "    warehouse VARCHAR(16) NOT NULL,\n"
         "    available INTEGER     NOT NULL,\n"
         "    version   INTEGER     NOT NULL DEFAULT 0,\n"
+        # strategy 9a's fencing: the token of the newest holder that claimed the row
+        "    fence_token BIGINT    NULL,\n"
         "    PRIMARY KEY (sku, warehouse)\n"
         f"){engine}"
     )

@@ -10,7 +10,8 @@ from rich.table import Table
 
 from ._db import SKUS
 from ._runner import Result, several_stock
-from ._strategies import ARRIVAL_TIMEOUT, ARRIVAL_TRIES
+from ._strategies import ARRIVAL_TIMEOUT, ARRIVAL_TRIES, STALL_SECONDS, STALL_TTL, STALLED_SHOWS
+from ._worker import REFUSED, WRITTEN
 
 
 def verdict(result: Result) -> str:
@@ -118,10 +119,10 @@ _STYLES = {
 
 
 def table(results: list[Result], stock: int, several: str = "") -> Table:
-    """The results table: one row per strategy (per variant for strategy 8, whose stock
-    ``several`` describes)."""
+    """The results table: one row per strategy (per variant for strategies 8, whose stock
+    ``several`` describes, and 9)."""
     title = f"Inventory deduction, initial stock {stock}"
-    if several and any(r.variant for r in results):
+    if several and any(r.number == 8 for r in results):
         title += f" (8: {several})"
     t = Table(title=title, title_justify="left")
     t.add_column("strategy")
@@ -183,7 +184,8 @@ def conclusion(results: list[Result], stock: int, workers: int = 2) -> str:
         )
     else:
         parts.extend(_costs({r.number: r for r in ran if r.correct and not r.variant}))
-        parts.extend(_several({r.variant: r for r in ran if r.variant}))
+        parts.extend(_several({r.variant: r for r in ran if r.number == 8}))
+        parts.extend(_stalled({r.variant: r for r in ran if r.number == 9}))
     return " ".join(parts)
 
 
@@ -269,6 +271,39 @@ def _several(by: dict[str, Result]) -> list[str]:
     return parts
 
 
+def shows(r: Result) -> str:
+    """Strategy 9's row in one line: what its variant shows."""
+    return STALLED_SHOWS[r.variant]
+
+
+def _stalled(by: dict[str, Result]) -> list[str]:
+    """Strategy 9's variants: a holder stalled past its lease, and what keeps it safe."""
+    if not by:
+        return []
+    parts = [
+        f"A holder stalled past its lease (9) is the case a lock alone cannot cover: once its "
+        f"{STALL_TTL:g} s lease ran out another worker took the lock, and the stalled one "
+        "woke up believing it still held it. Neither way of fencing its write oversold."
+    ]
+    if "a" in by:
+        parts.append(
+            f"The token column (9a) lets the row refuse the stale write once a newer holder "
+            f"has claimed it: of {len(by['a'].stalled)} stalled holders "
+            f"{by['a'].stalled.count(REFUSED)} were refused (refused writes done again in "
+            f"all: {by['a'].retries})."
+        )
+    if "b" in by:
+        parts.append(
+            f"The guarded commit (9b) needs no column: lock.guard(conn) in the write's own "
+            f"transaction refuses a hold already gone, and otherwise keeps the lock from "
+            f"being taken over until COMMIT, so a holder stalled inside it still commits "
+            f"while the next one waits: of {len(by['b'].stalled)} stalled holders "
+            f"{by['b'].stalled.count(WRITTEN)} committed (refused writes done again in all: "
+            f"{by['b'].retries})."
+        )
+    return parts
+
+
 def _row(r: Result) -> dict[str, Any]:
     return {
         "number": r.number,
@@ -311,6 +346,22 @@ def to_json(
         "tables": tables,
         "ok": not any(r.failed for r in results),
         "strategies": [_row(r) for r in results if not r.variant],
+        # strategy 9 apart: its retries are refused writes of stale holds
+        "stalled_holder": {
+            "lease_s": STALL_TTL,
+            "stall_s": STALL_SECONDS,
+            "variants": [
+                {
+                    **_row(r),
+                    "variant": r.variant,
+                    "shows": shows(r),
+                    "stalled_wrote": r.stalled.count(WRITTEN),
+                    "stalled_refused": r.stalled.count(REFUSED),
+                }
+                for r in results
+                if r.number == 9
+            ],
+        },
         # strategy 8 apart: its stock is several SKUs', its retries are lock timeouts
         "several_skus": {
             "skus": list(SKUS),
@@ -318,7 +369,7 @@ def to_json(
             "variants": [
                 {**_row(r), "variant": r.variant, "lock_timeouts": r.retries}
                 for r in results
-                if r.variant
+                if r.number == 8
             ],
         },
     }

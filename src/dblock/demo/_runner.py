@@ -57,7 +57,7 @@ class Result:
     slug: str
     title: str
     correct: bool
-    #: strategy 8's variant ("a", "b", "c"), "" for the others
+    #: strategy 8's variant ("a", "b", "c") or 9's ("a", "b"), "" for the others
     variant: str = ""
     status: str = "ok"  # ok | skipped | error
     note: str = ""
@@ -71,6 +71,8 @@ class Result:
     elapsed: float = 0.0
     throughput: float = 0.0
     p99_ms: float = 0.0
+    #: strategy 9: what became of each stalled holder's write ("written" or "refused")
+    stalled: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
 
     @property
@@ -177,6 +179,8 @@ class Demo:
         self.several_stock = several_stock(stock)
         #: strategy 8 is among the strategies set up
         self.several_in_use = False
+        #: the strategies set up
+        self.strategies: list[Strategy] = []
         self.objects: list[tuple[str, str]] = []
         self.db: DemoDB | None = None
         self.procs: list[Any] = []
@@ -187,6 +191,7 @@ class Demo:
         """Connect, create the demo's tables, start the workers. Raises Unreachable."""
         open_url(self.url, None, self.lock_table).close()  # URL parameters, driver present
         self.several_in_use = any(s.number == 8 for s in strategies)
+        self.strategies = list(strategies)
         try:
             self.db = DemoDB(self.inventory)
         except Exception as exc:  # noqa: BLE001 - any driver error means "cannot reach"
@@ -194,7 +199,7 @@ class Demo:
         try:
             self.objects.append(("TABLE", self.table))
             create_inventory(self.db, self.table, self.stock)
-            if any(s.number in (6, 8) for s in strategies):
+            if any(s.number in (6, 8, 9) for s in strategies):
                 if self.url.dialect in SQL_DIALECTS:
                     self.objects.extend(
                         lock_table_objects(ddl_for(self.url.dialect, self.lock_table))
@@ -280,7 +285,9 @@ class Demo:
             strategy.correct,
             variant,
         )
-        reason = strategy.skip_reason(self.inventory.dialect)
+        reason = strategy.skip_reason(
+            self.inventory.dialect, variant, self.url.dialect in SQL_DIALECTS
+        )
         if reason is not None:
             result.status, result.note = "skipped", reason
             result.stock_left = self.stock
@@ -329,6 +336,7 @@ class Demo:
             result.rejected += s.rejected
             result.shipped += s.shipped
             result.retries += s.retries
+            result.stalled.extend(s.stalled)
             if s.error is not None:
                 result.errors.append(s.error)
         if multi:

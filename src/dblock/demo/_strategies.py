@@ -16,6 +16,24 @@ SEVERAL_SKUS: tuple[tuple[str, str], ...] = (
 ARRIVAL_TIMEOUT = 0.1
 ARRIVAL_TRIES = 3
 
+#: strategy 9's variants, run side by side: (letter, title)
+STALLED_HOLDER: tuple[tuple[str, str], ...] = (
+    ("a", "token column (fenced_update)"),
+    ("b", "guarded commit (lock.guard)"),
+)
+#: strategy 9, in one line each: what its variant shows
+STALLED_SHOWS = {
+    "a": "token column: a stalled holder's write is refused once a newer holder claims the row",
+    "b": "no token column: takeovers wait for the guarded COMMIT; a hold already lost is refused",
+}
+#: strategy 9's lease, and how long its stalled holders stall (well past the lease: a GC
+#: pause, a swapped-out process). Short, so that the demo takes about as long as before
+STALL_TTL = 0.08
+STALL_SECONDS = 0.2
+#: strategy 9: the orders (indexes into the order book) whose holder stalls, and where:
+#: right after taking the lock, or while processing the order (after reading the stock)
+STALLS = {0: "processing", 1: "taken"}
+
 
 @dataclass(frozen=True)
 class Strategy:
@@ -32,7 +50,7 @@ class Strategy:
     def label(self, dialect: str, variant: str = "") -> str:
         """The title (of ``variant``) as it applies on ``dialect``."""
         if variant:
-            return dict(SEVERAL_SKUS)[variant]
+            return dict(STALLED_HOLDER if self.number == 9 else SEVERAL_SKUS)[variant]
         if self.number == 4 and dialect == "sqlite":
             return "BEGIN IMMEDIATE transaction"
         if self.number == 7:
@@ -42,10 +60,13 @@ class Strategy:
             }.get(dialect, self.title)
         return self.title
 
-    def skip_reason(self, dialect: str) -> str | None:
-        """Why the strategy cannot run on ``dialect``, or None."""
+    def skip_reason(self, dialect: str, variant: str = "", sql_store: bool = True) -> str | None:
+        """Why the strategy (its ``variant``) cannot run with the inventory on ``dialect``
+        and the locks in a SQL store (``sql_store``) or not, or None."""
         if self.number == 7 and dialect == "sqlite":
             return "SQLite has no advisory locks"
+        if self.number == 9 and variant == "b" and not sql_store:
+            return "lock.guard needs the lock table in the inventory's SQL database"
         return None
 
 
@@ -63,6 +84,13 @@ STRATEGIES: tuple[Strategy, ...] = (
         "orders of several SKUs",
         correct=True,
         variants=tuple(letter for letter, _ in SEVERAL_SKUS),
+    ),
+    Strategy(
+        9,
+        "stalled-holder",
+        "a holder stalled past its lease",
+        correct=True,
+        variants=tuple(letter for letter, _ in STALLED_HOLDER),
     ),
 )
 

@@ -9,11 +9,17 @@ in which unprotected strategies race.
 Strategy 8 confirms orders of several SKUs: under locks on the order's SKUs it reads their
 stock and, if every line is in stock, processes the order and decrements every SKU in one
 transaction. Its variants differ only in how they take the locks.
+
+Strategy 9 is strategy 6 with a short lease, where a few holders stall past it (a GC pause, a
+swapped-out process) and another worker takes the lock meanwhile. The lock alone no longer
+serializes the writes; its variants keep them safe: a fencing token column on the row (a), or
+the write's own transaction guarded by ``lock.guard`` with no token column (b).
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import random
 import signal
 import time
@@ -22,10 +28,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import dblock
+from dblock.fencing import fenced_update
 
 from ..stores import parse_url
 from ._db import SKU, WAREHOUSE, DemoDB
-from ._strategies import ARRIVAL_TIMEOUT, ARRIVAL_TRIES
+from ._strategies import ARRIVAL_TIMEOUT, ARRIVAL_TRIES, STALL_SECONDS, STALL_TTL, STALLS
 
 CONFIRMED, REJECTED, SOLD_OUT = "confirmed", "rejected", "sold_out"
 LOCK_WAIT = 60.0  # seconds a worker waits for a lock before giving up on an order
@@ -36,6 +43,8 @@ Lines = tuple[tuple[str, int], ...]
 SeveralOrder = tuple[Lines, float]
 #: what the parent sends a worker: (strategy number, variant), or None to stop
 Task = tuple[int, str]
+#: what became of a stalled holder's write (strategy 9)
+WRITTEN, REFUSED = "written", "refused"
 
 
 @dataclass(frozen=True)
@@ -75,6 +84,8 @@ class Stats:
     shipped: int = 0
     retries: int = 0
     latencies: list[float] = field(default_factory=list)
+    #: strategy 9: what became of each stalled holder's write (WRITTEN or REFUSED)
+    stalled: list[str] = field(default_factory=list)
     error: str | None = None
 
 
@@ -91,12 +102,14 @@ class Worker:
         self.where = "WHERE sku = %s AND warehouse = %s"
         self.row = (SKU, WAREHOUSE)
         self.lock_key = f"inventory:{WAREHOUSE}:{SKU}"
+        #: strategy 9: what became of the stalled holders' writes in this worker
+        self.stalled: list[str] = []
 
     def open(self, number: int) -> None:
         if self.db is None:
             self.db = DemoDB(self.parsed)
-        # 6, 7 (a session hold) and 8 lock through dblock
-        if number in (6, 7, 8) and self.client is None:
+        # 6, 7 (a session hold), 8 and 9 lock through dblock
+        if number in (6, 7, 8, 9) and self.client is None:
             self.client = dblock.connect(self.url, table=self.lock_table, create_schema=False)
 
     def close(self) -> None:
@@ -274,6 +287,83 @@ class Worker:
 
         return self.in_transaction(decrement)[0]
 
+    def stalled_holder(self, variant: str, qty: int, delay: float, stall: str) -> tuple[str, int]:
+        """9: read-check-write under a lease of STALL_TTL; the orders of STALLS stall past it
+        (``stall``: "taken", right after taking the lock, or "processing", after reading
+        the stock). A write refused (a: by the token column, b: by the guard) means the hold
+        was stale: the order starts again under a new hold (the retries column)."""
+        refused = 0
+        while True:
+            outcome = self.stalled_once(variant, qty, delay, stall)
+            if stall:
+                self.stalled.append(REFUSED if outcome is None else WRITTEN)
+                stall = ""  # the order's next try runs at full speed
+            if outcome is not None:
+                return outcome, refused
+            refused += 1
+
+    def stalled_once(self, variant: str, qty: int, delay: float, stall: str) -> str | None:
+        """One try of a strategy 9 order: its outcome, or None if its write was refused."""
+        if self.client is None:
+            raise RuntimeError("the worker has no dblock client")
+        lock = self.client.lock(self.lock_key, ttl=STALL_TTL)
+        # waiters are woken by releases, and look at a lease that simply runs out only every
+        # few seconds; short waits, tried again, take a stalled holder's lock over as soon as
+        # its lease is gone, which is what this strategy is about
+        deadline = time.monotonic() + LOCK_WAIT
+        while not lock.acquire(timeout=STALL_TTL / 2):
+            if time.monotonic() > deadline:
+                raise dblock.LockTimeout(f"no hold of {self.lock_key!r} within {LOCK_WAIT:g} s")
+        try:
+            token = lock.token
+            if token is None:
+                return None  # lost already (a lease this short, on a loaded machine)
+            if stall == "taken":
+                time.sleep(STALL_SECONDS)
+            extra = STALL_SECONDS if stall == "processing" else 0.0
+            if variant == "a":
+                return self.fenced(token, qty, delay + extra)
+            return self.guarded(lock, qty, delay + extra)
+        finally:
+            # a stalled lease has run out (LockLost): the write was fenced or guarded, and
+            # the token column or the guard has already refused it if it was stale
+            with contextlib.suppress(dblock.LockLost):
+                lock.release()
+
+    def fenced(self, token: int, qty: int, delay: float) -> str | None:
+        """9a: claim the row with the hold's token, then read-check-write; every statement
+        changes the row only if no newer token has been recorded on it. The claim before
+        the read is what makes it safe: a newer holder claims the row before it reads, so
+        a stale write that lands after that read is refused, never overwritten."""
+        keys = ["sku", "warehouse"]
+        claim = fenced_update(self.conn.dialect, self.table, [], keys)
+        if self.conn.execute(claim.sql, claim.params([], self.row, token)) != 1:
+            return None
+        available = self.read()
+        if available <= 0:
+            return SOLD_OUT
+        if qty > available:
+            return REJECTED
+        time.sleep(delay)
+        write = fenced_update(self.conn.dialect, self.table, ["available"], keys)
+        if self.conn.execute(write.sql, write.params([available - qty], self.row, token)) != 1:
+            return None
+        return CONFIRMED
+
+    def guarded(self, lock: dblock.Lock, qty: int, delay: float) -> str | None:
+        """9b: the read-check-write of strategy 1 in a transaction that ``lock.guard``
+        opens: the guard refuses a hold that is gone (LockLost: roll back), else holds the
+        lock's row still until COMMIT, so no other worker takes the lock before it."""
+
+        def body() -> tuple[str, int]:
+            lock.guard(self.conn.connection)
+            return self.check_then_write(qty, delay)
+
+        try:
+            return self.in_transaction(body)[0]
+        except dblock.LockLost:
+            return None  # rolled back: nothing written
+
     def in_transaction(self, body: Callable[[], tuple[str, int]]) -> tuple[str, int]:
         self.conn.begin()
         try:
@@ -296,6 +386,13 @@ def _book(
             lambda o: worker.several_skus(variant, o[0], o[1]),
             lambda o: sum(qty for _, qty in o[0]),
         )
+    if number == 9:
+        book = [(qty, delay, STALLS.get(i, "")) for i, (qty, delay) in enumerate(config.orders)]
+        return (
+            book,
+            lambda o: worker.stalled_holder(variant, o[0], o[1], o[2]),
+            lambda o: int(o[0]),
+        )
     confirm = worker.strategy(number)
     return config.orders, lambda o: confirm(o[0], o[1]), lambda o: int(o[0])
 
@@ -303,6 +400,7 @@ def _book(
 def run_strategy(worker: Worker, task: Task, config: Config, shared: Shared) -> Stats:
     """Take orders from the shared book until it is empty or the stock is seen sold out."""
     stats = Stats()
+    worker.stalled = stats.stalled
     orders, confirm, units = _book(worker, task, config)
     try:
         while not shared.sold_out.is_set():
@@ -334,9 +432,16 @@ def run_strategy(worker: Worker, task: Task, config: Config, shared: Shared) -> 
     return stats
 
 
+def _unexpected(record: logging.LogRecord) -> bool:
+    """Strategy 9's stalled holders lose their leases on purpose (the report counts them):
+    no warning for that on the demo's stderr."""
+    return not str(record.msg).startswith("lost the ")
+
+
 def worker_main(wid: int, config: Config, shared: Shared) -> None:
     """Process entry point: run each strategy the parent sends, until it sends None."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and stops us
+    logging.getLogger("dblock").addFilter(_unexpected)
     worker = Worker(config.url, config.table, config.lock_table, config.inventory_url)
     try:
         while True:
