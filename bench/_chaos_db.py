@@ -294,6 +294,129 @@ class FencedWriter:
                 conn.close()
 
 
+def create_guarded_tables(url: str, counter: str, glog: str, keys: int) -> None:
+    """The guarded writers' business tables, with no token column: a counter per key and a
+    log of the committed read-modify-writes (``n``: the counter value the transaction
+    wrote). Two holders' transactions that interleave both write the same ``n``, and the
+    counter ends below the number of log rows (a lost update)."""
+    d = dialect_of(url)
+    seq = {
+        "sqlite": "seq INTEGER PRIMARY KEY AUTOINCREMENT",
+        "postgresql": "seq BIGSERIAL PRIMARY KEY",
+        "mysql": "seq BIGINT AUTO_INCREMENT PRIMARY KEY",
+    }[d]
+    conn = connect(url, autocommit=True)
+    try:
+        cur = conn.cursor()
+        cur.execute(f"CREATE TABLE {q(d, counter)} (rid INTEGER PRIMARY KEY, n INTEGER NOT NULL)")
+        cur.execute(
+            f"CREATE TABLE {q(d, glog)} ({seq}, rid INTEGER NOT NULL, n INTEGER NOT NULL, "
+            "owner VARCHAR(255) NOT NULL, token BIGINT NOT NULL)"
+        )
+        for rid in range(keys):
+            cur.execute(f"INSERT INTO {q(d, counter)} (rid, n) VALUES ({mark(d)}, 0)", (rid,))
+    finally:
+        conn.close()
+
+
+class GuardedWriter:
+    """A worker's own application connection (the store's driver, its tagged session, so
+    that connection kills hit it too) for a read-modify-write on the business tables in one
+    transaction; the worker runs ``lock.guard`` on ``conn`` between ``begin`` and ``read``.
+    """
+
+    def __init__(self, url: str, counter: str, glog: str) -> None:
+        self.url = url
+        self.dialect = dialect_of(url)
+        m = mark(self.dialect)
+        self.read_sql = f"SELECT n FROM {q(self.dialect, counter)} WHERE rid = {m}"
+        self.update_sql = f"UPDATE {q(self.dialect, counter)} SET n = {m} WHERE rid = {m}"
+        self.log_sql = (
+            f"INSERT INTO {q(self.dialect, glog)} (rid, n, owner, token) "
+            f"VALUES ({m}, {m}, {m}, {m})"
+        )
+        self.conn: Any = None
+
+    def begin(self) -> Any:
+        """Open a transaction (a deferred one on SQLite: the guard makes it the writer);
+        the connection."""
+        if self.conn is None:
+            self.conn = connect(self.url, autocommit=False)
+        try:
+            if self.dialect == "sqlite":
+                self.conn.execute("BEGIN")
+            elif self.dialect == "mysql":
+                self.conn.begin()
+            # psycopg (autocommit off) opens the transaction with the first statement
+        except BaseException:
+            self.close()
+            raise
+        return self.conn
+
+    def read(self, rid: int) -> int:
+        cur = self.conn.cursor()
+        cur.execute(self.read_sql, (rid,))
+        return int(cur.fetchone()[0])
+
+    def write(self, rid: int, n: int, owner: str, token: int) -> None:
+        cur = self.conn.cursor()
+        cur.execute(self.update_sql, (n, rid))
+        cur.execute(self.log_sql, (rid, n, owner, token))
+
+    def commit(self) -> None:
+        if self.dialect == "sqlite":
+            self.conn.execute("COMMIT")
+        else:
+            self.conn.commit()
+
+    def rollback(self) -> None:
+        """Best effort; a connection that cannot roll back is closed (its transaction ends
+        with it) and opened afresh next time."""
+        if self.conn is None:
+            return
+        try:
+            if self.dialect == "sqlite":
+                if self.conn.in_transaction:
+                    self.conn.execute("ROLLBACK")
+            else:
+                self.conn.rollback()
+        except Exception:
+            self.close()
+            return
+        if getattr(self.conn, "closed", False):  # psycopg: a killed session rolls back quietly
+            self.close()
+
+    def close(self) -> None:
+        conn, self.conn = self.conn, None
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                conn.close()
+
+
+def read_guarded(url: str, counter: str, glog: str) -> dict[str, Any]:
+    """The business tables at the end: ``counters`` {rid: n} and ``log`` rows (seq, rid, n,
+    owner, token) in seq order."""
+    d = dialect_of(url)
+    last: Exception | None = None
+    for _ in range(30):
+        try:
+            conn = connect(url, autocommit=True)
+        except Exception as exc:
+            last = exc
+            time.sleep(1)
+            continue
+        try:
+            cur = conn.cursor()
+            cur.execute(f"SELECT rid, n FROM {q(d, counter)} ORDER BY rid")
+            counters = {int(rid): int(n) for rid, n in cur.fetchall()}
+            cur.execute(f"SELECT seq, rid, n, owner, token FROM {q(d, glog)} ORDER BY seq")
+            log = [(int(a), int(b), int(c), str(e), int(f)) for a, b, c, e, f in cur.fetchall()]
+            return {"counters": counters, "log": log}
+        finally:
+            conn.close()
+    raise RuntimeError(f"cannot read the guarded tables: {last}")
+
+
 def read_audit(url: str, audit: str, resource: str) -> tuple[list[tuple[int, int, int, str]], Any]:
     """(seq, rid, token, owner) in commit order per resource, and the final resource rows."""
     d = dialect_of(url)

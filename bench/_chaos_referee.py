@@ -18,6 +18,13 @@ Violations (each must be 0):
   although nothing could have ended it: it did not renew, its release was sent within half
   a lease of its acquire, and no fault but lost replies, kills and pauses of other
   processes overlapped it (a lost reply, in particular, must never be taken for a loss).
+* ``lost-update``: a key's counter in the guarded writers' business table (no token column)
+  is not the number of their committed transactions on it (log rows): two holders'
+  read-modify-writes interleaved, the later one's write erasing the other's.
+* ``interleave``: two committed guarded transactions wrote the same counter value for one
+  key (both read it before either wrote), or a later value carries a token that is not
+  greater (a stale holder's transaction committed after its successor's).
+* ``guarded-audit``: a worker saw its guarded transaction commit but its log row is missing.
 * ``escape``: an exception outside dblock's hierarchy came out of dblock.
 * ``hang``: a process did not end by the deadline plus grace.
 """
@@ -55,14 +62,19 @@ def judge(
     final: list[Any],
     run_end: float,
     ttl: float,
+    guarded: dict[str, Any] | None = None,
+    file_lock: bool = False,
 ) -> dict[str, Any]:
+    """The summary; ``guarded``: the business tables of the guarded writers (``read_guarded``),
+    None where there are none; ``file_lock``: one transaction holds the whole database (SQLite),
+    so a holder paused inside its guarded transaction stalls every other holder."""
     holds: dict[str, dict[str, Any]] = {}
     violations: list[str] = []
     counts: Counter[str] = Counter()
     for ev in events:
         kind = ev["ev"]
         counts["ev_" + kind] += 1
-        if kind in ("hold", "write", "end"):
+        if kind in ("hold", "write", "end", "gbegin", "guarded"):
             # one owner holds several keys at once with lock_many: a hold is (owner, key)
             h = holds.setdefault(f"{ev['owner']} {ev['key']}", {"owner": ev["owner"]})
             if kind == "hold" and ev.get("many"):
@@ -87,6 +99,8 @@ def judge(
             counts["write_" + {True: "accepted", False: "rejected", None: "error"}[acc]] += 1
         if h.get("on_lost"):
             counts["on_lost"] += 1
+        if "goutcome" in h:
+            counts["guarded_" + h["goutcome"]] += 1
 
     by_key: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for h in holds.values():
@@ -102,7 +116,9 @@ def judge(
                 if b["got"] < a.get("rel_sent", a["ended"]):
                     overlaps += 1  # b acquired before a's release was even sent
     violations += exclusion_violations(by_key)
-    violations += false_losses(holds.values(), faults, ttl)
+    violations += false_losses(holds.values(), faults, ttl, file_lock)
+    if guarded is not None:
+        violations += guarded_violations(holds.values(), guarded)
 
     # the database's record of accepted writes
     by_rid: dict[int, list[tuple[int, int, str]]] = defaultdict(list)
@@ -194,6 +210,11 @@ def judge(
         "hung": len(hung),
         "slow_acquires": counts["slow_acquire"],
         "slow_acquire_max": counts["slow_max_ms"] / 1000,
+        # guarded writers (per key; None: the store has none)
+        "guarded_commits": None if guarded is None else len(guarded["log"]),
+        "guarded_acked": counts["guarded_committed"],
+        "guard_lost": counts["guarded_lost"],
+        "guarded_errors": counts["guarded_error"],
         "violations": violations,
     }
 
@@ -228,14 +249,75 @@ def exclusion_violations(by_key: dict[str, list[dict[str, Any]]]) -> list[str]:
     return found
 
 
+def guarded_violations(holds: Iterable[dict[str, Any]], guarded: dict[str, Any]) -> list[str]:
+    """The business tables against the guarded writers' account (see ``lost-update``,
+    ``interleave`` and ``guarded-audit`` above)."""
+    found = []
+    by_rid: dict[int, list[tuple[int, int, str, int]]] = defaultdict(list)
+    for _seq, rid, n, owner, token in guarded["log"]:
+        by_rid[rid].append((n, _seq, owner, token))
+    for rid, counter in sorted(guarded["counters"].items()):
+        rows = sorted(by_rid.get(rid, []))
+        if counter != len(rows):
+            found.append(
+                f"lost-update: resource {rid}: counter {counter} after {len(rows)} committed "
+                "guarded transactions (two holders' transactions interleaved)"
+            )
+        for (n1, _, o1, t1), (n2, _, o2, t2) in itertools.pairwise(rows):
+            if n1 == n2:
+                found.append(
+                    f"interleave: resource {rid}: tokens {t1} ({o1}) and {t2} ({o2}) both "
+                    f"committed counter {n1}"
+                )
+            elif t2 <= t1:
+                found.append(
+                    f"interleave: resource {rid}: counter {n2} committed with token {t2} "
+                    f"after counter {n1} with token {t1}"
+                )
+    logged = {(owner, rid, token) for _, rid, _, owner, token in guarded["log"]}
+    for h in holds:
+        if h.get("goutcome") == "committed" and (h["owner"], h["rid"], h["token"]) not in logged:
+            found.append(
+                f"guarded-audit: committed transaction of token {h['token']} by {h['owner']} "
+                f"on resource {h['rid']} has no log row"
+            )
+    return found
+
+
+def _guarded_spans(holds: Iterable[dict[str, Any]]) -> dict[int, list[tuple[float, float]]]:
+    """Per pid, when it had a guarded transaction open (to its end, or its process's)."""
+    spans: dict[int, list[tuple[float, float]]] = defaultdict(list)
+    for h in holds:
+        if "g0" in h:
+            spans[h["pid"]].append((h["g0"], h.get("g1", h["ended"])))
+    return spans
+
+
 #: faults that end no other process's hold
 _HARMLESS = ("lostreply", "kill", "pause")
 
 
 def false_losses(
-    holds: Iterable[dict[str, Any]], faults: list[dict[str, Any]], ttl: float
+    holds: Iterable[dict[str, Any]],
+    faults: list[dict[str, Any]],
+    ttl: float,
+    file_lock: bool = False,
 ) -> list[str]:
-    """Holds reported lost that nothing could have ended (see ``false-loss`` above)."""
+    """Holds reported lost that nothing could have ended (see ``false-loss`` above).
+
+    ``file_lock``: a holder paused inside its guarded transaction keeps the database's one
+    write lock (SQLite): no other holder renews or releases until it ends, as under a
+    ``filelock`` fault, so such a pause counts as a fault for every hold."""
+    holds = list(holds)
+    stalls = []
+    if file_lock:
+        spans = _guarded_spans(holds)
+        stalls = [
+            f
+            for f in faults
+            if f["kind"] == "pause"
+            and any(g0 < f["end"] and g1 > f["start"] for g0, g1 in spans.get(f.get("pid"), []))
+        ]
     found = []
     for h in holds:
         lost = h.get("outcome") == "lost" or bool(h.get("on_lost"))
@@ -249,7 +331,7 @@ def false_losses(
             and f.get("end", end) > start
             and (f["kind"] not in _HARMLESS or (f["kind"] == "pause" and f.get("pid") == h["pid"]))
             for f in faults
-        ):
+        ) or any(f["start"] < end and f["end"] > start for f in stalls):
             continue
         found.append(
             f"false-loss: {h['key']}: token {h['token']} held {h['rel_sent'] - h['sent']:.2f} s "
@@ -279,6 +361,18 @@ def render(summary: dict[str, Any], header: str) -> str:
             f"{summary['slow_acquires']} ({summary['slow_acquire_max']:.1f} s)",
         ),
         ("hung processes", summary["hung"]),
+    ]
+    if summary.get("guarded_commits") is not None:
+        rows += [
+            (
+                "guarded commits (log rows) / acked by workers"
+                + ("" if summary.get("guard", True) else " [UNGUARDED]"),
+                f"{summary['guarded_commits']} / {summary['guarded_acked']}",
+            ),
+            ("guard LockLost (rolled back)", summary["guard_lost"]),
+            ("guarded transactions failed (rolled back)", summary["guarded_errors"]),
+        ]
+    rows += [
         ("violations", len(summary["violations"])),
     ]
     width = max(len(r[0]) for r in rows) + 2

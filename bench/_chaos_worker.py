@@ -1,7 +1,9 @@
-"""One chaos worker process: acquire a key, do a fenced write, release; log every hold.
+"""One chaos worker process: acquire a key, do a fenced write and (on the SQL stores) a
+guarded transaction, release; log every hold.
 
 Log lines (JSON, one per event, flushed at once so a SIGKILL loses nothing written):
-``hold`` when acquired, ``write`` after the fenced write, ``end`` after the release, ``error``
+``hold`` when acquired, ``write`` after the fenced write, ``gbegin`` before the guarded
+transaction begins and ``guarded`` after it ended, ``end`` after the release, ``error``
 for a failed dblock call, ``escape`` for an exception outside dblock's hierarchy (a bug).
 Times are ``time.monotonic()``, which on Linux is one clock for every process of the host.
 """
@@ -19,7 +21,7 @@ import traceback
 from typing import Any, TextIO
 
 import dblock
-from _chaos_db import FencedWriter
+from _chaos_db import FencedWriter, GuardedWriter
 
 
 class Log:
@@ -44,6 +46,10 @@ def run(config: dict[str, Any], index: int) -> int:
     # single-key holders of the same keys
     many = index % 3 == 2 and config.get("many", False) and config["keys"] >= 3
     writer = FencedWriter(config["resource_url"], config["resource"], config["audit"])
+    guarded: dict[str, Any] | None = config.get("guarded")
+    gwriter = GuardedWriter(config["url"], guarded["counter"], guarded["log"]) if guarded else None
+    # --unguarded (a test's): the same transaction without lock.guard, the lease alone
+    use_guard = bool(guarded and guarded["guard"])
     client: dblock.Client | None = None
     log("start", index=index, auto_renew=auto_renew)
     rounds = 0
@@ -63,6 +69,8 @@ def run(config: dict[str, Any], index: int) -> int:
             outcome = one_hold(
                 client=client,
                 writer=writer,
+                gwriter=gwriter,
+                use_guard=use_guard,
                 log=log,
                 rng=rng,
                 keys=keys,
@@ -91,6 +99,8 @@ def run(config: dict[str, Any], index: int) -> int:
             )
             time.sleep(0.1)
     writer.close()
+    if gwriter is not None:
+        gwriter.close()
     if client is not None:
         t0 = time.monotonic()
         try:
@@ -106,6 +116,8 @@ def one_hold(
     *,
     client: dblock.Client,
     writer: FencedWriter,
+    gwriter: GuardedWriter | None,
+    use_guard: bool,
     log: Log,
     rng: random.Random,
     keys: list[str],
@@ -191,13 +203,19 @@ def one_hold(
             many=many,
         )
     # the work: read-ish pause, then the fenced writes; auto-renewing holders sometimes work
-    # past their ttl (renewal keeps them safe), the others stay inside it (unless paused)
+    # past their ttl (renewal keeps them safe), the others stay inside it (unless paused).
+    # With a guarded writer part of it falls between the guarded read and write, where a
+    # pause is what the guard must hold other holders off from
     work = rng.uniform(0.02, 0.5 * ttl)
     if auto_renew and rng.random() < 0.2:
         work = rng.uniform(ttl, 2 * ttl)
-    time.sleep(min(work, max(0.0, deadline - time.monotonic())))
+    work = min(work, max(0.0, deadline - time.monotonic()))
+    inside = rng.uniform(0.0, work) if gwriter is not None else 0.0
+    time.sleep(work - inside)
     for rid, k in zip(rids, taken, strict=True):
         _write(writer, log, rid, k, tokens[k], owner, lock)
+    if gwriter is not None:
+        _guarded(gwriter, log, lock, rids, taken, tokens, owner, inside, use_guard)
     rel_sent = time.monotonic()
     outcome, detail, tries = _release(lock, log, key)
     for rid, k in zip(rids, taken, strict=True):
@@ -247,6 +265,69 @@ def _write(
         err=werr,
         held=lock.held,
     )
+
+
+def _guarded(
+    gwriter: GuardedWriter,
+    log: Log,
+    lock: dblock.Lock,
+    rids: list[int],
+    taken: list[str],
+    tokens: dict[str, int],
+    owner: str,
+    work: float,
+    use_guard: bool,
+) -> None:
+    """One transaction on the business tables for every key held: BEGIN, lock.guard(conn),
+    read each key's counter, work, write counter + 1 and a log row, COMMIT. A LockLost from
+    the guard (or any failure) rolls it back."""
+    g0 = time.monotonic()
+    for rid, k in zip(rids, taken, strict=True):
+        log("gbegin", key=k, rid=rid, token=tokens[k], owner=owner, g0=g0)
+    outcome, err, step = "error", None, "begin"
+    try:
+        conn = gwriter.begin()
+        if use_guard:
+            step = "guard"
+            lock.guard(conn)
+        step = "read"
+        seen = {rid: gwriter.read(rid) for rid in rids}
+        time.sleep(work)
+        step = "write"
+        for rid, k in zip(rids, taken, strict=True):
+            gwriter.write(rid, seen[rid] + 1, owner, tokens[k])
+        step = "commit"
+        gwriter.commit()
+        outcome = "committed"
+    except dblock.LockLost as exc:
+        outcome, err = "lost", str(exc)[:200]
+    except dblock.DBLockError as exc:
+        err = f"{step}: {type(exc).__name__}: {str(exc)[:200]}"
+    except Exception as exc:
+        err = f"{step}: {type(exc).__name__}: {str(exc).strip()[:200]}"
+        if step == "guard":  # not a driver error of ours: dblock let it out
+            log(
+                "escape",
+                op="guard",
+                key=",".join(taken),
+                cls=type(exc).__name__,
+                msg=str(exc)[:300],
+                tb=traceback.format_exc()[-2000:],
+            )
+    finally:
+        if outcome != "committed":
+            gwriter.rollback()
+    for rid, k in zip(rids, taken, strict=True):
+        log(
+            "guarded",
+            key=k,
+            rid=rid,
+            token=tokens[k],
+            owner=owner,
+            g1=time.monotonic(),
+            goutcome=outcome,
+            gerr=err,
+        )
 
 
 def _release(lock: dblock.Lock, log: Log, key: str) -> tuple[str, str | None, int]:

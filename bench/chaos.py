@@ -8,8 +8,15 @@ stale write and that no process hung.
 
 Workers (``_chaos_worker.py``) take ``--keys`` keys with ``--ttl`` leases and, in each hold,
 make one fenced write (``dblock.fencing``) to a protected table; half of them use
-``auto_renew``. Beside them the injector picks, every ``--fault-interval`` seconds (each
-kind that applies once first, in random order, then at random):
+``auto_renew``. On the SQL stores (PostgreSQL, MySQL/MariaDB, SQLite: ``CommitGuards``) each
+hold then runs a guarded transaction on the worker's own application connection (the store's
+driver): BEGIN, ``lock.guard(conn)``, read the key's counter in a business table with no
+token column, work, write counter + 1 and a log row, COMMIT, and only then release; a
+LockLost from the guard rolls it back. The referee checks that no two holders' transactions
+interleaved (the counter equals the committed log rows).
+
+Beside them the injector picks, every ``--fault-interval`` seconds (each kind that applies
+once first, in random order, then at random):
 
 * ``kill``: SIGKILL the process that holds a key (from ``client.info``), start a new worker;
 * ``pause``: SIGSTOP a holder for 1.5-3 leases, then SIGCONT (its write is then stale);
@@ -146,6 +153,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--no-auto-renew", action="store_true", help="no auto_renew workers")
     p.add_argument("--no-many", action="store_true", help="no lock_many workers")
     p.add_argument("--seed", type=int, default=None)
+    # a test's: the guarded writers skip lock.guard (the lease alone), to show the referee
+    # catching the interleaved transactions a pause past the lease then lets through
+    p.add_argument("--unguarded", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--json", help="write the summary as JSON to this file")
     p.add_argument(
         "--keep", action="store_true", help="keep the worker logs (the tables are always dropped)"
@@ -179,6 +189,10 @@ class Soak:
         self.table = f"chaos_locks_{run}"
         self.resource = f"chaos_res_{run}"
         self.audit = f"chaos_audit_{run}"
+        #: the guarded writers' business tables (SQL stores with CommitGuards)
+        self.counter = f"chaos_counter_{run}"
+        self.glog = f"chaos_glog_{run}"
+        self.guarded = False
         self.dir = tempfile.mkdtemp(prefix=f"dblock-chaos-{run}-")
         self.tag = f"dblock_chaos_{run}"
         self.password = ""
@@ -260,7 +274,10 @@ class Soak:
             # creates the lock table; lock_many holders run beside single-key ones where the
             # store takes several keys at once
             many = "ManyKeys" in capabilities(client._store)
+            self.guarded = "CommitGuards" in capabilities(client._store)
         db.create_tables(self.resource_url, self.resource, self.audit, self.args.keys)
+        if self.guarded:  # beside the lock table: guard needs the same database
+            db.create_guarded_tables(self.admin_url, self.counter, self.glog, self.args.keys)
         self.start = time.monotonic()
         self.deadline = self.start + self.args.duration
         config = {
@@ -280,6 +297,11 @@ class Soak:
             # making it again (with create_schema=False a majority of restarted stores would
             # refuse every new client: no hold at all)
             "create_schema": self.dialect in ("redis", "quorum"),
+            "guarded": (
+                {"counter": self.counter, "log": self.glog, "guard": not self.args.unguarded}
+                if self.guarded
+                else None
+            ),
         }
         self.config_path = os.path.join(self.dir, "config.json")
         with open(self.config_path, "w", encoding="utf-8") as fh:
@@ -573,6 +595,8 @@ class Soak:
             db.drop_tables(self.admin_url, [self.table])
             if self.resource_url == self.admin_url:
                 db.drop_tables(self.admin_url, [self.resource, self.audit])
+            if self.guarded:
+                db.drop_tables(self.admin_url, [self.counter, self.glog])
             if self.dialect == "mysql":
                 db.mysql_drop_user(self.admin_url, self.tag)
         except Exception as exc:
@@ -591,6 +615,7 @@ class Soak:
     def referee(self, hung: list[int]) -> dict[str, Any]:
         events = referee.load_logs(self.dir)
         audit, final = db.read_audit(self.resource_url, self.audit, self.resource)
+        guarded = db.read_guarded(self.admin_url, self.counter, self.glog) if self.guarded else None
         summary = referee.judge(
             events=events,
             faults=self.faults,
@@ -600,7 +625,10 @@ class Soak:
             final=final,
             run_end=max(self.deaths.values(), default=self.deadline),
             ttl=self.args.ttl,
+            guarded=guarded,
+            file_lock=self.dialect == "sqlite",
         )
+        summary["guard"] = not self.args.unguarded
         summary["violations"] += [f"crash: {c}" for c in self.crashes]
         if self.password:
             blob = "\n".join(
