@@ -32,7 +32,7 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
-from . import _engine, _forksafe, _guard, _observe, _runtime
+from . import _engine, _forksafe, _observe, _runtime
 from ._contract import LossPush, SessionHolds, provides
 from ._core import Core
 from ._engine import Hold, Spec
@@ -381,6 +381,8 @@ class Lock:
         ends, ``release()`` and ``renew()`` raise instead of waiting for it, and the
         background renewal waits: end the transaction first.
         """
+        from . import _guard  # loads greenlet (for asyncio connections): not at import dblock
+
         _guard.guard(self, self._current_of_thread(), conn)
 
     def _found_lost(self, hold: Hold) -> None:
