@@ -94,6 +94,9 @@ class BackendError(DBLockError):
     #: server session was ended, so what it did is settled (committed or undone) and can be
     #: looked for
     _settled: bool = False
+    #: set by a store: the statement gave up waiting for a row that an open transaction
+    #: holds (a holder's ``lock.guard(conn)``, most likely): a try that found the key busy
+    _row_locked: bool = False
 
 
 for _cls in (

@@ -309,12 +309,18 @@ app.close()
 
 @GUARDED
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["dbapi", "async-dbapi"])
+@pytest.mark.parametrize(
+    ("kind", "paused"),
+    [("dbapi", 1.5), ("async-dbapi", 1.5), ("dbapi", 7.0)],
+    ids=["dbapi", "async-dbapi", "dbapi-long"],
+)
 def test_a_holder_paused_inside_its_guarded_transaction_holds_off_the_next(
-    provider: Provider, table: str, kind: str, other: dblock.Client
+    provider: Provider, table: str, kind: str, paused: float, other: dblock.Client
 ) -> None:
     """SIGSTOP after guard and before COMMIT, past the lease: the next holder's acquire waits
-    until the paused transaction ends, and the two transactions' writes are serialised."""
+    until the paused transaction ends, and the two transactions' writes are serialised. The
+    long pause outlasts a statement's 5 s bound: the waiter still waits (no BackendError),
+    and a try-once meanwhile answers False."""
     assert provider.url is not None
     app = App(provider.url, "dbapi")
     business = app.create_table()
@@ -344,8 +350,9 @@ def test_a_holder_paused_inside_its_guarded_transaction_holds_off_the_next(
             return got
 
         t, out = _in_thread(next_holder)
-        t.join(1.5)
+        t.join(paused)
         assert t.is_alive(), f"the next holder did not wait for the paused transaction: {out}"
+        assert not other.lock("g:paused", ttl=30).acquire(blocking=False)
         os.kill(proc.pid, signal.SIGCONT)
         committing = float(proc.stdout.readline().split()[1])
         t.join(60)

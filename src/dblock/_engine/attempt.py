@@ -19,6 +19,10 @@ from .traits import Traits
 #: what a grant is: one key's token, or each key's
 G = TypeVar("G")
 
+#: the pause before trying again after a try that waited for a row a transaction holds (the
+#: next try waits for it in the server): only a floor against a server lock timeout set tiny
+ROW_LOCKED_PAUSE = 0.01
+
 #: renewals that may confirm a grant whose reply came late, before it is given up
 LATE_RENEWALS = 2
 #: a waiter that has not had the key this long looks, when it next wakes, whether a finished
@@ -54,6 +58,8 @@ class Attempt(ABC, Generic[G]):
         #: when the waiter last looked for a finished once-record in its way (None: not yet)
         self._record_checked: float | None = None
         self._record_every = RECORD_CHECK
+        #: the last try waited for a row an open transaction holds (see _trying)
+        self.row_locked = False
 
     def run(self) -> Steps[Hold | None]:
         """The acquire's steps: the hold had, or None if not had in time.
@@ -97,6 +103,20 @@ class Attempt(ABC, Generic[G]):
                 yield from self._disown()
             raise
         return result
+
+    def _trying(self, call: Call) -> Steps[Any]:
+        """``_granting``, where a statement that gave up waiting for the key's row (held by an
+        open transaction: a holder's ``lock.guard``) is a try that found the key busy: None,
+        and ``row_locked`` is set so that the wait tries again at once (the next try waits
+        in the server for that row, and gets it the moment the transaction ends)."""
+        self.row_locked = False
+        try:
+            return (yield from self._granting(call))
+        except BackendError as exc:
+            if not exc._row_locked:
+                raise
+            self.row_locked = True
+            return None
 
     def _confirm(self, hold: Hold, sent: float) -> Steps[tuple[Hold | None, bool]]:
         """``hold``, granted by a request sent at ``sent``, if its reply confirms it

@@ -26,7 +26,7 @@ from typing import Any
 from .._contract import FairManyKeys, ManyKeys, OnceRecords, Store, Subscription, provides
 from .._errors import BackendError, ConfigurationError
 from .._timing import Backoff, reset_deadline, set_deadline
-from .attempt import Attempt
+from .attempt import ROW_LOCKED_PAUSE, Attempt
 from .hold import Hold
 from .kinds import Spec
 from .ops import Call, Sleep, Steps, Unsubscribe, Wait
@@ -95,7 +95,7 @@ class ManyAcquisition(Attempt[dict[str, int]]):
         #: we made entries (or may have: an interrupted statement), to remove at the end
         self._entries_made = False
 
-    def _run(self) -> Steps[Hold | None]:  # noqa: PLR0912 - the waiting loop, in one place
+    def _run(self) -> Steps[Hold | None]:  # noqa: PLR0912, PLR0915 - the waiting loop, in one place
         spec = self.spec
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
         backoff = Backoff(FIRST_BACKOFF, self.traits.poll_cap)
@@ -111,7 +111,7 @@ class ManyAcquisition(Attempt[dict[str, int]]):
                     if queued
                     else Call(ManyKeys.acquire_many, spec.keys, self.owner, spec.ttl)
                 )
-                tokens = yield from self._granting(call)
+                tokens = yield from self._trying(call)
                 if tokens is not None:
                     if queued:
                         self._entries_made = False  # the grant removed them
@@ -125,6 +125,9 @@ class ManyAcquisition(Attempt[dict[str, int]]):
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if not self.blocking or self.refused or (remaining is not None and remaining <= 0):
                     return None
+                if self.row_locked:  # a guarded transaction holds a key's row (see _trying)
+                    yield Sleep(ROW_LOCKED_PAUSE)
+                    continue
                 if not self._subscribed:
                     # listen before the next try, so a release in between is not missed
                     self._subscribed = True
@@ -152,7 +155,16 @@ class ManyAcquisition(Attempt[dict[str, int]]):
 
     # -- queue entries ------------------------------------------------------------------------
     def _keep_queued(self) -> Steps[bool]:
-        """Make our entries on every key, or refresh them when due; True if just made."""
+        """Make our entries on every key, or refresh them when due; True if just made (or
+        the statement waited for a key's row that an open transaction holds: try again)."""
+        try:
+            return (yield from self._keep_queued_now())
+        except BackendError as exc:
+            if not exc._row_locked:
+                raise
+            return True
+
+    def _keep_queued_now(self) -> Steps[bool]:
         if not self.fair:
             return False
         spec, owner = self.spec, self.owner

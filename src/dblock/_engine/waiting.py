@@ -15,7 +15,7 @@ from typing import Any
 from .._contract import FairQueue, OnceRecords, QueueJoin, Store, Subscription
 from .._errors import BackendError, ConfigurationError
 from .._timing import HEAD_POLL, Backoff, head_backoff, reset_deadline, set_deadline
-from .attempt import Attempt
+from .attempt import ROW_LOCKED_PAUSE, Attempt
 from .hold import Hold
 from .kinds import Spec
 from .ops import Call, Sleep, Steps, Subscribe, Unsubscribe, Wait
@@ -141,7 +141,7 @@ class Acquisition(Attempt[int]):
             while True:
                 if should_try:
                     sent = time.monotonic()
-                    token = yield from self._granting(
+                    token = yield from self._trying(
                         spec.try_call(self.traits, self.owner, entry.written_at is not None)
                     )
                     if token is not None:
@@ -157,6 +157,10 @@ class Acquisition(Attempt[int]):
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if not self.blocking or (remaining is not None and remaining <= 0):
                     return None
+                if self.row_locked:  # a guarded transaction holds the row: wait in the server
+                    yield Sleep(ROW_LOCKED_PAUSE)
+                    should_try = True
+                    continue
                 if self.subscription is None and not self.polling:
                     # listen before the next try, so a release in between is not missed
                     self.subscription = yield Subscribe(spec.key, self.owner, self.queue)
@@ -235,7 +239,17 @@ class Acquisition(Attempt[int]):
         return result
 
     def _keep_queued(self) -> Steps[bool]:
-        """Make our queue entry, or refresh it when due; True if we should try again now."""
+        """Make our queue entry, or refresh it when due; True if we should try again now (also
+        when the statement waited for the key's row, held by an open transaction: the try
+        then waits for that row in the server)."""
+        try:
+            return (yield from self._keep_queued_now())
+        except BackendError as exc:
+            if not exc._row_locked:
+                raise
+            return True
+
+    def _keep_queued_now(self) -> Steps[bool]:
         entry = self.entry
         if self.queue is None or (
             entry.written_at is not None and time.monotonic() - entry.written_at <= QUEUE_TTL / 3
@@ -287,7 +301,7 @@ class Acquisition(Attempt[int]):
         subscription = yield Subscribe(spec.key, self.owner, self.queue)
         sent = time.monotonic()
         try:
-            token = yield from self._granting(
+            token = yield from self._trying(
                 Call(QueueJoin.acquire_or_enqueue, spec.key, self.owner, spec.ttl, QUEUE_TTL)
             )
         except BaseException as exc:
@@ -295,6 +309,9 @@ class Acquisition(Attempt[int]):
                 self.entry.made = True  # it may have queued us: leaving removes the entry
             yield Unsubscribe(subscription)
             raise
+        if self.row_locked:  # neither taken nor joined: the wait tries again
+            self.subscription = subscription
+            return None
         if token is None:
             self.subscription = subscription
             self.entry.written(sent)

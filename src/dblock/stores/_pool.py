@@ -39,7 +39,7 @@ from .. import _forksafe
 from .._contract import Store, Subscription
 from .._errors import BackendError, ConfigurationError, DBLockError
 from .._runtime import Event
-from .._timing import DeadlinePassed, bounded_wait
+from .._timing import DeadlinePassed, bounded_wait, time_left
 from .._url import DatabaseURL, scrub, scrub_exception
 from ._watchdog import Watchdog, run_aside
 
@@ -51,6 +51,10 @@ _TRANSIENT_ATTEMPTS = 5
 DEFAULT_MAX_CONNECTIONS = 10
 #: how long one lock statement may take before it is aborted, seconds
 STATEMENT_DEADLINE = 5.0
+#: the longest a statement waits for a row lock (the server's lock timeout on the pool's
+#: sessions), well inside STATEMENT_DEADLINE: a row held longer is held by a transaction that
+#: may last any time (a holder's guard), so its try answers "busy" instead of being aborted
+ROW_LOCK_WAIT = 1.0
 #: the same for maintenance over many rows (list, purge, creating the schema)
 MAINTENANCE_DEADLINE = 120.0
 #: how long an aborted statement's caller waits for its server session to be ended
@@ -64,6 +68,9 @@ class Failure(Enum):
 
     DISCONNECT = "disconnect"  # the connection is dead: discard it, retry on a new one
     TRANSIENT = "transient"  # deadlock / serialization failure: retry the statement
+    #: waited ROW_LOCK_WAIT for a row an open transaction holds (a holder's guard): the
+    #: engine's tries count it as busy; anyone else gets a BackendError that says so
+    ROW_LOCKED = "row locked"
     FATAL = "fatal"  # anything else: wrap and raise
 
 
@@ -302,6 +309,7 @@ class PooledStore(Store, Generic[C]):
         """
         reconnected = False
         attempt = 0
+        started = time.monotonic()
         # a busy database is waited for no longer than the caller's deadline allows
         busy_for, cut = bounded_wait(self._transient_for)
         give_up = time.monotonic() + busy_for
@@ -359,6 +367,23 @@ class PooledStore(Store, Generic[C]):
                     error._settled = settled
                     raise error from exc
                 self._reset_or_discard(conn)
+                if failure is Failure.ROW_LOCKED:
+                    left = time_left()
+                    if (left is None or left > ROW_LOCK_WAIT) and (
+                        time.monotonic() - started + ROW_LOCK_WAIT < STATEMENT_DEADLINE
+                    ):
+                        continue  # wait for the row again, as long as a statement may last
+                    error = BackendError(
+                        f"{what} on {self.safe_url} (table {self.table}"
+                        + ("" if key is None else f", key {key!r}")
+                        + ") waited for a row that an open transaction "
+                        "holds: most likely its holder's lock.guard(conn) transaction, which "
+                        "keeps takeovers, force-release and purge off the row until it ends; "
+                        "try again once it has",
+                        key=key,
+                    )
+                    error._row_locked = True
+                    raise error from exc
                 if failure is Failure.TRANSIENT and (
                     attempt < _TRANSIENT_ATTEMPTS or time.monotonic() < give_up
                 ):

@@ -58,7 +58,7 @@ from ..._errors import ConfigurationError, DBLockError
 from ..._runtime import THREADS, Runtime
 from ..._types import Kind, LockInfo
 from ..._url import MAX_URL_TIMEOUT, DatabaseURL, url_number
-from .._pool import ABANDONED_CONNECT_TIMEOUT, MAINTENANCE_DEADLINE, Failure, Sleeper
+from .._pool import ABANDONED_CONNECT_TIMEOUT, MAINTENANCE_DEADLINE, ROW_LOCK_WAIT, Failure, Sleeper
 from .._schema import HOLDERS, MAIN, META, missing, refuse_foreign
 from .._sessions import DelegatedSessionHolds
 from .._sql_ops import ManyKeyOperations, many_params
@@ -71,7 +71,8 @@ log = logging.getLogger("dblock")
 # server gone away, lost connection, killed (MariaDB 1927), shutdown, idle disconnect
 # (MySQL 4031), commands out of sync after an interrupted read
 _DISCONNECT = {2006, 2013, 2055, 1927, 1053, 4031, 2014, 0}
-_TRANSIENT = {1213, 1205}  # deadlock, lock wait timeout
+_TRANSIENT = {1213}  # deadlock
+_ROW_LOCKED = 1205  # lock wait timeout (innodb_lock_wait_timeout: ROW_LOCK_WAIT)
 #: what the server refuses for good at connect: error code -> what to change
 _REFUSALS = {
     1044: "check the user's privileges on the database in the URL",  # access denied to db
@@ -262,8 +263,12 @@ class MysqlStore(
         kwargs = connection_kwargs(url, connect_timeout=CONNECT_TIMEOUT)
         # the hand-over release is one transaction sent as one packet (see _hand_over)
         kwargs["client_flag"] = CLIENT.MULTI_RESULTS | CLIENT.MULTI_STATEMENTS
-        # INSERT ... SELECT takes shared locks on what it reads only under REPEATABLE READ
-        kwargs["init_command"] = "SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ"
+        # INSERT ... SELECT takes shared locks on what it reads only under REPEATABLE READ; a
+        # row lock is waited for at most ROW_LOCK_WAIT (whole seconds here), see _pool
+        kwargs["init_command"] = (
+            "SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ; "
+            f"SET SESSION innodb_lock_wait_timeout = {max(1, round(ROW_LOCK_WAIT))}"
+        )
         #: the URL's init_command: run before dblock's own (see _Connection.connect)
         self._user_init = url.query.get("init_command") or None
         # a statement's reads and writes are bounded (the watchdog aborts it at its deadline;
@@ -365,6 +370,8 @@ class MysqlStore(
             return Failure.DISCONNECT
         if code in _TRANSIENT:
             return Failure.TRANSIENT
+        if code == _ROW_LOCKED:
+            return Failure.ROW_LOCKED
         return Failure.FATAL
 
     def _read_timed_out(self, exc: BaseException) -> bool:

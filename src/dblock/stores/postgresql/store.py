@@ -56,7 +56,7 @@ from ..._errors import ConfigurationError, DBLockError
 from ..._types import Kind, LockInfo
 from ..._url import MAX_URL_TIMEOUT, DatabaseURL, scrub, scrub_exception, url_number
 from .._listener import Listener, PushedWakeups
-from .._pool import ABANDONED_CONNECT_TIMEOUT, MAINTENANCE_DEADLINE, Failure
+from .._pool import ABANDONED_CONNECT_TIMEOUT, MAINTENANCE_DEADLINE, ROW_LOCK_WAIT, Failure
 from .._schema import HOLDERS, MAIN, missing, refuse_foreign
 from .._sessions import DelegatedSessionHolds
 from .._sql_ops import Busy, StatementOperations
@@ -169,7 +169,10 @@ class PostgresStore(
         # busy key churns through cost a scan nothing once it has seen them, vacuum or not
         # (see docs/how-it-works.md)
         pinned = "-c synchronous_commit=on -c enable_bitmapscan=off"
-        self._options["options"] = f"{url.query.get('options', '')} {pinned}".strip()
+        # a row lock waited for no longer than ROW_LOCK_WAIT, unless the URL says otherwise
+        # (before its options: the last one wins)
+        waits = f"-c lock_timeout={round(ROW_LOCK_WAIT * 1000)}"
+        self._options["options"] = f"{waits} {url.query.get('options', '')} {pinned}".strip()
         try:  # libpq's names for parameters, checked without connecting
             psycopg.conninfo.make_conninfo("", **self._options)
         except psycopg.ProgrammingError as exc:
@@ -263,6 +266,8 @@ class PostgresStore(
             return None
         if exc.sqlstate in _TRANSIENT:
             return Failure.TRANSIENT
+        if exc.sqlstate == "55P03":  # lock_not_available: lock_timeout ran out
+            return Failure.ROW_LOCKED
         if isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError)) and (
             exc.sqlstate is None or exc.sqlstate.startswith(("08", "57P"))
         ):
