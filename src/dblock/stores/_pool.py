@@ -309,7 +309,6 @@ class PooledStore(Store, Generic[C]):
         """
         reconnected = False
         attempt = 0
-        started = time.monotonic()
         # a busy database is waited for no longer than the caller's deadline allows
         busy_for, cut = bounded_wait(self._transient_for)
         give_up = time.monotonic() + busy_for
@@ -370,9 +369,11 @@ class PooledStore(Store, Generic[C]):
                 if failure is Failure.ROW_LOCKED:
                     left = time_left()
                     if (left is None or left > ROW_LOCK_WAIT) and (
-                        time.monotonic() - started + ROW_LOCK_WAIT < STATEMENT_DEADLINE
+                        attempt * ROW_LOCK_WAIT < STATEMENT_DEADLINE
                     ):
-                        continue  # wait for the row again, as long as a statement may last
+                        # wait for the row again, as long as a statement may (counted in
+                        # waits, not in time: a pause of the process is no wait)
+                        continue
                     error = BackendError(
                         f"{what} on {self.safe_url} (table {self.table}"
                         + ("" if key is None else f", key {key!r}")

@@ -265,12 +265,13 @@ class MysqlStore(
         kwargs["client_flag"] = CLIENT.MULTI_RESULTS | CLIENT.MULTI_STATEMENTS
         # INSERT ... SELECT takes shared locks on what it reads only under REPEATABLE READ; a
         # row lock is waited for at most ROW_LOCK_WAIT (whole seconds here), see _pool
-        kwargs["init_command"] = (
-            "SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ; "
-            f"SET SESSION innodb_lock_wait_timeout = {max(1, round(ROW_LOCK_WAIT))}"
-        )
         #: the URL's init_command: run before dblock's own (see _Connection.connect)
         self._user_init = url.query.get("init_command") or None
+        kwargs["init_command"] = "SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ"
+        if "innodb_lock_wait_timeout" not in (self._user_init or "").lower():  # else theirs
+            kwargs["init_command"] += (
+                f"; SET SESSION innodb_lock_wait_timeout = {max(1, round(ROW_LOCK_WAIT))}"
+            )
         # a statement's reads and writes are bounded (the watchdog aborts it at its deadline;
         # this bounds one it cannot reach); connecting is bounded by connect_timeout alone
         kwargs.setdefault("read_timeout", max(kwargs["connect_timeout"], IO_TIMEOUT))
