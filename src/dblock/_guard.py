@@ -17,7 +17,6 @@ very thread that would wait.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -25,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from . import _green
 from ._contract import CommitGuards, lacking, provides
 from ._errors import BackendError, ConfigurationError, DBLockError, LockLost
+from .stores._sql_holders import colon_style
 
 if TYPE_CHECKING:
     from ._core import Core
@@ -49,7 +49,6 @@ ACCEPTED = (
     "a DB-API connection of psycopg 3, PyMySQL, aiomysql, sqlite3 or aiosqlite, or a "
     "SQLAlchemy Connection, Session, AsyncConnection or AsyncSession"
 )
-_PYFORMAT = re.compile(r"%\((\w+)\)s")
 
 
 class Lock(Protocol):
@@ -125,7 +124,7 @@ def guard(lock: Lock, hold: Hold, conn: object) -> None:
         params[f"k{i}"], params[f"t{i}"] = k, tokens[k]
     sql = store.guard_sql(len(keys))
     if c.sqlalchemy and store.guard_paramstyle == "pyformat":
-        sql = _PYFORMAT.sub(r":\1", sql)
+        sql = colon_style(sql)
     probe = _Probe(c.in_transaction)
     hold.guards.append(probe)  # before the statement: see the module
     try:

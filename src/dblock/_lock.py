@@ -36,7 +36,7 @@ from . import _engine, _forksafe, _observe, _runtime
 from ._contract import LossPush, SessionHolds, provides
 from ._core import Core
 from ._engine import Hold, Spec
-from ._engine.lease import guard_open
+from ._engine.lease import refuse_while_guarded
 from ._errors import EventLoopError, LockLost, LockTimeout, NotHeld
 from ._timing import DeadlinePassed
 from ._validate import check_key, check_timeout, check_ttl
@@ -313,11 +313,8 @@ class Lock:
             # is its parent's, which still works under it; forget it here, touch nothing
             self._pop(tid)
             return
-        if hold.count == 1 and hold.guarded():
-            # before the mutex: a renewal sent as the guard began may hold it, waiting for
-            # the guarded transaction, whose owner may be this very thread
-            hold.cancel_job()
-            raise guard_open(hold, "release()")
+        if hold.count == 1:
+            refuse_while_guarded(hold, "release()")  # before the mutex: see there
         with hold.mutex:
             if self._session and hold.count == 1:  # no more checks (the engine stops renewals)
                 self._core.checks.discard(hold)
@@ -360,8 +357,7 @@ class Lock:
         """
         new_ttl = self._ttl if ttl is None else check_ttl(ttl)
         hold = self._current_of_thread()
-        if hold.guarded():  # before the mutex, as in release()
-            raise guard_open(hold, "renew()")
+        refuse_while_guarded(hold, "renew()")  # before the mutex: see there
         with hold.mutex:
             if not self._core.run(_engine.renew(hold, new_ttl)):
                 _observe.found_lost(self, hold)

@@ -18,6 +18,7 @@ from .traits import Traits
 
 #: what a grant is: one key's token, or each key's
 G = TypeVar("G")
+T = TypeVar("T")
 
 #: the pause before trying again after a try that waited for a row a transaction holds (the
 #: next try waits for it in the server): only a floor against a server lock timeout set tiny
@@ -105,18 +106,23 @@ class Attempt(ABC, Generic[G]):
         return result
 
     def _trying(self, call: Call) -> Steps[Any]:
-        """``_granting``, where a statement that gave up waiting for the key's row (held by an
-        open transaction: a holder's ``lock.guard``) is a try that found the key busy: None,
-        and ``row_locked`` is set so that the wait tries again at once (the next try waits
-        in the server for that row, and gets it the moment the transaction ends)."""
+        """``_granting``, where a statement that gave up waiting for the key's row is a try that
+        found the key busy (None): see ``_unless_row_locked``."""
+        return (yield from self._unless_row_locked(self._granting(call), None))
+
+    def _unless_row_locked(self, steps: Steps[T], busy: T) -> Steps[T]:
+        """``steps``' result, or ``busy`` if its statement gave up waiting for a row that an
+        open transaction holds (a holder's ``lock.guard``); ``row_locked`` then says so, and
+        the wait tries again at once: the next try waits for that row in the server, and
+        gets it the moment the transaction ends."""
         self.row_locked = False
         try:
-            return (yield from self._granting(call))
+            return (yield from steps)
         except BackendError as exc:
             if not exc._row_locked:
                 raise
             self.row_locked = True
-            return None
+            return busy
 
     def _confirm(self, hold: Hold, sent: float) -> Steps[tuple[Hold | None, bool]]:
         """``hold``, granted by a request sent at ``sent``, if its reply confirms it

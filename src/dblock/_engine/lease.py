@@ -39,7 +39,22 @@ def renewal(hold: Hold, ttl: float) -> Call:
     return hold.spec.renew_call(hold.owner, hold.token, ttl)
 
 
-def guard_open(hold: Hold, what: str) -> GuardOpen:
+def refuse_while_guarded(hold: Hold, what: str) -> None:
+    """Raise GuardOpen if a guarded transaction of ``hold`` is open: ``what`` ("release()",
+    "renew()") would wait for that transaction's own row lock. The caller checks before it
+    takes the hold's mutex (a renewal sent as the guard began may hold it, waiting for the
+    guarded transaction, whose owner may be the caller's own thread). A refused release
+    stops renewal, as when the store cannot be reached: if the caller never comes back (the
+    error leaves a `with` block), the lease ends within its ttl."""
+    if not hold.guarded():
+        return
+    if what == "release()":
+        hold.cancel_job()
+        hold.job = None
+    raise _guard_open(hold, what)
+
+
+def _guard_open(hold: Hold, what: str) -> GuardOpen:
     return GuardOpen(
         f"{what} of lock {hold.key!r} while the transaction that lock.guard(conn) guards is "
         "still open: it would wait for that transaction's own lock on the hold's row, and "
@@ -84,8 +99,6 @@ def renew(hold: Hold, ttl: float) -> Steps[bool]:
     """Extend the lease to ``ttl`` from now; False if it was gone (the hold is then lost)."""
     if hold.lost:
         return False
-    if hold.guarded():
-        raise guard_open(hold, "renew()")
     sent = time.monotonic()
     if not (yield renewal(hold, ttl)):
         hold.lost = True
@@ -113,12 +126,6 @@ def release(hold: Hold, revive: bool = False) -> Steps[Released]:
     if hold.count > 1:
         hold.count -= 1
         return Released(final=False, lost=hold.lost)
-    if hold.guarded():
-        # renewal stops, as when the store cannot be reached: if the caller never comes back
-        # (the error leaves a `with` block), the lease ends within its ttl
-        hold.cancel_job()
-        hold.job = None
-        raise guard_open(hold, "release()")
     hold.cancel_job()  # stop renewing before releasing
     if revive and hold.after_guard and not hold.lost and time.monotonic() >= hold.expires_by:
         sent = time.monotonic()

@@ -157,12 +157,7 @@ class ManyAcquisition(Attempt[dict[str, int]]):
     def _keep_queued(self) -> Steps[bool]:
         """Make our entries on every key, or refresh them when due; True if just made (or
         the statement waited for a key's row that an open transaction holds: try again)."""
-        try:
-            return (yield from self._keep_queued_now())
-        except BackendError as exc:
-            if not exc._row_locked:
-                raise
-            return True
+        return (yield from self._unless_row_locked(self._keep_queued_now(), True))
 
     def _keep_queued_now(self) -> Steps[bool]:
         if not self.fair:

@@ -242,12 +242,7 @@ class Acquisition(Attempt[int]):
         """Make our queue entry, or refresh it when due; True if we should try again now (also
         when the statement waited for the key's row, held by an open transaction: the try
         then waits for that row in the server)."""
-        try:
-            return (yield from self._keep_queued_now())
-        except BackendError as exc:
-            if not exc._row_locked:
-                raise
-            return True
+        return (yield from self._unless_row_locked(self._keep_queued_now(), True))
 
     def _keep_queued_now(self) -> Steps[bool]:
         entry = self.entry

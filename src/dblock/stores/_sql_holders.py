@@ -23,6 +23,7 @@ few dialect hooks; each dialect's statements class (``stores/<dialect>/statement
 
 from __future__ import annotations
 
+import re
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -32,6 +33,13 @@ from .._types import LockInfo
 from ._pool import MAINTENANCE_DEADLINE, PooledStore
 
 C = TypeVar("C")
+_NAMED = re.compile(r"%\((\w+)\)s")
+
+
+def colon_style(sql: str) -> str:
+    """``sql`` with its ``%(name)s`` parameters written as ``:name`` (SQLite's, and
+    SQLAlchemy's ``text()``)."""
+    return _NAMED.sub(r":\1", sql)
 
 
 class HolderStatements(ABC):
@@ -59,6 +67,13 @@ class HolderStatements(ABC):
     finish_once: str
     #: key owner token least -> 1 row if the hold ended, or is kept until `least` s after start
     finish_scheduled: str
+
+    def guard_where(self, n: int) -> str:
+        """``lock.guard``'s condition (CommitGuards.guard_sql): the rows of %(owner)s's live
+        holds of the ``n`` keys %(k0)s.. with their tokens %(t0)s.., live as ``renew`` tests
+        it; point ranges of the primary key, so only these rows are read (and locked)."""
+        pairs = " OR ".join(f"(lock_key = %(k{i})s AND token = %(t{i})s)" for i in range(n))
+        return f"owner = %(owner)s AND expires_at > {self.now} AND ({pairs})"
 
     @abstractmethod
     def later(self, name: str) -> str:

@@ -56,6 +56,14 @@ def session_free(column: str) -> str:
     return f"IS_USED_LOCK(CONCAT(%(sname)s, LEFT({column}, 0))) IS NULL"
 
 
+def _holds_of_owner(n: int) -> str:
+    """The rows of %(owner)s's holds of the ``n`` keys %(key_0)s.. with their tokens
+    %(token_0)s.. (an IN list and a CASE: one primary-key probe per key)."""
+    keys = ", ".join(f"%(key_{i})s" for i in range(n))
+    tokens = " ".join(f"WHEN %(key_{i})s THEN %(token_{i})s" for i in range(n))
+    return f"lock_key IN ({keys}) AND owner = %(owner)s AND token = CASE lock_key {tokens} END"
+
+
 class MysqlStatements(HolderStatements):
     """Every statement of the MySQL/MariaDB store, for one lock table."""
 
@@ -478,25 +486,16 @@ class MysqlStatements(HolderStatements):
             # a locking read: it waits for a writer of the row and reads the latest committed
             # row whatever the caller's isolation level, and its shared lock keeps a takeover,
             # force_release or purge from changing the row until the caller's transaction
-            # ends. Live as `renew` tests it. The pairs are point ranges of the primary key:
-            # only these rows are read, and locked
-            pairs = " OR ".join(f"(lock_key = %(k{i})s AND token = %(t{i})s)" for i in range(n))
-            return (
-                f"SELECT token FROM {t}\n"
-                f"WHERE owner = %(owner)s AND expires_at > {NOW} AND ({pairs})\n"
-                "LOCK IN SHARE MODE"
-            )
+            # ends
+            return f"SELECT token FROM {t}\nWHERE {self.guard_where(n)}\nLOCK IN SHARE MODE"
 
         def renew_after_guard(n: int) -> str:
             # as release_many, but live or not: a lease that ran out while a guarded
             # transaction held the row was taken by nobody (a key taken since has another
             # owner or token). A retry changes the rows again (a later expiry): idempotent
-            keys = ", ".join(f"%(key_{i})s" for i in range(n))
-            tokens = " ".join(f"WHEN %(key_{i})s THEN %(token_{i})s" for i in range(n))
             return (
                 f"UPDATE {t} SET expires_at = {NOW} + INTERVAL %(ttl_us)s MICROSECOND "
-                f"WHERE lock_key IN ({keys}) AND owner = %(owner)s "
-                f"AND token = CASE lock_key {tokens} END"
+                f"WHERE {_holds_of_owner(n)}"
             )
 
         #: n -> owner k0.. t0.. -> the token of each of owner's live holds, share-locked
@@ -584,12 +583,9 @@ class MysqlStatements(HolderStatements):
         self.release = f"UPDATE {t} SET owner = NULL, expires_at = {NOW} WHERE {live}"
 
         def release_many(n: int) -> str:
-            keys = ", ".join(f"%(key_{i})s" for i in range(n))
-            tokens = " ".join(f"WHEN %(key_{i})s THEN %(token_{i})s" for i in range(n))
             return (
-                f"UPDATE {t} SET owner = NULL, expires_at = {NOW} WHERE lock_key IN ({keys}) "
-                f"AND owner = %(owner)s AND token = CASE lock_key {tokens} END "
-                f"AND expires_at > {NOW}"
+                f"UPDATE {t} SET owner = NULL, expires_at = {NOW} "
+                f"WHERE {_holds_of_owner(n)} AND expires_at > {NOW}"
             )
 
         #: n -> the rows changed where owner's live holds of %(key_i)s with %(token_i)s ended

@@ -4,6 +4,7 @@ the store, ``store.py``)."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 
 from .._names import aux_name, qualify
@@ -64,8 +65,13 @@ class PostgresStatements(OperationStatements):
     def _guards(self, t: str) -> None:
         """lock.guard(conn) (CommitGuards): run on the caller's connection, so written
         without ``::`` casts (SQLAlchemy's text() reads ``:name`` as a parameter)."""
-        self._guard_table = t
-        self._guard_sql: dict[int, str] = {}
+        #: n -> owner k0.. t0.. -> a row per live hold of owner, each locked FOR SHARE: no
+        #: takeover, force-release or purge changes it until the caller's transaction ends
+        #: (a READ COMMITTED locking read sees the latest committed row, after waiting for a
+        #: writer of it)
+        self.guard = functools.cache(
+            lambda n: f"SELECT token FROM {t}\nWHERE {self.guard_where(n)}\nFOR SHARE"
+        )
         # keys tokens owner ttl -> one row per hold (key, token) of owner extended, its lease
         # run out or not: a renewal a guarded transaction held back (see CommitGuards)
         self.renew_after_guard = (
@@ -76,21 +82,6 @@ class PostgresStatements(OperationStatements):
         self.guard_identity = (
             "SELECT (SELECT system_identifier FROM pg_control_system()), current_database()"
         )
-
-    def guard(self, n: int) -> str:
-        """owner k0.. t0.. -> a row per live hold of owner, each locked FOR SHARE: no
-        takeover, force-release or purge changes it until the caller's transaction ends
-        (a READ COMMITTED locking read sees the latest committed row, after waiting for a
-        writer of it)."""
-        sql = self._guard_sql.get(n)
-        if sql is None:
-            pairs = " OR ".join(f"(lock_key = %(k{i})s AND token = %(t{i})s)" for i in range(n))
-            sql = self._guard_sql[n] = (
-                f"SELECT token FROM {self._guard_table}\n"
-                f"WHERE owner = %(owner)s AND expires_at > {NOW} AND ({pairs})\n"
-                "FOR SHARE"
-            )
-        return sql
 
     def _schema(self, t: str, seq: str, holders: str) -> None:
         """The schema's DDL, the objects it has, the lock that serialises its creation."""

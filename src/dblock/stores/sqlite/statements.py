@@ -3,19 +3,13 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 
 from .._names import aux_name, qualify
+from .._sql_holders import colon_style
 from .._sql_ops import OperationStatements
 
 NOW = "((julianday('now') - 2440587.5) * 86400.0)"
-_NAMED = re.compile(r"%\((\w+)\)s")
-
-
-def colon_style(sql: str) -> str:
-    """``sql`` with its ``%(name)s`` parameters written as SQLite's ``:name``."""
-    return _NAMED.sub(r":\1", sql)
 
 
 class SqliteStatements(OperationStatements):
@@ -294,11 +288,7 @@ class SqliteStatements(OperationStatements):
         return self._holds_update(f"expires_at = {NOW} + :ttl", n, live=False)
 
     def _guard(self, n: int) -> str:
-        held = " OR ".join(f"(lock_key = :k{i} AND token = :t{i})" for i in range(n))
-        return (
-            f"UPDATE {self.main} SET token = token\n"
-            f"WHERE owner = :owner AND expires_at > {NOW} AND ({held})"
-        )
+        return colon_style(f"UPDATE {self.main} SET token = token\nWHERE {self.guard_where(n)}")
 
     def _holds_update(self, change: str, n: int, *, live: bool = True) -> str:
         """``change`` made to each of the ``n`` keys' holds of (:owner, its token), live ones

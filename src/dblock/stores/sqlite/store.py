@@ -45,8 +45,9 @@ from ..._types import Kind, LockInfo
 from ..._url import DatabaseURL, url_number
 from .._pool import MAINTENANCE_DEADLINE, Failure, Sleeper
 from .._schema import HOLDERS, MAIN, META, missing, refuse_foreign
+from .._sql_holders import colon_style
 from .._sql_ops import Busy, StatementOperations, many_params
-from .statements import SqliteStatements, colon_style
+from .statements import SqliteStatements
 
 MIN_VERSION = (3, 35, 0)
 #: the longest busy timeout a URL may ask for (``?timeout=``), seconds
