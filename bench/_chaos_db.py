@@ -10,11 +10,14 @@ from __future__ import annotations
 import contextlib
 import sqlite3
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 import dblock.fencing
 from dblock.tools import parse_url
+
+T = TypeVar("T")
 
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 
@@ -393,9 +396,9 @@ class GuardedWriter:
                 conn.close()
 
 
-def read_guarded(url: str, counter: str, glog: str) -> dict[str, Any]:
-    """The business tables at the end: ``counters`` {rid: n} and ``log`` rows (seq, rid, n,
-    owner, token) in seq order."""
+def _read(url: str, what: str, read: Callable[[Any, str], T]) -> T:
+    """``read(cursor, dialect)`` on a fresh connection, once the server answers again (it may
+    be restarting when the run ends): tried for 30 s."""
     d = dialect_of(url)
     last: Exception | None = None
     for _ in range(30):
@@ -406,38 +409,36 @@ def read_guarded(url: str, counter: str, glog: str) -> dict[str, Any]:
             time.sleep(1)
             continue
         try:
-            cur = conn.cursor()
-            cur.execute(f"SELECT rid, n FROM {q(d, counter)} ORDER BY rid")
-            counters = {int(rid): int(n) for rid, n in cur.fetchall()}
-            cur.execute(f"SELECT seq, rid, n, owner, token FROM {q(d, glog)} ORDER BY seq")
-            log = [(int(a), int(b), int(c), str(e), int(f)) for a, b, c, e, f in cur.fetchall()]
-            return {"counters": counters, "log": log}
+            return read(conn.cursor(), d)
         finally:
             conn.close()
-    raise RuntimeError(f"cannot read the guarded tables: {last}")
+    raise RuntimeError(f"cannot read the {what}: {last}")
+
+
+def read_guarded(url: str, counter: str, glog: str) -> dict[str, Any]:
+    """The business tables at the end: ``counters`` {rid: n} and ``log`` rows (seq, rid, n,
+    owner, token) in seq order."""
+
+    def read(cur: Any, d: str) -> dict[str, Any]:
+        cur.execute(f"SELECT rid, n FROM {q(d, counter)} ORDER BY rid")
+        counters = {int(rid): int(n) for rid, n in cur.fetchall()}
+        cur.execute(f"SELECT seq, rid, n, owner, token FROM {q(d, glog)} ORDER BY seq")
+        log = [(int(a), int(b), int(c), str(e), int(f)) for a, b, c, e, f in cur.fetchall()]
+        return {"counters": counters, "log": log}
+
+    return _read(url, "guarded tables", read)
 
 
 def read_audit(url: str, audit: str, resource: str) -> tuple[list[tuple[int, int, int, str]], Any]:
     """(seq, rid, token, owner) in commit order per resource, and the final resource rows."""
-    d = dialect_of(url)
-    last: Exception | None = None
-    for _ in range(30):
-        try:
-            conn = connect(url, autocommit=True)
-        except Exception as exc:
-            last = exc
-            time.sleep(1)
-            continue
-        try:
-            cur = conn.cursor()
-            cur.execute(f"SELECT seq, rid, token, owner FROM {q(d, audit)} ORDER BY seq")
-            rows = [(int(a), int(b), int(c), str(e)) for a, b, c, e in cur.fetchall()]
-            cur.execute(f"SELECT rid, writer, fence_token FROM {q(d, resource)} ORDER BY rid")
-            final = cur.fetchall()
-            return rows, final
-        finally:
-            conn.close()
-    raise RuntimeError(f"cannot read the audit table: {last}")
+
+    def read(cur: Any, d: str) -> tuple[list[tuple[int, int, int, str]], Any]:
+        cur.execute(f"SELECT seq, rid, token, owner FROM {q(d, audit)} ORDER BY seq")
+        rows = [(int(a), int(b), int(c), str(e)) for a, b, c, e in cur.fetchall()]
+        cur.execute(f"SELECT rid, writer, fence_token FROM {q(d, resource)} ORDER BY rid")
+        return rows, cur.fetchall()
+
+    return _read(url, "audit table", read)
 
 
 # -- tagging the workers' sessions (server-side faults touch only these) -------------------

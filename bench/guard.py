@@ -24,17 +24,16 @@ the guard's): it must be 1.
 from __future__ import annotations
 
 import contextlib
+import functools
 import sqlite3
 import sys
 import tempfile
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from bench import procs, servers, workload
 from bench.contenders import Targets, _my_connect, _pg_connect
-from dblock.bench import median
 
 BACKENDS = ("postgresql", "mysql", "sqlite")
 SIDES = ("plain", "guard", "fenced")
@@ -177,18 +176,6 @@ COUNTERS = {"postgresql": _count_pg, "mysql": _count_mysql, "sqlite": _count_sql
 
 
 # -- measurement ------------------------------------------------------------------------------
-def _slice(txn: Callable[[], None], slice_s: float) -> tuple[int, float, float]:
-    """Transactions for ``slice_s`` seconds (at least one): how many, wall and CPU time."""
-    n, cpu, start = 0, time.process_time(), time.perf_counter()
-    end = start + slice_s
-    while True:
-        txn()
-        n += 1
-        if time.perf_counter() >= end:
-            break
-    return n, time.perf_counter() - start, time.process_time() - cpu
-
-
 def _uncontended(
     t: Targets, backend: str, table: str, duration: float, max_ops: int
 ) -> dict[str, Any]:
@@ -198,7 +185,6 @@ def _uncontended(
 
     # one per process, dropped at its end (or with the lock table: servers.drop_dblock_tables)
     app_table = f"{table}_app_{uuid.uuid4().hex[:8]}"
-    out: dict[str, dict[str, float]] = {s: {"ops": 0, "wall": 0.0, "cpu": 0.0} for s in SIDES}
     counts: dict[str, dict[str, int | None]] = {}
     with dblock.connect(t.url(backend), table=table) as client:
         lock = client.lock(f"bench-guard-{uuid.uuid4().hex[:8]}", ttl=TTL)
@@ -210,15 +196,8 @@ def _uncontended(
             for txn in txns.values():
                 for _ in range(20):  # warm-up: statements prepared, pages cached
                     txn()
-            for r in range(max(1, round(duration / SLICE))):
-                for side in workload.rounds(list(SIDES), r):
-                    res = out[side]
-                    if res["ops"] >= max_ops:
-                        continue
-                    n, wall, cpu = _slice(txns[side], SLICE)
-                    res["ops"] += n
-                    res["wall"] += wall
-                    res["cpu"] += cpu
+            slices = {s: functools.partial(workload.timed_calls, txns[s]) for s in SIDES}
+            out = workload.interleave(slices, duration, max_ops, SLICE)
             for side in SIDES:
                 with COUNTERS[backend](conn) as counted:
                     txns[side]()
@@ -261,31 +240,30 @@ def _added(v: dict[str, Any], what: str) -> int | None:
 
 def scenario_guard(backends: list[str], t: Targets, b: Any) -> dict[str, Any]:
     def measure(backend: str, table: str, res: dict[str, Any]) -> None:
-        res["repeats"] = []
-        for r in range(b.repeats):
-            v = procs.run_one(
-                _uncontended,
-                (t, backend, table, b.duration, b.max_ops),
-                timeout=b.duration * len(SIDES) + 120,
-            )
-            res["repeats"].append(v)
+        def logged(r: int, v: dict[str, Any]) -> None:
             log(
                 f"[guard] round {r + 1}/{b.repeats} {backend}: "
                 + ", ".join(f"{s} {v[s]['tx_per_s']:,.0f}" for s in SIDES)
                 + " transactions/s"
             )
+
+        workload.repeat_interleaved(
+            res,
+            lambda: procs.run_one(
+                _uncontended,
+                (t, backend, table, b.duration, b.max_ops),
+                timeout=b.duration * len(SIDES) + 120,
+            ),
+            b.repeats,
+            SIDES,
+            ("tx_per_s", "cpu_us_per_tx"),
+            ratios,
+            logged,
+        )
         for side in SIDES:
-            res[side] = {
-                k: median([x[side][k] for x in res["repeats"]])
-                for k in ("tx_per_s", "cpu_us_per_tx")
-            }
             last = res["repeats"][-1][side]
             res[side]["round_trips"] = last["round_trips"]
             res[side]["statements"] = last["statements"]
-        each = [ratios(x) for x in res["repeats"]]
-        for name in each[0]:
-            res[name] = median([x[name] for x in each])
-            res[f"{name}_repeats"] = [x[name] for x in each]
         # the same in every repeat, or the count is not the guard's alone
         for what in ("round_trips", "statements"):
             seen = {_added(x, what) for x in res["repeats"]}

@@ -28,6 +28,7 @@ of a key make the variant FAILING.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import random
 import sys
@@ -118,22 +119,14 @@ def _uncontended(
     """In a fresh process: each side's pairs/s and client CPU µs per pair, interleaved."""
     import dblock
 
-    out: dict[str, dict[str, float]] = {s: {"ops": 0, "wall": 0.0, "cpu": 0.0} for s in SIDES}
     with dblock.connect(t.url(backend), table=table) as client:
         pairs = _pairs(client, f"bench-many-{uuid.uuid4().hex[:8]}")
         for lock in pairs.values():
             for _ in range(20):  # warm-up: connections, statements, scripts
                 lock.acquire()
                 lock.release()
-        for r in range(max(1, round(duration / SLICE))):
-            for side in workload.rounds(list(SIDES), r):
-                res = out[side]
-                if res["ops"] >= max_ops:
-                    continue
-                n, wall, cpu = workload.timed_slice(pairs[side], SLICE)
-                res["ops"] += n
-                res["wall"] += wall
-                res["cpu"] += cpu
+        slices = {s: functools.partial(workload.timed_slice, pairs[s]) for s in SIDES}
+        out = workload.interleave(slices, duration, max_ops, SLICE)
     return {
         side: {
             "pairs_per_s": v["ops"] / v["wall"],
@@ -160,30 +153,26 @@ def ratios(v: dict[str, Any]) -> dict[str, float]:
 
 def scenario_many(backends: list[str], t: Targets, b: Any) -> dict[str, Any]:
     def measure(backend: str, table: str, res: dict[str, Any]) -> None:
-        res["repeats"] = []
-        for r in range(b.repeats):
-            v = procs.run_one(
-                _uncontended,
-                (t, backend, table, b.duration, b.max_ops),
-                timeout=b.duration * len(SIDES) + 120,
-            )
-            res["repeats"].append(v)
+        def logged(r: int, v: dict[str, Any]) -> None:
             log(
                 f"[many] round {r + 1}/{b.repeats} {backend}: "
                 + ", ".join(f"{s} {v[s]['pairs_per_s']:,.0f}" for s in SIDES)
                 + " pairs/s"
             )
-        for side in SIDES:
-            res[side] = {
-                k: median([x[side][k] for x in res["repeats"]])
-                for k in ("pairs_per_s", "cpu_us_per_pair")
-            }
-        # each repeat's sides ran interleaved, under the same load: a ratio is taken within
-        # a repeat, and the median of those is quoted
-        each = [ratios(x) for x in res["repeats"]]
-        for name in each[0]:
-            res[name] = median([x[name] for x in each])
-            res[f"{name}_repeats"] = [x[name] for x in each]
+
+        workload.repeat_interleaved(
+            res,
+            lambda: procs.run_one(
+                _uncontended,
+                (t, backend, table, b.duration, b.max_ops),
+                timeout=b.duration * len(SIDES) + 120,
+            ),
+            b.repeats,
+            SIDES,
+            ("pairs_per_s", "cpu_us_per_pair"),
+            ratios,
+            logged,
+        )
 
     return servers.each_store([x for x in backends if x in BACKENDS], t, "many", "many", measure)
 

@@ -10,12 +10,21 @@ import contextlib
 import os
 import time
 import uuid
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from bench.contenders import Contender, LockAdapter, Targets
 
 # the loops and statistics are the ones `dblock bench` (the user-facing tool) runs and reports
-from dblock.bench import Record, exclusion, handoff_loop, handoffs, percentile, section_loop
+from dblock.bench import (
+    Record,
+    exclusion,
+    handoff_loop,
+    handoffs,
+    median,
+    percentile,
+    section_loop,
+)
 from dblock.bench import contended_stats as _lock_stats
 
 T = TypeVar("T")
@@ -89,6 +98,67 @@ def timed_slice(lock: Any, slice_s: float) -> tuple[int, float, float]:
         if time.perf_counter() >= end:
             break
     return n, time.perf_counter() - start, time.process_time() - cpu
+
+
+def timed_calls(step: Callable[[], object], slice_s: float) -> tuple[int, float, float]:
+    """``step()`` for ``slice_s`` seconds (at least once): how many, the wall time and the
+    process's CPU time they took (``timed_slice`` for what is not a lock)."""
+    n, cpu, start = 0, time.process_time(), time.perf_counter()
+    end = start + slice_s
+    while True:
+        step()
+        n += 1
+        if time.perf_counter() >= end:
+            break
+    return n, time.perf_counter() - start, time.process_time() - cpu
+
+
+def interleave(
+    slices: Mapping[str, Callable[[float], tuple[int, float, float]]],
+    duration: float,
+    max_ops: int,
+    slice_s: float,
+) -> dict[str, dict[str, float]]:
+    """Each side's slices (``slices[side](slice_s)``: how many, wall, CPU), taken in turn, the
+    order rotated every round, for ``duration`` s of each side (none past ``max_ops``), so
+    that the machine's drifts fall on every side alike: each side's ops, wall and cpu."""
+    out: dict[str, dict[str, float]] = {s: {"ops": 0, "wall": 0.0, "cpu": 0.0} for s in slices}
+    for r in range(max(1, round(duration / slice_s))):
+        for side in rounds(list(slices), r):
+            res = out[side]
+            if res["ops"] >= max_ops:
+                continue
+            n, wall, cpu = slices[side](slice_s)
+            res["ops"] += n
+            res["wall"] += wall
+            res["cpu"] += cpu
+    return out
+
+
+def repeat_interleaved(
+    res: dict[str, Any],
+    run: Callable[[], dict[str, Any]],
+    repeats: int,
+    sides: Sequence[str],
+    fields: tuple[str, str],
+    ratios: Callable[[dict[str, Any]], dict[str, float]],
+    logged: Callable[[int, dict[str, Any]], None],
+) -> None:
+    """``run()`` (one fresh process whose sides ran interleaved) ``repeats`` times, into
+    ``res``: ``repeats``, each side's median of ``fields`` (a rate, a CPU cost), and each of
+    ``ratios``' median with its repeats' values (``<name>_repeats``). A ratio is taken within
+    a repeat, whose sides ran under the same load, and the median of those is quoted."""
+    res["repeats"] = []
+    for r in range(repeats):
+        v = run()
+        res["repeats"].append(v)
+        logged(r, v)
+    for side in sides:
+        res[side] = {k: median([x[side][k] for x in res["repeats"]]) for k in fields}
+    each = [ratios(x) for x in res["repeats"]]
+    for name in each[0]:
+        res[name] = median([x[name] for x in each])
+        res[f"{name}_repeats"] = [x[name] for x in each]
 
 
 def exclusion_status(v: dict[str, Any]) -> str:
