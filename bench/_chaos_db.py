@@ -20,6 +20,13 @@ from dblock.tools import parse_url
 T = TypeVar("T")
 
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
+#: dialect -> a log table's ``seq`` column: its rows' order of insertion (of commit, where a
+#: row lock taken before the insert serialises the transactions)
+SEQ = {
+    "sqlite": "seq INTEGER PRIMARY KEY AUTOINCREMENT",
+    "postgresql": "seq BIGSERIAL PRIMARY KEY",
+    "mysql": "seq BIGINT AUTO_INCREMENT PRIMARY KEY",
+}
 
 
 def members(url: str) -> list[str]:
@@ -140,11 +147,7 @@ def create_tables(url: str, resource: str, audit: str, keys: int) -> None:
     took the row lock, so its ``seq`` orders the accepted writes of one resource by commit.
     """
     d = dialect_of(url)
-    seq = {
-        "sqlite": "seq INTEGER PRIMARY KEY AUTOINCREMENT",
-        "postgresql": "seq BIGSERIAL PRIMARY KEY",
-        "mysql": "seq BIGINT AUTO_INCREMENT PRIMARY KEY",
-    }[d]
+    seq = SEQ[d]
     conn = connect(url, autocommit=True)
     try:
         cur = conn.cursor()
@@ -303,11 +306,7 @@ def create_guarded_tables(url: str, counter: str, glog: str, keys: int) -> None:
     wrote). Two holders' transactions that interleave both write the same ``n``, and the
     counter ends below the number of log rows (a lost update)."""
     d = dialect_of(url)
-    seq = {
-        "sqlite": "seq INTEGER PRIMARY KEY AUTOINCREMENT",
-        "postgresql": "seq BIGSERIAL PRIMARY KEY",
-        "mysql": "seq BIGINT AUTO_INCREMENT PRIMARY KEY",
-    }[d]
+    seq = SEQ[d]
     conn = connect(url, autocommit=True)
     try:
         cur = conn.cursor()

@@ -63,9 +63,10 @@ def run_chaos(cmd: list[str]) -> tuple[int, str, str]:
     return proc.returncode, out, err
 
 
-def soak(url: str, out: Path, extra: list[str], duration: float = DURATION) -> dict[str, Any]:
-    """Run chaos.py on ``url`` (``extra``: its further options); its summary, which must show
-    no violation and no hung process."""
+def run_soak(
+    url: str, out: Path, extra: list[str], duration: float = DURATION
+) -> tuple[int, dict[str, Any]]:
+    """Run chaos.py on ``url`` (``extra``: its further options): its exit status and summary."""
     code, stdout, stderr = run_chaos(
         [
             sys.executable,
@@ -85,6 +86,13 @@ def soak(url: str, out: Path, extra: list[str], duration: float = DURATION) -> d
     print(stderr[-3000:], file=sys.stderr)
     assert out.exists(), f"no summary (exit {code}): {stderr[-2000:]}"
     summary: dict[str, Any] = json.loads(out.read_text())
+    return code, summary
+
+
+def soak(url: str, out: Path, extra: list[str], duration: float = DURATION) -> dict[str, Any]:
+    """Run chaos.py on ``url``; its summary, which must show no violation and no hung
+    process."""
+    code, summary = run_soak(url, out, extra, duration)
     assert summary["violations"] == []
     assert summary["hung"] == 0
     assert code == 0

@@ -10,6 +10,7 @@ connections) or, for the paused holder, from another process.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
@@ -63,10 +64,17 @@ def loop() -> Iterator[asyncio.AbstractEventLoop]:
     loop.close()
 
 
-def _side(provider: Provider, table: str, kind: str, loop: Any) -> tuple[App, Holder]:
+@contextlib.contextmanager
+def _side(provider: Provider, table: str, kind: str, loop: Any) -> Iterator[tuple[App, Holder]]:
+    """The application's connection of ``kind`` and a holder's client beside it, closed after."""
     assert provider.url is not None
     app = App(provider.url, kind, loop)
-    return app, Holder(provider.url, table, app)
+    holder = Holder(provider.url, table, app)
+    try:
+        yield app, holder
+    finally:
+        holder.close()
+        app.close()
 
 
 @pytest.fixture
@@ -98,8 +106,7 @@ def test_a_guard_keeps_the_row_until_the_transaction_ends(
 ) -> None:
     """While the guarded transaction is open, a force-release (and a takeover of the lapsed
     key) waits; the rollback frees the row at once."""
-    app, holder = _side(provider, table, kind, loop)
-    try:
+    with _side(provider, table, kind, loop) as (app, holder):
         lock = holder.lock("g:row", ttl=30)
         assert holder.call(lock.acquire())
         app.begin()
@@ -112,9 +119,6 @@ def test_a_guard_keeps_the_row_until_the_transaction_ends(
         assert out == [True]
         with pytest.raises(dblock.LockLost):
             holder.call(lock.release())
-    finally:
-        holder.close()
-        app.close()
 
 
 @GUARDED
@@ -122,26 +126,24 @@ def test_a_guard_keeps_the_row_until_the_transaction_ends(
 def test_a_hold_taken_before_the_guard_raises_lock_lost_and_nothing_is_written(
     provider: Provider, table: str, kind: str, loop: Any, other: dblock.Client
 ) -> None:
-    app, holder = _side(provider, table, kind, loop)
-    business = app.create_table()
-    try:
-        lock = holder.lock("g:lost", ttl=30)
-        assert holder.call(lock.acquire())
-        assert other.force_release("g:lost")
-        assert other.lock("g:lost", ttl=30).acquire(blocking=False)
-        app.begin()
-        app.write(business, "stale")
-        with pytest.raises(dblock.LockLost, match="Roll the transaction back"):
-            app.guard(lock)
-        app.rollback()
-        assert app.rows(business) == []
-        assert not lock.held
-        with pytest.raises(dblock.LockLost):
-            holder.call(lock.release())
-    finally:
-        app.drop(business)
-        holder.close()
-        app.close()
+    with _side(provider, table, kind, loop) as (app, holder):
+        business = app.create_table()
+        try:
+            lock = holder.lock("g:lost", ttl=30)
+            assert holder.call(lock.acquire())
+            assert other.force_release("g:lost")
+            assert other.lock("g:lost", ttl=30).acquire(blocking=False)
+            app.begin()
+            app.write(business, "stale")
+            with pytest.raises(dblock.LockLost, match="Roll the transaction back"):
+                app.guard(lock)
+            app.rollback()
+            assert app.rows(business) == []
+            assert not lock.held
+            with pytest.raises(dblock.LockLost):
+                holder.call(lock.release())
+        finally:
+            app.drop(business)
 
 
 @GUARDED
@@ -151,8 +153,7 @@ def test_release_and_renew_inside_the_guarded_transaction_refuse_instead_of_wait
 ) -> None:
     """Each would wait for the transaction's own row lock (its own thread's, here): they raise
     at once, and once the transaction has ended the release goes through."""
-    app, holder = _side(provider, table, kind, loop)
-    try:
+    with _side(provider, table, kind, loop) as (app, holder):
         lock = holder.lock("g:inside", ttl=30, auto_renew=True)
         assert holder.call(lock.acquire())
         app.begin()
@@ -168,9 +169,6 @@ def test_release_and_renew_inside_the_guarded_transaction_refuse_instead_of_wait
         holder.call(lock.release())
         holder.call(lock.release())
         assert other.info("g:inside") is None
-    finally:
-        holder.close()
-        app.close()
 
 
 @GUARDED
@@ -178,9 +176,8 @@ def test_release_and_renew_inside_the_guarded_transaction_refuse_instead_of_wait
 def test_an_auto_renewed_hold_outlives_a_guard_longer_than_its_lease(
     provider: Provider, table: str, kind: str, loop: Any, other: dblock.Client
 ) -> None:
-    app, holder = _side(provider, table, kind, loop)
     lost: list[Any] = []
-    try:
+    with _side(provider, table, kind, loop) as (app, holder):
         lock = holder.lock("g:outlive", ttl=1.0, auto_renew=True, on_lost=lost.append)
         assert holder.call(lock.acquire())
         app.begin()
@@ -196,9 +193,6 @@ def test_an_auto_renewed_hold_outlives_a_guard_longer_than_its_lease(
         assert info is not None and info.owner == lock.owner
         assert not other.lock("g:outlive", ttl=30).acquire(blocking=False)
         holder.call(lock.release())  # no LockLost: the hold never lapsed for anyone
-    finally:
-        holder.close()
-        app.close()
 
 
 @GUARDED
@@ -207,8 +201,7 @@ def test_lock_many_guards_every_key(
     provider: Provider, table: str, kind: str, loop: Any, other: dblock.Client
 ) -> None:
     provider.require("ManyKeys")
-    app, holder = _side(provider, table, kind, loop)
-    try:
+    with _side(provider, table, kind, loop) as (app, holder):
         held = holder.client.lock_many(["g:m1", "g:m2", "g:m3"], ttl=30)
         assert holder.call(held.acquire())
         app.begin()
@@ -219,9 +212,6 @@ def test_lock_many_guards_every_key(
         with pytest.raises(dblock.LockLost):
             app.guard(held)
         app.rollback()
-    finally:
-        holder.close()
-        app.close()
 
 
 @GUARDED

@@ -10,15 +10,13 @@ key until it ends, and the referee reports nothing.
 
 from __future__ import annotations
 
-import json
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests._servers import POSTGRESQL_URL, require_server
-from tests.contract.test_chaos import ROOT, run_chaos
+from tests.contract.test_chaos import run_soak
 
 DURATION = 15.0
 #: short leases and frequent pauses: each unguarded run sees several pauses land between a
@@ -29,25 +27,8 @@ ATTEMPTS = 3
 
 
 def _soak(tmp_path: Path, name: str, *extra: str) -> tuple[int, dict[str, Any]]:
-    out = tmp_path / f"{name}.json"
-    code, stdout, stderr = run_chaos(
-        [
-            sys.executable,
-            str(ROOT / "bench" / "chaos.py"),
-            "--url",
-            POSTGRESQL_URL,
-            "--duration",
-            str(DURATION),
-            "--json",
-            str(out),
-            *PAUSES,
-            *extra,
-        ]
-    )
-    print(stdout[-4000:])
-    print(stderr[-2000:], file=sys.stderr)
-    assert out.exists(), f"no summary (exit {code}): {stderr[-2000:]}"
-    return code, json.loads(out.read_text())
+    # PAUSES' --grace comes after run_soak's: the later one is the one chaos.py takes
+    return run_soak(POSTGRESQL_URL, tmp_path / f"{name}.json", [*PAUSES, *extra], DURATION)
 
 
 @pytest.mark.slow
