@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, TypeVar, cast
+from typing import TYPE_CHECKING, NamedTuple, TypeVar, cast
 
 from ._errors import ConfigurationError
 from ._runtime import THREADS, Runtime
@@ -464,6 +464,35 @@ class CommitGuards(ABC):
         every hold was extended."""
 
 
+class Leading(NamedTuple):
+    """A key's live exclusive lease hold with the value its holder proclaimed in it."""
+
+    info: LockInfo
+    #: the holder has proclaimed a value (perhaps None) in this hold
+    proclaimed: bool
+    value: str | None
+
+
+class LeaderValues(ABC):
+    """A lease hold of a key carries a value that its holder sets and anyone reads together
+    with the hold in one step: an election's leader and what it proclaims
+    (``client.election``, docs/election.md).
+
+    A value belongs to one hold (its token): a new hold of the key starts without one, so
+    nobody ever reads an earlier term's value beside a later holder."""
+
+    @abstractmethod
+    def proclaim(self, key: str, owner: str, token: int, value: str | None) -> bool:
+        """Set the value of ``owner``'s live hold ``token`` of ``key`` in one step; False,
+        writing nothing, if that hold is not live (on the store's clock). Repeating it with
+        the same value changes nothing more (a retried call is harmless)."""
+
+    @abstractmethod
+    def leader(self, key: str) -> Leading | None:
+        """The live exclusive lease hold (kind "lock") of ``key`` and its value, or None if
+        there is none; one round trip where the store allows it."""
+
+
 class SchemaScript(ABC):
     """The store's schema is DDL an operator can run by hand."""
 
@@ -492,6 +521,7 @@ CAPABILITIES: tuple[type, ...] = (
     ManyKeys,
     FairManyKeys,
     CommitGuards,
+    LeaderValues,
 )
 
 

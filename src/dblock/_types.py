@@ -28,3 +28,21 @@ class LockInfo:
 
 
 LockInfo.__module__ = "dblock"
+
+
+@dataclass(frozen=True)
+class LeaderInfo:
+    """Who leads an election now, as the store sees it.
+
+    ``value`` is what the leader proclaimed (None if nothing), ``token`` the fencing token of
+    its term (strictly increasing per election), ``since`` when the term began (a
+    timezone-aware UTC datetime from the store's clock).
+    """
+
+    name: str
+    value: str | None
+    token: int
+    since: datetime
+
+
+LeaderInfo.__module__ = "dblock"

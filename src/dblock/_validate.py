@@ -13,6 +13,8 @@ MAX_KEY_LENGTH: Final = 255
 MAX_TTL: Final = 31_536_000.0  # one year, in seconds
 MAX_TABLE_LENGTH: Final = 63
 MAX_NOTE_LENGTH: Final = 4096
+#: the longest value an election's leader may proclaim
+MAX_LEADER_VALUE: Final = 1024
 #: the most connections one client's pool may be allowed
 MAX_CONNECTIONS: Final = 10_000
 #: purge(older_than=) beyond this (about a century) means the same as this
@@ -60,6 +62,30 @@ def check_note(note: object) -> str | None:
     except UnicodeEncodeError:
         raise ValueError("note must be valid Unicode text (it contains a lone surrogate)") from None
     return note
+
+
+def check_leader_value(value: object) -> str | None:
+    """Return ``value`` (what a leader proclaims: None or text) if valid: a ``str`` (else
+    TypeError) of at most MAX_LEADER_VALUE characters, no NUL, no lone surrogate (else
+    ValueError)."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise TypeError(f"a leader's value must be a str or None, not {type(value).__name__}")
+    if len(value) > MAX_LEADER_VALUE:
+        raise ValueError(
+            f"a leader's value is {len(value)} characters long; at most {MAX_LEADER_VALUE} "
+            "are allowed"
+        )
+    if "\x00" in value:
+        raise ValueError("a leader's value must not contain NUL characters")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(
+            "a leader's value must be valid Unicode text (it contains a lone surrogate)"
+        ) from None
+    return value
 
 
 def check_max_connections(value: object) -> int:
