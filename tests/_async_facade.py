@@ -29,8 +29,9 @@ import contextvars
 import functools
 import queue
 import threading
+import time
 import weakref
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
 import dblock
@@ -296,6 +297,11 @@ class Client:
     def rwlock(self, key: str, *, ttl: float = 30.0, timeout: float | None = None) -> RWLock:
         return RWLock(self, self._async.rwlock(key, ttl=ttl, timeout=timeout))
 
+    def election(
+        self, name: str, *, on_lost: Callable[[Term], object] | None = None, **options: Any
+    ) -> Election:
+        return Election(self, name, on_lost, options)
+
     def semaphore(
         self, key: str, permits: int, *, ttl: float = 30.0, timeout: float | None = None
     ) -> Lock:
@@ -444,6 +450,96 @@ class RWLock:
 
     def write_lock(self, *, on_lost: Callable[[Lock], object] | None = None, **kw: Any) -> Lock:
         return Lock(self._client, lambda lost: self._async.write_lock(on_lost=lost, **kw), on_lost)
+
+
+class _LostView:
+    """A term's ``lost`` (an ``asyncio.Event``) as a ``threading.Event`` reads."""
+
+    def __init__(self, event: asyncio.Event) -> None:
+        self._event = event
+
+    def is_set(self) -> bool:
+        return self._event.is_set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self._event.is_set():
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
+            time.sleep(0.005)
+        return True
+
+
+class Term:
+    """``dblock.Term``'s surface over an ``AsyncTerm``."""
+
+    def __init__(self, client: Client, term: Any) -> None:
+        self._client = client
+        self._async = term
+        self.lost = _LostView(term.lost)
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ("name", "token", "value", "leading", "lease_end"):
+            return getattr(self._async, name)
+        raise AttributeError(name)
+
+    def proclaim(self, value: str | None) -> None:
+        self._client._call(lambda: self._async.proclaim(value))
+
+    def resign(self) -> None:
+        self._client._call(self._async.resign)
+
+    def __enter__(self) -> Term:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.resign()
+
+
+class Election:
+    """``dblock.Election``'s surface over an ``AsyncElection``."""
+
+    def __init__(
+        self,
+        client: Client,
+        name: str,
+        on_lost: Callable[[Term], object] | None,
+        options: dict[str, Any],
+    ) -> None:
+        self._client = client
+        self._on_lost = on_lost
+        self._terms: dict[int, Term] = {}
+        self._async = client._async.election(
+            name, on_lost=None if on_lost is None else self._lost, **options
+        )
+        self.name: str = self._async.name
+
+    def _lost(self, term: Any) -> object:
+        assert self._on_lost is not None
+        return self._on_lost(self._wrap(term))
+
+    def _wrap(self, term: Any) -> Term:
+        wrapped = self._terms.get(id(term))
+        if wrapped is None:
+            wrapped = self._terms[id(term)] = Term(self._client, term)
+        return wrapped
+
+    def campaign(self, value: str | None = None, timeout: float | None = None) -> Term:
+        async def start() -> Any:
+            return await self._async.campaign(value, timeout)
+
+        return self._wrap(self._client._call(start))
+
+    def leader(self) -> dblock.LeaderInfo | None:
+        return self._client._call(self._async.leader)  # type: ignore[no-any-return]
+
+    def observe(self) -> Iterator[dblock.LeaderInfo | None]:
+        changes = self._async.observe()
+        try:
+            while True:
+                yield self._client._call(changes.__anext__)
+        finally:
+            self._client._call(changes.aclose)
 
 
 def connect(url: str | None = None, **options: Any) -> Client:

@@ -313,6 +313,51 @@ def many_hold(url: str, table: str, keys: str, ttl: str) -> None:
         m.release()
 
 
+def lead(url: str, table: str, name: str, n: str, record: str, hold: str) -> None:
+    """``n`` terms of election ``name``, each checked by the referee ``record`` (nobody else
+    leading, every earlier term's token lower), held ``hold`` s, then resigned."""
+    with connect(url, table=table) as client:
+        election = client.election(name, ttl=30)
+        for _ in range(int(n)):
+            with election.campaign(value=str(os.getpid()), timeout=120) as term:
+                enter_fenced(record, term.token)
+                time.sleep(float(hold))
+                leave_fenced(record, term.token)
+
+
+def lead_and_watch(url: str, table: str, name: str, ttl: str, writes: str) -> None:
+    """Lead election ``name``; print ``{"token": t}``; then, while ``term.lost`` is not set,
+    write the token to the fenced resource ``writes`` (a file that keeps the highest token
+    and refuses lower ones) every 10 ms; once lost, print ``{"lost": true, "on_lost": n}``."""
+    called: list[object] = []
+    with connect(url, table=table) as client:
+        election = client.election(name, ttl=float(ttl), on_lost=called.append)
+        term = election.campaign(value=str(os.getpid()), timeout=60)
+        print(json.dumps({"token": term.token}), flush=True)
+        while not term.lost.is_set():
+            fenced_write(writes, term.token)
+            time.sleep(0.01)
+        time.sleep(0.2)  # on_lost runs beside the event
+        print(json.dumps({"lost": True, "on_lost": len(called)}), flush=True)
+        term.resign()
+
+
+def fenced_write(path: str, token: int) -> bool:
+    """The fenced resource: accept a write whose token is at least the highest seen (a lock
+    file makes the check and the write one step); log accepted and refused writes."""
+    import fcntl
+
+    with open(path, "a+") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        f.seek(0)
+        lines = f.read().split()
+        highest = max((int(x) for x in lines if not x.startswith("-")), default=0)
+        accepted = token >= highest
+        f.write(f"{token if accepted else -token}\n")
+        f.flush()
+        return accepted
+
+
 if __name__ == "__main__":
     commands = {
         "count": count,
@@ -334,5 +379,7 @@ if __name__ == "__main__":
         "session_hold": session_hold,
         "many": many,
         "many_hold": many_hold,
+        "lead": lead,
+        "lead_and_watch": lead_and_watch,
     }
     commands[sys.argv[1]](*sys.argv[2:])

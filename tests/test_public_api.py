@@ -17,6 +17,7 @@ API_NAMES = {
     "Client",
     "Lock",
     "LockInfo",
+    "LeaderInfo",
     "DBLockError",
     "LockTimeout",
     "NotHeld",

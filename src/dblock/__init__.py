@@ -25,7 +25,7 @@ from ._errors import (
     NotHeld,
 )
 from ._lock import Lock
-from ._types import LockInfo
+from ._types import LeaderInfo, LockInfo
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
@@ -77,6 +77,7 @@ __all__ = [
     "ConfigurationError",
     "DBLockError",
     "InProgress",
+    "LeaderInfo",
     "Lock",
     "LockInfo",
     "LockLost",

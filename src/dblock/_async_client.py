@@ -27,6 +27,7 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
+from ._async_election import AsyncElection, AsyncTerm
 from ._client import Client, open_store
 from ._green import spawn
 from ._lock import Lock
@@ -374,6 +375,17 @@ class AsyncClient:
             ),
             on_lost,  # type: ignore[arg-type]
         )
+
+    def election(
+        self,
+        name: str,
+        *,
+        ttl: float = 15.0,
+        on_lost: Callable[[AsyncTerm], object] | None = None,
+    ) -> AsyncElection:
+        """Leader election (see :meth:`dblock.Client.election`); ``on_lost`` may be a
+        coroutine function. Creating it does no I/O."""
+        return AsyncElection(self._sync._core, self._background, name, ttl=ttl, on_lost=on_lost)
 
     def rwlock(self, key: str, *, ttl: float = 30.0, timeout: float | None = None) -> AsyncRWLock:
         return AsyncRWLock(self, self._sync.rwlock(key, ttl=ttl, timeout=timeout))

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeAlias, TypeVar
 
 from ._contract import OnceRecords, Store, lacking, provides
 from ._core import Core
+from ._election import Election, Term
 from ._lock import Lock
 from ._many import ManyLock
 from ._patterns import OnceLock, locked, scheduled
@@ -195,6 +196,18 @@ class Client:
         return ManyLock(
             self._core, keys, ttl=ttl, timeout=timeout, auto_renew=auto_renew, on_lost=on_lost
         )
+
+    def election(
+        self, name: str, *, ttl: float = 15.0, on_lost: Callable[[Term], object] | None = None
+    ) -> Election:
+        """Leader election among the clients that campaign for ``name``: one leader at a
+        time, each term with its own fencing token; ``ttl`` is the term's lease, renewed in
+        the background (a dead leader is replaced within it). See docs/election.md.
+
+        >>> with client.election("scheduler").campaign(value="10.0.0.7:8080") as term:
+        ...     run_scheduler(until=term.lost, fence=term.token)
+        """
+        return Election(self._core, name, ttl=ttl, on_lost=on_lost)
 
     def rwlock(self, key: str, *, ttl: float = 30.0, timeout: float | None = None) -> RWLock:
         """A read-write lock: many readers at once, or one writer; writers are not starved."""

@@ -24,6 +24,7 @@ Timeline of the race fencing protects against::
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import shlex
@@ -37,7 +38,7 @@ from ._contract import LossPush, SessionHolds, provides
 from ._core import Core
 from ._engine import Hold, Spec
 from ._engine.lease import refuse_while_guarded
-from ._errors import EventLoopError, LockLost, LockTimeout, NotHeld
+from ._errors import DBLockError, EventLoopError, LockLost, LockTimeout, NotHeld
 from ._timing import DeadlinePassed
 from ._validate import check_key, check_timeout, check_ttl
 
@@ -298,7 +299,10 @@ class Lock:
         Raises NotHeld if this owner does not hold the lock, and LockLost if its lease was
         gone (the work ran partly unprotected). Never frees another owner's hold.
         """
-        tid = self._core.owner_serial()
+        self._release(self._core.owner_serial())
+
+    def _release(self, tid: int) -> None:
+        """``release()`` of the hold that owner ``tid`` (a thread, a task) took."""
         with self._mutex:
             refs = self._holds.get(tid)
             hold = refs[-1] if refs else None
@@ -326,6 +330,14 @@ class Lock:
             self._pop(tid)
             if released.lost:
                 raise self._lost_error(hold)
+
+    def _release_quietly(self, tid: int) -> None:
+        """Release ``tid``'s hold, if any, reporting nothing: its loss is known already."""
+        with self._mutex:
+            if not self._holds.get(tid):
+                return
+        with contextlib.suppress(DBLockError):  # lost, or unreachable: the lease ends anyway
+            self._release(tid)
 
     def _pop(self, tid: int) -> None:
         with self._mutex:

@@ -10,8 +10,9 @@ from __future__ import annotations
 import contextlib
 import importlib
 
+from ._election import Term
 from ._url import DatabaseURL, default_url, quorum_urls, redact, scrub
-from ._validate import MAX_TTL, check_key, check_seconds, check_table
+from ._validate import MAX_TTL, check_key, check_leader_value, check_seconds, check_table
 from .stores import ddl_for, parse_url, schema_script
 from .stores._registry import entry
 from .stores._schema import MissingTable
@@ -20,7 +21,9 @@ __all__ = [
     "MAX_TTL",
     "DatabaseURL",
     "MissingTable",
+    "Term",
     "check_key",
+    "check_leader_value",
     "check_parameter_names",
     "check_seconds",
     "check_table",

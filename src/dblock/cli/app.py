@@ -18,6 +18,7 @@ from . import exit_codes
 from .cmd_admin import info_command, list_command, purge_command, release_command, schema_command
 from .cmd_dashboard import dashboard_command
 from .cmd_external import bench_command, demo_command
+from .cmd_lead import lead_command, leader_command
 from .cmd_run import once_command, run_command
 from .context import CliError, Settings, common_options, misconfigured, unavailable
 from .logs import Logging
@@ -50,6 +51,8 @@ def cli() -> None:
 for _command in (
     run_command,
     once_command,
+    lead_command,
+    leader_command,
     list_command,
     info_command,
     release_command,

@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import click
 
@@ -52,7 +52,7 @@ DEFAULT_RUN_TTL = 30.0
 DEFAULT_ONCE_TTL = 30.0
 
 
-def _say(message: str) -> None:
+def say(message: str) -> None:
     click.echo(f"dblock: {printable(message)}", err=True)
 
 
@@ -150,7 +150,7 @@ Exit status:
 """
 
 
-def _kill_grace_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+def kill_grace_option(fn: Callable[..., Any]) -> Callable[..., Any]:
     return click.option(
         "--kill-grace",
         type=WAIT,
@@ -223,7 +223,7 @@ def kill_grace_for(ctx: click.Context, ttl: float, kill_grace: float | None) -> 
     is_flag=True,
     help="Hold KEY with no lease, as long as dblock's connection (excludes --ttl).",
 )
-@_kill_grace_option
+@kill_grace_option
 @click.pass_context
 def run_command(
     ctx: click.Context,
@@ -263,7 +263,7 @@ def run_command(
                 return exit_codes.SIGNAL_BASE + exc.signum
             if not acquired:
                 if not quiet:
-                    _say(f"{_busy(client, keys)}; not running {command[0]}")
+                    say(f"{_busy(client, keys)}; not running {command[0]}")
                 return conflict_exit_code
             outcome = _run_holding(relay, lock, keys, lost, command, grace)
             return outcome
@@ -316,7 +316,7 @@ def _run_holding(  # noqa: PLR0917 - what the hold's run needs, each once
     try:
         _full_lease(lock)
     except dblock.LockLost:
-        _say(f"lost the lease of {lock.key} before {command[0]} could start; not running it")
+        say(f"lost the lease of {lock.key} before {command[0]} could start; not running it")
         return exit_codes.LEASE_LOST
     log.debug("holding %r (token %s); starting %s", lock.key, lock.token, command)
     try:
@@ -324,14 +324,14 @@ def _run_holding(  # noqa: PLR0917 - what the hold's run needs, each once
     except CannotStart as exc:
         raise CliError(str(exc), exc.exit_code) from None
     relay.attach(child)
-    guard = _Guard(child, lock, lost, grace, command)
+    guard = Guard(child, lock, lost, grace, command)
     status = guard.watch()
     if status is None:
         return exit_codes.LEASE_LOST
     try:
         lock.release()
     except dblock.LockLost:
-        _say(
+        say(
             f"the lease of {lock.key} was lost before {command[0]} finished: it ran partly "
             "unprotected (database unreachable longer than the ttl, or force-released)"
         )
@@ -340,7 +340,7 @@ def _run_holding(  # noqa: PLR0917 - what the hold's run needs, each once
         ends = (
             "with dblock's connection" if math.isinf(lock.ttl) else f"within {duration(lock.ttl)}"
         )
-        _say(f"could not release {lock.key}; it ends {ends}: {exc}")
+        say(f"could not release {lock.key}; it ends {ends}: {exc}")
     return status
 
 
@@ -362,18 +362,29 @@ def _after(moment: float) -> str:
 def _report_survivors(survivors: list[int], key: str) -> None:
     if survivors:
         names = ", ".join(f"group {-pid}" if pid < 0 else str(pid) for pid in survivors)
-        _say(
+        say(
             f"could not kill {names} (stuck in the kernel, or run as another user): they may "
             f"keep running after {key} is released or its lease ends"
         )
 
 
+class Leased(Protocol):
+    """What Guard watches: a lock, or an election's term."""
+
+    @property
+    def key(self) -> str: ...
+    @property
+    def ttl(self) -> float: ...
+    @property
+    def lease_end(self) -> float | None: ...
+
+
 @dataclass
-class _Guard:
+class Guard:
     """Keeps CMD, and everything it started, inside the lease (see RUN_HELP for the rule)."""
 
     child: Child
-    lock: dblock.Lock
+    lock: Leased
     lost: threading.Event
     grace: float
     command: tuple[str, ...]
@@ -428,7 +439,7 @@ class _Guard:
             return
         self._current_end()
         kill_at = min(time.monotonic() + self.grace, self.end - self.margin)
-        _say(
+        say(
             f"{self.command[0]} exited leaving processes behind; stopping them before "
             f"releasing {self.lock.key}: SIGTERM now, SIGKILL {_after(kill_at)}"
         )
@@ -441,7 +452,7 @@ class _Guard:
             if self.session
             else f"the lease (ttl {duration(self.lock.ttl)})"
         )
-        _say(
+        say(
             f"lost {what} of {self.lock.key}: another owner "
             f"may take it now; stopping {self.command[0]} (pid {self.child.pid}) and all it "
             f"started: SIGTERM now, SIGKILL {_after(kill_at)}"
@@ -450,7 +461,7 @@ class _Guard:
 
     def _stop_unrenewed(self) -> None:
         kill_at = self.end - self.margin
-        _say(
+        say(
             f"lost the lease of {self.lock.key}: it could not be renewed (database unreachable?) "
             f"and may end {_after(self.end)}; stopping {self.command[0]} (pid {self.child.pid}) "
             f"and all it started: SIGTERM now, SIGKILL {_after(kill_at)}"
@@ -521,7 +532,7 @@ Exit status:
 )
 @click.option("--note", default=None, callback=validate_note, help="A note stored with the record.")
 @click.option("-q", "--quiet", is_flag=True, help="No message when CMD is not run.")
-@_kill_grace_option
+@kill_grace_option
 @click.pass_context
 def once_command(
     ctx: click.Context,
@@ -542,15 +553,15 @@ def once_command(
                 _full_lease(hold)
                 child = Child(command, env=_child_env((key,), hold))
                 relay.attach(child)
-                _check(_Guard(child, hold, threading.Event(), grace, command).watch())
+                _check(Guard(child, hold, threading.Event(), grace, command).watch())
         except dblock.AlreadyDone:
             if not quiet:
-                _say(f"{key} has already succeeded; not running {command[0]} again")
+                say(f"{key} has already succeeded; not running {command[0]} again")
             return exit_codes.OK
         except dblock.InProgress:
             if not quiet:
                 holder = describe_holder(client.info(key))
-                _say(f"{key} is being processed ({holder}); not running {command[0]}")
+                say(f"{key} is being processed ({holder}); not running {command[0]}")
             return exit_codes.CONFLICT
         except _CommandFailed as exc:
             return exc.status

@@ -422,6 +422,14 @@ class SignalRelay:
         if pending is not None:
             raise Interrupted(pending)
 
+    def rearm(self) -> None:
+        """Back to waiting (``dblock lead`` campaigns again): signals raise Interrupted."""
+        with self._guard:
+            self._child, self._raise, self._pending = None, True, None
+        queued, self._queued = self._queued, []
+        if queued:  # came while CMD was being stopped
+            raise Interrupted(queued[0])
+
     def attach(self, child: Child) -> None:
         self._child = child
         queued, self._queued = self._queued, []

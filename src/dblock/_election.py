@@ -1,0 +1,311 @@
+"""Leader election: ``client.election(name)``, one leader at a time, with a fencing token per
+term (docs/election.md).
+
+An election is a lock on the key ``name`` and nothing more: a term is a lease hold of it,
+renewed in the background; candidates wait in the key's wait queue, so they lead in the
+order they started campaigning; the term's token is the hold's fencing token, so terms'
+tokens strictly increase. What a lock lacks is the leader's value, which the store keeps
+with the hold (:class:`~dblock._contract.LeaderValues`): it belongs to one term, so nobody
+reads an earlier leader's address beside a later leader's token.
+
+The leader's value is proclaimed in a second step after the grant: a reader that comes in
+between sees a hold with nothing proclaimed yet, and waits for it (a few milliseconds)
+rather than report a leader with no value.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+from ._contract import LeaderValues, Leading, lacking, provides
+from ._errors import LockLost, LockTimeout
+from ._lock import Lock
+from ._types import LeaderInfo
+from ._validate import check_key, check_leader_value, check_timeout, check_ttl
+
+if TYPE_CHECKING:
+    from ._core import Core
+
+log = logging.getLogger("dblock")
+
+#: how often ``observe()`` reads the leader (a change shows within this)
+OBSERVE_POLL = 0.05
+#: how long a reader waits for a new leader to proclaim its value before reporting it
+#: without one (the proclaim follows the grant at once; a leader that died in between never
+#: proclaims)
+PROCLAIM_WAIT = 0.5
+#: the pause between reads while waiting for that value
+PROCLAIM_POLL = 0.01
+
+
+def leader_info(name: str, leading: Leading | None) -> LeaderInfo | None:
+    """The public view of a store's answer."""
+    if leading is None:
+        return None
+    info = leading.info
+    return LeaderInfo(name=name, value=leading.value, token=info.token, since=info.acquired_at)
+
+
+class Term:
+    """One term of leadership, from :meth:`Election.campaign`: ``with`` it, or
+    :meth:`resign`. Any thread of the client may proclaim or resign it.
+
+    ``lost`` is set, and the election's ``on_lost`` called once, when the term's lease is
+    lost (another candidate may lead now): stop acting as the leader. ``token`` is the
+    term's fencing token; pass it with every write the leader makes so that a resource can
+    refuse a deposed leader's late writes.
+    """
+
+    def __init__(
+        self,
+        election: Election,
+        lock: Lock,
+        *,
+        tid: int,
+        token: int,
+        value: str | None,
+        lost: Any,
+    ) -> None:
+        self._election = election
+        self._lock = lock
+        self._tid = tid
+        self._value = value
+        self._token = token
+        #: set when the term is lost (``threading.Event``; ``asyncio.Event`` in the async API)
+        self.lost = lost
+        self._reported = False
+        self._report_mutex = threading.Lock()
+        self._resigned = False
+        #: the async API's term that wraps this one (dblock._async_election)
+        self.outer: object = None
+
+    @property
+    def name(self) -> str:
+        return self._election.name
+
+    @property
+    def key(self) -> str:
+        """The lock key the election is kept under: its name."""
+        return self._election.name
+
+    @property
+    def ttl(self) -> float:
+        """The term's lease in seconds."""
+        return self._election.ttl
+
+    @property
+    def token(self) -> int:
+        """The term's fencing token: strictly increases from term to term of the election."""
+        return self._token
+
+    @property
+    def value(self) -> str | None:
+        """What this leader proclaimed last."""
+        return self._value
+
+    @property
+    def leading(self) -> bool:
+        """True while the term is neither resigned nor known to be lost."""
+        return not self._resigned and not self._reported and self._lock.held
+
+    @property
+    def lease_end(self) -> float | None:
+        """The ``time.monotonic()`` moment from which the term's lease may have ended (see
+        :attr:`dblock.Lock.lease_end`); None once resigned or lost."""
+        return None if self._resigned else self._lock.lease_end
+
+    def proclaim(self, value: str | None) -> None:
+        """Change the leader's value without giving up the term. Raises LockLost if the term
+        is lost (it was not the leader's to change any more)."""
+        value = check_leader_value(value)
+        if self._resigned or self._reported:
+            raise self._lost_error("proclaim")
+        if not self._election._store.proclaim(self.name, self._lock.owner, self.token, value):
+            self.report_lost()
+            raise self._lost_error("proclaim")
+        self._value = value
+
+    def resign(self) -> None:
+        """Give up leadership now: the next candidate leads at once. Idempotent; a term
+        already known to be lost resigns quietly (its loss was reported through ``lost``
+        and ``on_lost``); a loss found only now is reported, then raises LockLost."""
+        if self._resigned:
+            return
+        self._resigned = True
+        if self._reported:
+            self._lock._release_quietly(self._tid)
+            return
+        try:
+            self._lock._release(self._tid)
+        except LockLost:
+            self.report_lost()
+            raise
+
+    def report_lost(self) -> None:
+        """Set ``lost`` and call the election's ``on_lost`` (once per term)."""
+        with self._report_mutex:
+            if self._reported:
+                return
+            self._reported = True
+        self._election._term_lost(self)
+
+    def _lost_error(self, what: str) -> LockLost:
+        return LockLost(
+            f"the term (token {self._token}) of election {self.name!r} is over: it was "
+            f"{'resigned' if self._resigned else 'lost'} before {what}()",
+            key=self.name,
+        )
+
+    def __enter__(self) -> Term:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.resign()
+
+    def __repr__(self) -> str:
+        state = "leading" if self.leading else "over"
+        return f"<dblock.Term election={self.name!r} token={self._token} {state}>"
+
+
+class Election:
+    """Leader election among the clients that campaign for ``name``. Create it with
+    :meth:`Client.election`.
+
+    >>> with client.election("scheduler").campaign(value="10.0.0.7:8080") as term:
+    ...     run_scheduler(until=term.lost, fence=term.token)
+    """
+
+    def __init__(
+        self,
+        core: Core,
+        name: str,
+        *,
+        ttl: float = 15.0,
+        on_lost: Callable[[Term], object] | None = None,
+        new_event: Callable[[], Any] = threading.Event,
+    ) -> None:
+        self._name = check_key(name)
+        self._ttl = check_ttl(ttl)
+        if on_lost is not None and not callable(on_lost):
+            raise TypeError("on_lost must be a callable taking the term")
+        store = core.store
+        if not provides(store, LeaderValues):
+            raise lacking(store, LeaderValues, "election()")
+        self._core = core
+        self._store: LeaderValues = store
+        self._on_lost = on_lost
+        self._new_event = new_event
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def ttl(self) -> float:
+        return self._ttl
+
+    def campaign(self, value: str | None = None, timeout: float | None = None) -> Term:
+        """Wait until this client leads (candidates lead in the order they started), then
+        proclaim ``value`` and return the term. Raises LockTimeout if not leading within
+        ``timeout`` seconds (None: wait as long as it takes)."""
+        value = check_leader_value(value)
+        wait = check_timeout(timeout)
+        while True:
+            term = self._campaign_once(value, wait)
+            if term is not None:
+                return term
+
+    def _campaign_once(self, value: str | None, wait: float | None) -> Term | None:
+        deadline = None if wait is None else time.monotonic() + wait
+        box: list[Term] = []
+        lock = Lock(
+            self._core,
+            self._name,
+            ttl=self._ttl,
+            timeout=wait,
+            reentrant=False,
+            auto_renew=True,
+            on_lost=lambda _lock: box[0].report_lost() if box else None,
+        )
+        if not lock.acquire(timeout=wait):
+            raise self._timed_out(wait)
+        tid, token = self._core.owner_serial(), lock.token
+        term = Term(self, lock, tid=tid, token=token or 0, value=value, lost=self._new_event())
+        box.append(term)
+        try:
+            proclaimed = token is not None and self._store.proclaim(
+                self._name, lock.owner, token, value
+            )
+        except BaseException:  # cancelled, interrupted, unreachable: lead nowhere unseen
+            term._resigned = True
+            lock._release_quietly(tid)
+            raise
+        if not proclaimed:
+            # lost between the grant and the proclaim (a pause past the ttl): not a term
+            term._resigned = True
+            lock._release_quietly(term._tid)
+            if deadline is not None and time.monotonic() >= deadline:
+                raise self._timed_out(wait)
+            return None
+        return term
+
+    def _timed_out(self, wait: float | None) -> LockTimeout:
+        leader = self.leader()
+        who = "nobody" if leader is None else f"token {leader.token}, value {leader.value!r}"
+        return LockTimeout(
+            f"election {self._name!r}: not leading within {wait:g} s (leader: {who})",
+            key=self._name,
+        )
+
+    def _term_lost(self, term: Term) -> None:
+        term.lost.set()
+        log.warning("dblock: lost the term (token %s) of election %r", term._token, self._name)
+        if self._on_lost is not None:
+            try:
+                self._on_lost(term)
+            except Exception:
+                log.exception("on_lost callback of election %r raised", self._name)
+
+    def leader(self) -> LeaderInfo | None:
+        """Who leads now (read from the store), or None."""
+        return leader_info(self._name, self._settled())
+
+    def _settled(self) -> Leading | None:
+        """The store's leader, once it has proclaimed its value (see the module)."""
+        leading = self._store.leader(self._name)
+        give_up = time.monotonic() + PROCLAIM_WAIT
+        while leading is not None and not leading.proclaimed and time.monotonic() < give_up:
+            self._core.rt.sleep(PROCLAIM_POLL)
+            leading = self._store.leader(self._name)
+        return leading
+
+    def observe(self) -> Iterator[LeaderInfo | None]:
+        """Yield the leader now, then each time it changes (a new term, a new value, nobody),
+        in order, forever. A change between two reads that is undone by the next (a term too
+        short to be seen) is not shown; the latest state always is."""
+        last: object = _NOTHING
+        while True:
+            now = self.leader()
+            if now != last:
+                last = now
+                yield now
+            self._core.rt.sleep(OBSERVE_POLL)
+
+    def __repr__(self) -> str:
+        return f"<dblock.Election name={self._name!r} ttl={self._ttl:g}>"
+
+
+_NOTHING = object()
+
+Election.__module__ = "dblock"
+Term.__module__ = "dblock"
