@@ -32,6 +32,8 @@ from ..._contract import (
     FairQueue,
     FencedGrants,
     FencedManyGrants,
+    LeaderValues,
+    Leading,
     ManyKeys,
     ScheduledRuns,
     Store,
@@ -128,7 +130,7 @@ def checked(store: Store) -> Store:
     return store
 
 
-class QuorumStore(Store, ScheduledRuns, FairQueue, Wakeups, FairManyKeys):
+class QuorumStore(Store, ScheduledRuns, FairQueue, Wakeups, FairManyKeys, LeaderValues):
     """The store contract over ``members`` (at least three independent stores).
 
     Waiters line up in the wait queue of one member, the first in the URLs' order that keeps
@@ -448,6 +450,33 @@ class QuorumStore(Store, ScheduledRuns, FairQueue, Wakeups, FairManyKeys):
         self._answered("force_release", key, outcomes)
         return any(o is True for o in outcomes)
 
+    # -- LeaderValues: on every member, the latest proclaim wins ------------------------------
+    def proclaim(self, key: str, owner: str, token: int, value: str | None) -> bool:
+        # Each member keeps the value with its own hold; a member that missed a proclaim (it
+        # was down, or its hold was repaired later) keeps an older one, so every value
+        # carries the moment it was proclaimed (one leader's clock: its terms' proclaims all
+        # come from its process) and a read takes the latest among the members that agree
+        # on the hold.
+        stamped = _stamp(value)
+        outcomes = self._fan_out("proclaim", lambda s: s.proclaim(key, owner, token, stamped))
+        return self._on_majority("proclaim", key, outcomes)
+
+    def leader(self, key: str) -> Leading | None:
+        outcomes = self._fan_out("leader", lambda s: s.leader(key))
+        self._answered("leader", key, outcomes)
+        found = [o for o in outcomes if not isinstance(o, Fault) and o is not None]
+        hold = agreed(self.n, [o.info for o in found])
+        if hold is None:
+            return None
+        values = [
+            _unstamp(o.value)
+            for o in found
+            if o.proclaimed and (o.info.owner, o.info.token) == (hold.owner, hold.token)
+        ]
+        if not values:
+            return Leading(hold, False, None)
+        return Leading(hold, True, max(values, key=lambda v: v[0])[1])
+
     # -- ManyKeys: one FencedManyGrants step on each member -----------------------------------
     def acquire_many(self, keys: Sequence[str], owner: str, ttl: float) -> dict[str, int] | None:
         """The keys' tokens, each minted as ``acquire`` mints one, if a majority of the stores
@@ -638,11 +667,28 @@ def _withheld(stores: Sequence[Store]) -> frozenset[type]:
     """What a quorum of ``stores`` (those opened) cannot offer: several keys at once unless
     each store grants them in one step; queues for several keys unless each store that may
     keep the quorum's queues keeps them (any of them may become its keeper)."""
+    withheld: set[type] = set()
+    if not all(provides(s, LeaderValues) for s in stores):
+        withheld.add(LeaderValues)
     if not all(provides(s, FencedManyGrants) and provides(s, ManyKeys) for s in stores):
-        return frozenset({ManyKeys, FairManyKeys})
-    if not all(provides(s, FairManyKeys) for s in stores if provides(s, FairQueue)):
-        return frozenset({FairManyKeys})
-    return frozenset()
+        withheld |= {ManyKeys, FairManyKeys}
+    elif not all(provides(s, FairManyKeys) for s in stores if provides(s, FairQueue)):
+        withheld.add(FairManyKeys)
+    return frozenset(withheld)
+
+
+def _stamp(value: str | None) -> str:
+    """``value`` with the moment it was proclaimed (``<ns>`` for None, ``<ns>:<value>``)."""
+    now = time.time_ns()
+    return f"{now}" if value is None else f"{now}:{value}"
+
+
+def _unstamp(stamped: str | None) -> tuple[int, str | None]:
+    """(when, value) of a stamped value (a value written otherwise counts as oldest)."""
+    when, sep, value = (stamped or "").partition(":")
+    if not when.isdigit():
+        return 0, stamped
+    return int(when), value if sep else None
 
 
 def _fenced_many(store: Any) -> Any:
