@@ -271,3 +271,46 @@ def test_leader_value_travels_between_processes(
         leader.kill()
         leader.wait()
     assert os.path.exists(tmp_path / "w")
+
+
+@pytest.mark.needs("blocking", "asyncio")
+def test_a_cancelled_async_campaign_leaves_no_term_and_no_place_in_line(
+    provider: Provider, table: str
+) -> None:
+    """A campaign cancelled while it waits, or at any moment around its grant and proclaim,
+    leaves nothing: the next candidate leads as soon as the leader resigns."""
+    import asyncio
+
+    name = _name()
+
+    async def scenario() -> None:
+        async with await provider.connect_async(table=table) as aclient:
+            with provider.connect(table=table) as outside:
+                leader = outside.election(name, ttl=30).campaign(value="outside")
+                waiting = asyncio.ensure_future(
+                    aclient.election(name, ttl=30).campaign(value="cancelled")
+                )
+                await asyncio.sleep(0.5)
+                waiting.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await waiting
+                leader.resign()
+                await asyncio.sleep(0.3)
+                assert outside.election(name).leader() is None
+                for delay in (0.0, 0.001, 0.003, 0.01, 0.03):  # around the grant
+                    task = asyncio.ensure_future(
+                        aclient.election(name, ttl=30).campaign(value="raced")
+                    )
+                    await asyncio.sleep(delay)
+                    task.cancel()
+                    try:
+                        term = await task
+                    except asyncio.CancelledError:
+                        await asyncio.sleep(0.2)
+                        assert outside.election(name).leader() is None, delay
+                    else:  # it had led before the cancellation came: resign it
+                        await term.resign()
+                nxt = outside.election(name, ttl=30).campaign(value="next", timeout=5)
+                nxt.resign()
+
+    asyncio.run(scenario())
