@@ -116,3 +116,22 @@ def test_a_value_takes_no_room_in_list_or_info(client: dblock.Client) -> None:
     assert client.list(key) == [] and client.info(key) is None
     assert client.purge(0.0) >= 0  # a purge keeps working beside a value
     assert client.list(key) == []
+
+
+def test_keys_of_any_shape_keep_their_own_values_through_a_purge(client: dblock.Client) -> None:
+    # each key's value is found from the key alone, by the store's own means too (a purge
+    # that must tell a live hold's value from an orphan's): keys that differ only by a
+    # trailing space, non-ASCII keys and the longest key allowed each keep their own
+    stem = _key()
+    keys = [stem, stem + " ", stem + " ünï ✓ 'q'", (stem + "x" * 255)[:255]]
+    locks = [client.lock(key, ttl=30) for key in keys]
+    for n, lock in enumerate(locks):
+        assert lock.acquire(blocking=False)
+        assert store_call(client, "proclaim", lock.key, lock.owner, lock.token, f"v{n}")
+    assert client.purge(0.0) >= 0
+    for n, key in enumerate(keys):
+        assert store_call(client, "leader", key).value == f"v{n}"
+    for lock in locks:
+        lock.release()
+    assert client.purge(0.0) >= 0
+    assert all(store_call(client, "leader", key) is None for key in keys)

@@ -17,23 +17,44 @@ Queue entries (``waiting = 1``) are ordered by when they were made, on the datab
 waiter refreshes its entry while it waits, so a waiter that died or paused drops out of the
 queue when its entry's lease ends.
 
+A lease hold's value (LeaderValues) is a row of its own in the main table, beside the key's
+(whose ``note`` remembers hand-overs and once-outcomes): lock_key :func:`value_key`, kind
+``value``, no owner and a lease that never ends (so no take, info, list or force-release sees a
+hold there), the token of the hold that proclaimed it and the value in ``note``. A read joins it
+to the key's live hold on the token, so a value never outlives its hold's term; purge deletes
+it once its key has no row that purge keeps.
+
 The SQL here (:class:`HolderStatements`) is written once with ``%(name)s`` parameters over a
 few dialect hooks; each dialect's statements class (``stores/<dialect>/statements.py``) extends it.
 """
 
 from __future__ import annotations
 
+import hashlib
 import re
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, Generic, TypeVar
 
+from .._contract import Leading
 from .._types import LockInfo
 from ._pool import MAINTENANCE_DEADLINE, PooledStore
 
 C = TypeVar("C")
 _NAMED = re.compile(r"%\((\w+)\)s")
+
+
+#: the end of a value row's lease, UTC: past every lease a hold can have
+FOREVER = "9999-12-31 23:59:59"
+
+
+def value_key(key: str) -> str:
+    """The lock_key of ``key``'s value row: a control character and the key's SHA-256 (which
+    PostgreSQL and MySQL compute too), which no key a person picks looks like and which fits
+    every dialect's key column (MySQL's holds 255 characters: a prefix added to a
+    255-character key would not fit)."""
+    return "\x1f" + hashlib.sha256(key.encode()).hexdigest()
 
 
 def colon_style(sql: str) -> str:
@@ -74,6 +95,13 @@ class HolderStatements(ABC):
         it; point ranges of the primary key, so only these rows are read (and locked)."""
         pairs = " OR ".join(f"(lock_key = %(k{i})s AND token = %(t{i})s)" for i in range(n))
         return f"owner = %(owner)s AND expires_at > {self.now} AND ({pairs})"
+
+    #: SQL: a value row's ``expires_at`` (FOREVER in the dialect's type)
+    forever: str
+
+    @abstractmethod
+    def value_key_of(self, column: str) -> str:
+        """SQL: :func:`value_key` of the key in ``column`` (for purge, which has no key)."""
 
     @abstractmethod
     def later(self, name: str) -> str:
@@ -176,6 +204,54 @@ class HolderStatements(ABC):
         # older -> holder rows and queue entries that ended more than `older` s ago
         self.purge_holders = (
             f"DELETE FROM {self.holders} WHERE expires_at <= {self.earlier('older')}"
+        )
+        self._leader_values()
+
+    def _leader_values(self) -> None:
+        """LeaderValues' statements (a value row: see the module)."""
+        t = self.main
+        # key vkey -> the live exclusive lease hold of key (live_holds' columns), whether its
+        # holder proclaimed a value in it, and the value: a value row of another token (an
+        # earlier term's) is not joined
+        self.leader = (
+            "SELECT l.lock_key, l.owner, l.token, l.acquired_at, l.expires_at, l.kind,\n"
+            f"    v.token IS NOT NULL, v.note\nFROM {t} l LEFT JOIN {t} v ON v.lock_key = "
+            "%(vkey)s AND v.kind = 'value' AND v.token = l.token\n"
+            f"WHERE l.lock_key = %(key)s AND l.kind = 'lock' AND l.owner IS NOT NULL "
+            f"AND l.expires_at > {self.now}"
+        )
+        self.proclaim = self._proclaim(
+            "l.lock_key = %(key)s AND l.owner = %(owner)s AND l.token = %(token)s "
+            f"AND l.kind = 'lock' AND l.expires_at > {self.now}"
+        )
+        # older -> deletes the value rows whose key has no row that purge keeps (live, or
+        # ended `older` s ago or less): no read can show them again, since a hold of the key
+        # that reads its value must have that value's token and be live. The kept keys are
+        # hashed once each, in a derived table (MySQL's DELETE may not read its own table in
+        # a plain subquery).
+        self.purge_values = (
+            f"DELETE FROM {t} WHERE kind = 'value' AND lock_key NOT IN (SELECT vk FROM (\n"
+            f"    SELECT {self.value_key_of('k.lock_key')} AS vk FROM {t} k\n"
+            f"    WHERE k.kind <> 'value' AND k.expires_at > {self.earlier('older')}) kept)"
+        )
+
+    def _proclaim(self, hold: str) -> str:
+        """key vkey owner token value -> a row if the value row of owner's live hold (key,
+        token), the row ``hold`` on alias ``l``, was written: made, or replaced with this
+        value (an earlier term's value or this one's). A later term's is never replaced (a
+        statement whose read of the hold came before the hold ended), nor a row of another
+        kind. No row, nothing written, if the hold is not live. ``acquired_at`` is the
+        term's start."""
+        t = self.main
+        return (
+            f"INSERT INTO {t} AS v (lock_key, kind, owner, token, acquired_at, expires_at, "
+            "note)\n"
+            f"SELECT %(vkey)s, 'value', NULL, l.token, l.acquired_at, {self.forever}, "
+            f"%(value)s\nFROM {t} l WHERE {hold}\n"
+            "ON CONFLICT (lock_key) DO UPDATE SET token = EXCLUDED.token,\n"
+            "    acquired_at = EXCLUDED.acquired_at, note = EXCLUDED.note\n"
+            "WHERE v.kind = 'value' AND v.token <= EXCLUDED.token\n"
+            "RETURNING token"
         )
 
     def _live_waiter(self, keys: str) -> str:
@@ -288,7 +364,8 @@ class HolderStatements(ABC):
 
 
 class HoldersMixin(PooledStore[C], Generic[C]):
-    """Generic semaphore / rwlock / queue operations over dialect hooks."""
+    """Generic semaphore / rwlock / queue operations, and a hold's value, over dialect
+    hooks."""
 
     sql: HolderStatements
 
@@ -365,6 +442,36 @@ class HoldersMixin(PooledStore[C], Generic[C]):
     def finish_scheduled(self, key: str, owner: str, token: int, at_least: float) -> bool:
         params = {"key": key, "owner": owner, "token": token, "least": at_least}
         return self._finish("release", self.sql.finish_scheduled, params)
+
+    # -- LeaderValues (the store declares it): a hold's value row (see the module) ---------
+    def proclaim(self, key: str, owner: str, token: int, value: str | None) -> bool:
+        params = {
+            "key": key,
+            "vkey": value_key(key),
+            "owner": owner,
+            "token": token,
+            "value": value,
+        }
+        return self.run("proclaim", lambda conn: self._proclaimed(conn, params), key=key)
+
+    def _proclaimed(self, conn: C, params: dict[str, Any]) -> bool:
+        """Run ``proclaim``'s statement: was the value written? (A row returned; MySQL, which
+        returns none, tells it otherwise.)"""
+        return bool(self._exec(conn, self.sql.proclaim, params)[1])
+
+    def leader(self, key: str) -> Leading | None:
+        params = {"key": key, "vkey": value_key(key)}
+        rows = self.run(
+            "reading the leader", lambda conn: self._exec(conn, self.sql.leader, params)[1], key=key
+        )
+        if not rows:
+            return None
+        row = rows[0]
+        return Leading(self._row_info(row[:6]), bool(row[6]), row[7])
+
+    def _purge_values(self, conn: C, older_than: float) -> int:
+        """Delete the value rows no read can show again (inside purge, after its rows)."""
+        return self._exec(conn, self.sql.purge_values, {"older": older_than})[0]
 
     # -- shared holds: read locks and semaphore permits -----------------------------------
     def acquire_shared(

@@ -11,7 +11,7 @@ import hashlib
 import re
 
 from .._names import aux_name, qualify
-from .._sql_holders import HolderStatements
+from .._sql_holders import FOREVER, HolderStatements
 from .doorbell import gate_sql
 
 NOW = "UTC_TIMESTAMP(6)"
@@ -781,6 +781,32 @@ class MysqlStatements(HolderStatements):
         self.session_holder = "SELECT IS_USED_LOCK(%(sname)s)"
         # -> forget the rows of holders that died (their locks are free or another's)
         self.session_purge = f"DELETE FROM {sessions} WHERE NOT ({current} <=> 1)"
+
+    forever = f"'{FOREVER}'"
+
+    def value_key_of(self, column: str) -> str:
+        # SHA2() hashes the column's utf8mb4 bytes: the UTF-8 that value_key hashes
+        return f"CONCAT(CHAR(31 USING utf8mb4), SHA2({column}, 256))"
+
+    def _proclaim(self, hold: str) -> str:
+        """The same as the other dialects' (see HolderStatements._proclaim), without
+        RETURNING: the affected rows say 1 if the row was made, and the insert id is the
+        token wherever it was replaced, changed or not (an update that changes nothing
+        counts no row). ON DUPLICATE KEY UPDATE has no WHERE: each assignment keeps the row
+        as it was unless it is a value row of this token or an earlier one; ``token`` comes
+        last, as the others test it. A locking read of the hold (an INSERT ... SELECT under
+        REPEATABLE READ) keeps it live until the statement commits."""
+        t = self.main
+        ours = f"{t}.kind = 'value' AND {t}.token <= VALUES(token)"
+        return (
+            f"INSERT INTO {t} (lock_key, kind, owner, token, acquired_at, expires_at, note)\n"
+            f"SELECT %(vkey)s, 'value', NULL, l.token, l.acquired_at, {self.forever}, "
+            f"%(value)s\nFROM {t} l WHERE {hold}\n"
+            "ON DUPLICATE KEY UPDATE\n"
+            f"    note = IF({ours}, VALUES(note), {t}.note),\n"
+            f"    acquired_at = IF({ours}, VALUES(acquired_at), {t}.acquired_at),\n"
+            f"    token = IF({ours}, LAST_INSERT_ID(VALUES(token)), {t}.token)"
+        )
 
     def later(self, name: str) -> str:
         return f"{NOW} + INTERVAL %({name}_us)s MICROSECOND"

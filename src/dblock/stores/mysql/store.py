@@ -45,6 +45,7 @@ from ..._contract import (
     FairQueue,
     FencedGrants,
     FencedManyGrants,
+    LeaderValues,
     OnceRecords,
     QueueView,
     SchemaScript,
@@ -242,6 +243,7 @@ class MysqlStore(
     SchemaScript,
     FairManyKeys,
     CommitGuards,
+    LeaderValues,
 ):
     """Lock table in MySQL 8 or MariaDB 10.5+. Session holds only on MariaDB, once
     ensure_schema has found (or made) the table's token sequence: withheld until then."""
@@ -1039,6 +1041,14 @@ class MysqlStore(
 
         return self.run("force_release", op, key=key)
 
+    def _proclaimed(self, conn: Any, params: dict[str, Any]) -> bool:
+        # no RETURNING: a row made counts 1, a row replaced has the token as its insert id
+        # (see MysqlStatements._proclaim), which is 0 where nothing was (no token is 0)
+        with conn.cursor() as cur:
+            made = cur.execute(self.sql.proclaim, params) == 1
+            replaced = int(cur.lastrowid or 0)
+        return made or (replaced != 0 and replaced == int(params["token"]))
+
     # -- dialect hooks for the multi-holder operations ------------------------------------
     def _exec(self, conn: Any, sql: str, params: dict[str, Any]) -> tuple[int, list[Any]]:
         with conn.cursor() as cur:
@@ -1073,6 +1083,7 @@ class MysqlStore(
                     cur.execute(self.sql.remember_purged_tokens, (highest,))
                     count = int(cur.execute(self.sql.purge, (*gone, highest)))
                     count += self._purge_holders(conn, older_than)
+                    count += self._purge_values(conn, older_than)
                     conn.commit()
                     if provides(self, SessionHolds):  # rows of session holders that died
                         cur.execute(self.sql.session_purge)

@@ -8,6 +8,7 @@ import functools
 import hashlib
 
 from .._names import aux_name, qualify
+from .._sql_holders import FOREVER
 from .._sql_ops import OperationStatements
 
 NOW = "statement_timestamp()"
@@ -594,6 +595,11 @@ class PostgresStatements(OperationStatements):
             "    r.owner IS NOT NULL AS handed\n"  # a token issued: its commit must be durable
             "FROM r LEFT JOIN h ON true"
         )
+
+    forever = f"timestamptz '{FOREVER}+00'"
+
+    def value_key_of(self, column: str) -> str:
+        return f"chr(31) || encode(sha256(convert_to({column}, 'UTF8')), 'hex')"
 
     def listen(self, own_channel: str) -> str:
         """A client's listener hears the table's channel and its own."""

@@ -42,6 +42,7 @@ from ..._contract import (
     FairQueue,
     FencedGrants,
     FencedManyGrants,
+    LeaderValues,
     LossPush,
     OnceRecords,
     QueueJoin,
@@ -118,6 +119,7 @@ class PostgresStore(
     SchemaScript,
     FairManyKeys,
     CommitGuards,
+    LeaderValues,
 ):
     """Lock table in PostgreSQL."""
 
@@ -566,9 +568,9 @@ class PostgresStore(
         params = {"older": older_than, "inc": include_once}
 
         def op(conn: psycopg.Connection[Any]) -> int:
-            return conn.execute(self.sql.purge, params).rowcount + self._purge_holders(
-                conn, older_than
-            )
+            purged = conn.execute(self.sql.purge, params).rowcount
+            purged += self._purge_holders(conn, older_than)
+            return purged + self._purge_values(conn, older_than)
 
         return self.run("purge", op, deadline=MAINTENANCE_DEADLINE)
 

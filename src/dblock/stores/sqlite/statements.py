@@ -6,10 +6,12 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from .._names import aux_name, qualify
-from .._sql_holders import colon_style
+from .._sql_holders import FOREVER, colon_style
 from .._sql_ops import OperationStatements
 
 NOW = "((julianday('now') - 2440587.5) * 86400.0)"
+#: the SQL function purge registers on its connection for value_key_of (SQLite has no SHA-256)
+VALUE_KEY_FUNCTION = "dblock_value_key"
 
 
 class SqliteStatements(OperationStatements):
@@ -313,6 +315,11 @@ class SqliteStatements(OperationStatements):
             "ON CONFLICT (lock_key, holder) DO UPDATE SET kind = 'lock', waiting = 1,\n"
             "    token = 0, acquired_at = excluded.acquired_at, expires_at = excluded.expires_at"
         ]
+
+    forever = f"((julianday('{FOREVER}') - 2440587.5) * 86400.0)"
+
+    def value_key_of(self, column: str) -> str:
+        return f"{VALUE_KEY_FUNCTION}({column})"
 
     def later(self, name: str) -> str:
         return f"{NOW} + %({name})s"

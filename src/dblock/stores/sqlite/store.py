@@ -31,6 +31,7 @@ from ..._contract import (
     FairQueue,
     FencedGrants,
     FencedManyGrants,
+    LeaderValues,
     OnceRecords,
     QueueView,
     SchemaScript,
@@ -45,9 +46,9 @@ from ..._types import Kind, LockInfo
 from ..._url import DatabaseURL, url_number
 from .._pool import MAINTENANCE_DEADLINE, Failure, Sleeper
 from .._schema import HOLDERS, MAIN, META, missing, refuse_foreign
-from .._sql_holders import colon_style
+from .._sql_holders import colon_style, value_key
 from .._sql_ops import Busy, StatementOperations, many_params
-from .statements import SqliteStatements
+from .statements import VALUE_KEY_FUNCTION, SqliteStatements
 
 MIN_VERSION = (3, 35, 0)
 #: the longest busy timeout a URL may ask for (``?timeout=``), seconds
@@ -125,6 +126,7 @@ class SqliteStore(
     SchemaScript,
     FairManyKeys,
     CommitGuards,
+    LeaderValues,
 ):
     """Lock table in a SQLite file."""
 
@@ -553,6 +555,12 @@ class SqliteStore(
                 conn.execute(self.sql.remember_purged_tokens, params)
                 count = conn.execute(self.sql.purge, params).rowcount
                 count += self._purge_holders(conn, older_than)
+                # registered for this statement only: the connection may be borrowed
+                conn.create_function(VALUE_KEY_FUNCTION, 1, value_key, deterministic=True)
+                try:
+                    count += self._purge_values(conn, older_than)
+                finally:
+                    conn.create_function(VALUE_KEY_FUNCTION, 1, None)
                 conn.execute("COMMIT")
             except BaseException:
                 conn.execute("ROLLBACK")
