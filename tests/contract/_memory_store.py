@@ -1,11 +1,12 @@
 """A throwaway in-memory store, for the tests only: the store contract over a dict.
 
-It implements ``dblock._contract.Store`` and the FairQueue, SharedHolds and
-OnceRecords capabilities, modelled on the SQL stores' tables: one record per key (the lock,
-or the parent of shared holds) and per key a set of holder entries (shared holds and queue
-entries). Every operation runs under one ``threading.Lock`` of the shared :class:`Tables`, so
-two clients built on one ``Tables`` contend like two processes on one database. Its clock is
-``time.monotonic()``; tokens of a key only go up, across purges too (a high-water mark).
+It implements ``dblock._contract.Store`` and the FairQueue, SharedHolds, OnceRecords,
+FairManyKeys and LeaderValues capabilities, modelled on the SQL stores' tables: one record
+per key (the lock, or the parent of shared holds; a proclaimed value beside its token) and
+per key a set of holder entries (shared holds and queue entries). Every operation runs
+under one ``threading.Lock`` of the shared :class:`Tables`, so two clients built on one
+``Tables`` contend like two processes on one database. Its clock is ``time.monotonic()``;
+tokens of a key only go up, across purges too (a high-water mark).
 
 Importing this module needs the store contract in the core (the ``memory`` provider is
 skipped before that; see tests/providers.py).
@@ -20,7 +21,15 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import dblock
-from dblock._contract import FairManyKeys, FairQueue, OnceRecords, SharedHolds, Store
+from dblock._contract import (
+    FairManyKeys,
+    FairQueue,
+    LeaderValues,
+    Leading,
+    OnceRecords,
+    SharedHolds,
+    Store,
+)
 
 #: wall-clock time of monotonic 0, to show the store's clock as datetimes
 _WALL_AT_ZERO = datetime.now(timezone.utc) - timedelta(seconds=time.monotonic())
@@ -42,6 +51,10 @@ class Record:
     expires_at: float
     state: str | None = None
     note: str | None = None
+    #: the token of the hold that proclaimed ``value`` (0: none): a later hold of the key
+    #: has a larger token, so it never shows an earlier one's value
+    value_token: int = 0
+    value: str | None = None
 
 
 @dataclass
@@ -71,7 +84,7 @@ class Tables:
         self.tables: dict[str, Table] = {}
 
 
-class MemoryStore(Store, FairQueue, SharedHolds, OnceRecords, FairManyKeys):
+class MemoryStore(Store, FairQueue, SharedHolds, OnceRecords, FairManyKeys, LeaderValues):
     name = "memory"
     safe_url = "memory://"
     poll_cap = 0.05
@@ -483,3 +496,24 @@ class MemoryStore(Store, FairQueue, SharedHolds, OnceRecords, FairManyKeys):
                 rec.owner = None
             rec.expires_at = max(rec.acquired_at + at_least, now)
             return True
+
+    # -- LeaderValues --------------------------------------------------------------------------
+
+    def proclaim(self, key: str, owner: str, token: int, value: str | None) -> bool:
+        with self._tables.mutex:
+            rec = self._t().records.get(key)
+            if not self._mine(rec, owner, token) or rec is None or rec.expires_at <= self._now():
+                return False
+            rec.value_token, rec.value = token, value
+            return True
+
+    def leader(self, key: str) -> Leading | None:
+        with self._tables.mutex:
+            rec = self._t().records.get(key)
+            if rec is None or rec.owner is None or rec.kind != "lock":
+                return None
+            if rec.expires_at <= self._now():
+                return None
+            info = self._info(key, rec.owner, rec.token, rec.acquired_at, rec.expires_at, rec.kind)
+            proclaimed = rec.value_token == rec.token
+            return Leading(info, proclaimed, rec.value if proclaimed else None)

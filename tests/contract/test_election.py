@@ -5,12 +5,15 @@ ttl, a paused one deposed and told on resume, ``observe()`` seeing every change 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
+import subprocess
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,6 +27,27 @@ pytestmark = pytest.mark.needs("LeaderValues")
 
 def _name() -> str:
     return "elect-" + uuid.uuid4().hex[:10]
+
+
+@contextlib.contextmanager
+def _worker(*args: str) -> Iterator[subprocess.Popen[str]]:
+    """A worker process (tests/_worker.py), ended and its pipe closed on the way out."""
+    proc = start(*args)
+    try:
+        yield proc
+    finally:
+        proc.send_signal(signal.SIGCONT)
+        proc.kill()
+        proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
+def _all_succeed(procs: list[subprocess.Popen[str]]) -> None:
+    for p in procs:
+        assert p.wait(180) == 0
+        if p.stdout is not None:
+            p.stdout.close()
 
 
 def test_a_campaign_leads_with_its_value_and_token_and_leaving_resigns(
@@ -142,8 +166,7 @@ def test_one_leader_at_a_time_across_processes(
     record = tmp_path / "record"
     record.write_text("0 0")
     procs = [start("lead", db_url, table, name, "5", str(record), "0.01") for _ in range(4)]
-    for p in procs:
-        assert p.wait(180) == 0
+    _all_succeed(procs)
     tokens = [int(t) for t in (tmp_path / "record.log").read_text().split()]
     assert len(tokens) == 20
     assert tokens == sorted(set(tokens))
@@ -154,8 +177,7 @@ def test_a_killed_leader_is_replaced_within_its_ttl_and_a_second(
 ) -> None:
     name = _name()
     ttl = 2.0
-    leader = start("lead_and_watch", db_url, table, name, str(ttl), str(tmp_path / "w"))
-    try:
+    with _worker("lead_and_watch", db_url, table, name, str(ttl), str(tmp_path / "w")) as leader:
         token = json.loads(leader.stdout.readline())["token"]  # type: ignore[union-attr]
         with provider.connect(table=table) as client:
             election = client.election(name, ttl=30)
@@ -165,9 +187,6 @@ def test_a_killed_leader_is_replaced_within_its_ttl_and_a_second(
                 took = time.monotonic() - killed
                 assert term.token > token
             assert took <= ttl + 1.0, took
-    finally:
-        leader.kill()
-        leader.wait()
 
 
 def test_a_paused_leader_is_deposed_and_told_on_resume_and_its_writes_are_refused(
@@ -175,8 +194,7 @@ def test_a_paused_leader_is_deposed_and_told_on_resume_and_its_writes_are_refuse
 ) -> None:
     name = _name()
     writes = tmp_path / "w"
-    leader = start("lead_and_watch", db_url, table, name, "1.5", str(writes))
-    try:
+    with _worker("lead_and_watch", db_url, table, name, "1.5", str(writes)) as leader:
         token = json.loads(leader.stdout.readline())["token"]  # type: ignore[union-attr]
         time.sleep(0.2)  # it writes meanwhile
         leader.send_signal(signal.SIGSTOP)
@@ -195,10 +213,6 @@ def test_a_paused_leader_is_deposed_and_told_on_resume_and_its_writes_are_refuse
         ours = entries.index(term.token)
         assert token in entries[:ours]  # it led and wrote before the pause
         assert token not in entries[ours:]  # nothing of its after ours was accepted
-    finally:
-        leader.send_signal(signal.SIGCONT)
-        leader.kill()
-        leader.wait()
 
 
 def test_observe_sees_every_change_in_order_under_churn(
@@ -223,8 +237,7 @@ def test_observe_sees_every_change_in_order_under_churn(
 
         watcher = threading.Thread(target=follow)
         watcher.start()
-        for p in procs:
-            assert p.wait(180) == 0
+        _all_succeed(procs)
         stop.set()
         with client.election(name).campaign(value="last") as last:  # then nobody: the end
             time.sleep(0.3)
@@ -261,15 +274,11 @@ def test_leader_value_travels_between_processes(
     provider: Provider, table: str, db_url: str, tmp_path: Path
 ) -> None:
     name = _name()
-    leader = start("lead_and_watch", db_url, table, name, "30", str(tmp_path / "w"))
-    try:
+    with _worker("lead_and_watch", db_url, table, name, "30", str(tmp_path / "w")) as leader:
         token = json.loads(leader.stdout.readline())["token"]  # type: ignore[union-attr]
         with provider.connect(table=table) as client:
             seen = client.election(name).leader()
             assert seen is not None and (seen.value, seen.token) == (str(leader.pid), token)
-    finally:
-        leader.kill()
-        leader.wait()
     assert os.path.exists(tmp_path / "w")
 
 

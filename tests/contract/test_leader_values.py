@@ -12,6 +12,7 @@ import pytest
 
 import dblock
 from tests._internals import store_call
+from tests.providers import Provider
 
 pytestmark = pytest.mark.needs("LeaderValues")
 
@@ -135,3 +136,34 @@ def test_keys_of_any_shape_keep_their_own_values_through_a_purge(client: dblock.
         lock.release()
     assert client.purge(0.0) >= 0
     assert all(store_call(client, "leader", key) is None for key in keys)
+
+
+def test_a_renewal_keeps_the_value(client: dblock.Client) -> None:
+    key = _key()
+    lock = client.lock(key, ttl=30)
+    assert lock.acquire(blocking=False)
+    assert store_call(client, "proclaim", key, lock.owner, lock.token, "v")
+    for ttl in (30, 45):  # the same lease, and another (a store may move the hold to a new one)
+        assert store_call(client, "renew", key, lock.owner, lock.token, ttl)
+        leading = store_call(client, "leader", key)
+        assert (leading.proclaimed, leading.value, leading.info.token) == (True, "v", lock.token)
+    lock.release()
+    assert store_call(client, "leader", key) is None
+
+
+def test_a_value_proclaimed_through_another_client_leaves_the_hold_alone(
+    provider: Provider, client: dblock.Client, table: str
+) -> None:
+    key = _key()
+    lock = client.lock(key, ttl=30)
+    assert lock.acquire(blocking=False)
+    with provider.connect(table=table) as other:
+        assert not store_call(other, "proclaim", key, "someone-else", lock.token, "theirs")
+        assert store_call(other, "proclaim", key, lock.owner, lock.token, "via other")
+        assert store_call(client, "leader", key).value == "via other"
+    # the holder's own renewal and release still find their hold as they left it
+    assert store_call(client, "renew", key, lock.owner, lock.token, 30)
+    assert store_call(client, "proclaim", key, lock.owner, lock.token, "mine")
+    assert store_call(client, "leader", key).value == "mine"
+    lock.release()
+    assert store_call(client, "leader", key) is None

@@ -8,7 +8,9 @@ share ``dblock/<table>/K\\0`` (a key never contains NUL), followed by:
 - ``q/<kind>/<owner>``: a wait-queue entry, with a lease of its own; its create revision is
   its place in the queue;
 - ``o`` and ``n``: a once-record's state (``processing``, ``failed``, ``succeeded``) and note,
-  plain keys without a lease, so a success survives everything.
+  plain keys without a lease, so a success survives everything;
+- ``v``: the value the exclusive hold's holder proclaimed (LeaderValues) and its token, on
+  the hold's lease, so it ends with the hold; counted only while that token holds.
 
 Time is the cluster's: a hold lasts as long as its lease, which the leader grants and
 expires; dblock never computes an expiry (``info`` shows the lease's remaining TTL as the
@@ -45,6 +47,8 @@ from pyetcd import etcdrpc
 from ..._contract import (
     FairManyKeys,
     FairQueue,
+    LeaderValues,
+    Leading,
     OnceRecords,
     SharedHolds,
     Store,
@@ -111,7 +115,25 @@ def _kvs(reply: Any, index: int) -> Kvs:
     return list(reply.responses[index].response_range.kvs)
 
 
-class EtcdStore(Store, FairQueue, SharedHolds, OnceRecords, Wakeups, FairManyKeys):
+def _on_lease(key: bytes, lease: int) -> Any:
+    """``key`` is attached to ``lease``."""
+    return etcdrpc.Compare(
+        key=key, target=etcdrpc.Compare.LEASE, result=etcdrpc.Compare.EQUAL, lease=lease
+    )
+
+
+def _carry_value(value: bytes, token: int, lease: int) -> Any:
+    """A nested transaction that moves the value key of the hold ``token`` to ``lease`` (the
+    hold's new one), if that hold wrote it: a value written before the hold was created (its
+    mod revision, at most the token) is an earlier hold's, left to end with its lease."""
+    written = etcdrpc.Compare(
+        key=value, target=etcdrpc.Compare.MOD, result=etcdrpc.Compare.GREATER, mod_revision=token
+    )
+    move = put(value, b"", lease, keep_value=True)
+    return Req(request_txn=etcdrpc.TxnRequest(compare=[written], success=[move]))
+
+
+class EtcdStore(Store, FairQueue, SharedHolds, OnceRecords, Wakeups, FairManyKeys, LeaderValues):
     """Locks in etcd, under the key prefix of one table."""
 
     name = dialect = "etcd"
@@ -305,12 +327,10 @@ class EtcdStore(Store, FairQueue, SharedHolds, OnceRecords, Wakeups, FairManyKey
             return any(int(kv.create_revision) == token for kv in held)
         # another ttl: the hold moves to a new lease (its create revision, its token, stays)
         new, new_granted = self.rpc.grant("renew", ttl, key)
-        reply = self.rpc.txn(
-            "renew",
-            [created(hold, token)],
-            [put(hold, b"", new, keep_value=True)],
-            key=key,
-        )
+        moves = [put(hold, b"", new, keep_value=True)]
+        if hold.endswith(b"\0l"):
+            moves.append(_carry_value(hold[:-1] + b"v", token, new))
+        reply = self.rpc.txn("renew", [created(hold, token)], moves, key=key)
         if not reply.succeeded:
             self.rpc.revoke("renew", new, key)
             return False
@@ -333,7 +353,7 @@ class EtcdStore(Store, FairQueue, SharedHolds, OnceRecords, Wakeups, FairManyKey
         record = hold[:-1] + b"r" if hold.endswith(b"\0l") else None
         ops = [delete(hold)]
         if record is not None:
-            ops.append(put(record, _ended(time.time(), 0, token)))
+            ops += [put(record, _ended(time.time(), 0, token)), delete(hold[:-1] + b"v")]
         done, resent, known = self._ending("release", token, [created(hold, token)], ops, key)
         if done:
             return True
@@ -913,7 +933,10 @@ class EtcdStore(Store, FairQueue, SharedHolds, OnceRecords, Wakeups, FairManyKey
                 Req(
                     request_txn=etcdrpc.TxnRequest(
                         compare=[created(self._parts(k)[0], tokens[k])],
-                        success=[put(self._parts(k)[0], b"", new, keep_value=True)],
+                        success=[
+                            put(self._parts(k)[0], b"", new, keep_value=True),
+                            _carry_value(self._base(k) + b"v", tokens[k], new),
+                        ],
                     )
                 )
                 for k in keys
@@ -999,7 +1022,8 @@ class EtcdStore(Store, FairQueue, SharedHolds, OnceRecords, Wakeups, FairManyKey
                     )
                 )
             record = put(self._base(key) + b"r", _ended(now, 0, tokens[key]))
-            inner = etcdrpc.TxnRequest(compare=compare, success=[delete(hold), record])
+            value = delete(self._base(key) + b"v")
+            inner = etcdrpc.TxnRequest(compare=compare, success=[delete(hold), record, value])
             steps.append(Req(request_txn=inner))
         return steps
 
@@ -1111,3 +1135,52 @@ class EtcdStore(Store, FairQueue, SharedHolds, OnceRecords, Wakeups, FairManyKey
             with self._mutex:
                 self._queued_many.pop(owner, None)
         return tokens
+
+    # -- LeaderValues -----------------------------------------------------------------------
+    def proclaim(self, key: str, owner: str, token: int, value: str | None) -> bool:
+        """One transaction: the value key put on the hold's lease if the hold key is still
+        the one created at ``token`` on that lease. A hold this client granted is known
+        here (owner, lease); another's is read first, as is one whose lease moved."""
+        hold = self._parts(key)[0]
+        with self._mutex:
+            known_owner, known = self._owners.get(token), self._holds.get(token)
+        if known_owner not in (None, owner):
+            return False
+        data = json.dumps({"t": token, "v": value}).encode()
+        lease = known[0] if known_owner is not None and known is not None else None
+        for _ in range(2):
+            if lease is None:
+                reply = self.rpc.txn("proclaiming", [], [get(hold)], key=key)
+                found = [
+                    int(kv.lease)
+                    for kv in _kvs(reply, 0)
+                    if int(kv.create_revision) == token
+                    and kv.lease
+                    and _decode(kv).get("o") == owner
+                ]
+                if not found:
+                    return False
+                lease = found[0]
+            compare = [created(hold, token), _on_lease(hold, lease)]
+            reply = self.rpc.txn(
+                "proclaiming", compare, [put(hold[:-1] + b"v", data, lease)], key=key
+            )
+            if reply.succeeded:
+                return True
+            lease = None
+        return False
+
+    def leader(self, key: str) -> Leading | None:
+        """One transaction reads the hold and the value key; the hold's lease is then read
+        for its remaining TTL, as ``info`` does (two round trips: a lease is not a key)."""
+        hold = self._parts(key)[0]
+        reply = self.rpc.txn("reading the leader", [], [get(hold), get(hold[:-1] + b"v")], key=key)
+        locks = [kv for kv in _kvs(reply, 0) if _decode(kv).get("k", "lock") == "lock"]
+        found = self._infos(locks)
+        if not found:
+            return None
+        values = _kvs(reply, 1)
+        data = _decode(values[0]) if values else {}
+        if data.get("t") != found[0].token:  # none, or an earlier hold's
+            return Leading(found[0], False, None)
+        return Leading(found[0], True, data.get("v"))

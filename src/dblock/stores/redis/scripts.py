@@ -6,7 +6,10 @@ in one cluster slot, so a script may touch several):
 - ``<p>r:<key>``: hash, the key's *record*, as the SQL stores' lock-table row: ``kind``,
   ``owner`` (absent: not held), ``token``, ``acq`` and ``exp`` (the hold's start and lease end,
   microseconds on the Redis server's clock), ``state`` and ``note`` (once-records), ``ended``
-  (the token of the hold a release ended, so a retried release knows it succeeded);
+  (the token of the hold a release ended, so a retried release knows it succeeded),
+  ``value`` (``"<token> -"`` or ``"<token> =<text>"``: what the hold ``token`` proclaimed,
+  None or the text; it counts only while ``token`` is the record's, so it needs no
+  clearing when a hold ends: every later hold of the key has a larger token);
 - ``<p>h:<key>``: hash, owner -> ``"w kind token acq exp lease channel"``: shared holds
   (``w`` 0) and wait-queue entries (``w`` 1), each with its own lease, as the SQL stores'
   holders table. A queue entry's ``acq`` is its place, the table's arrival stamp (see
@@ -369,6 +372,25 @@ for i = 1, #KEYS do
   end
 end
 return count
+"""
+
+# -- leader values (LeaderValues) --------------------------------------------------------------
+
+# owner token value ('-': None, else '=' .. text) -> 1 if owner's live hold `token` now
+# carries it (any exclusive kind: LEADER shows a lock's only); else 0, nothing written
+PROCLAIM = r"""
+local r = lock_record(R)
+if not (held(r) and r.owner == ARGV[3] and r.token == tonumber(ARGV[4])) then return 0 end
+redis.call('HSET', R, 'value', num(r.token) .. ' ' .. ARGV[5])
+return 1
+"""
+
+# -> {owner, token, acq, exp, kind, value ('' if none)} of the live lock hold, or nil; the
+# caller counts the value only if it names that token
+LEADER = r"""
+local v = redis.call('HMGET', R, 'kind', 'owner', 'token', 'acq', 'exp', 'value')
+if v[1] ~= 'lock' or not v[2] or tonumber(v[5]) <= NOW then return false end
+return {v[2], v[3], v[4], v[5], v[1], v[6] or ''}
 """
 
 # -- the wait queue ---------------------------------------------------------------------------
@@ -838,5 +860,7 @@ SCRIPTS: dict[str, str] = {
         "DEQUEUE_MANY": DEQUEUE_MANY,
         "RENEW_MANY": RENEW_MANY,
         "RELEASE_MANY": RELEASE_MANY,
+        "PROCLAIM": PROCLAIM,
+        "LEADER": LEADER,
     }.items()
 }

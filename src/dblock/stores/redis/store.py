@@ -48,6 +48,8 @@ from ..._contract import (
     FairQueue,
     FencedGrants,
     FencedManyGrants,
+    LeaderValues,
+    Leading,
     LossPush,
     OnceRecords,
     QueueJoin,
@@ -169,6 +171,7 @@ class RedisStore(
     FencedManyGrants,
     FencedGrants,
     FairManyKeys,
+    LeaderValues,
 ):
     """Locks in Redis, under the key prefix of one table."""
 
@@ -636,6 +639,21 @@ class RedisStore(
 
     def finish_scheduled(self, key: str, owner: str, token: int, at_least: float) -> bool:
         return self._retried("release", "finish_scheduled", key, owner, token, _us(at_least))
+
+    # -- LeaderValues: the value is a field of the key's record (scripts.py) ---------------
+    def proclaim(self, key: str, owner: str, token: int, value: str | None) -> bool:
+        flagged = "-" if value is None else "=" + value
+        return bool(self._call("proclaiming", "proclaim", key, owner, token, flagged))
+
+    def leader(self, key: str) -> Leading | None:
+        row = self._call("reading the leader", "leader", key)
+        if row is None:
+            return None
+        info = _info(key, row[:5])
+        tag, _, flagged = row[5].partition(" ")
+        if tag != row[1] or not flagged:  # none, or an earlier hold's
+            return Leading(info, False, None)
+        return Leading(info, True, None if flagged == "-" else flagged[1:])
 
     # -- Wakeups, LossPush (subscribe, watch, joining, close: PushedWakeups) ------------
     def _new_listener(self) -> Listener:

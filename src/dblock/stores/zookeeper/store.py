@@ -9,6 +9,12 @@ lease in ms (``t``), whether the node holds (``h``; a fair waiter's queue entry 
 and, for semaphores, the permits. The key node's child ``record`` is its ``once`` record
 (P/F/S), changed only by a versioned ``set``. ``clock`` is a node written to read the server's time.
 
+What a lock's holder proclaims (LeaderValues) is the persistent node ``v/<key, %-encoded>``:
+its data is the value and the token of the hold that wrote it, counted only while that
+token holds (a later hold has a larger czxid). It is not the hold node's data: a write there
+would move the node's mtime (its lease) and version, which the holder's renewals and
+release check against the version they last wrote.
+
 Who holds (as in Curator's ``LockInternals``): contenders are ordered by their sequence
 number; an exclusive node (lock, write, once, scheduled) holds when no live node is below
 it; a read node when no live exclusive node is below it; a semaphore node when no live
@@ -64,6 +70,8 @@ from ... import _forksafe
 from ..._contract import (
     FairManyKeys,
     FairQueue,
+    LeaderValues,
+    Leading,
     LossPush,
     OnceRecords,
     QueueJoin,
@@ -250,6 +258,13 @@ def _sole(
     return None
 
 
+def _failure(result: object) -> BaseException | None:
+    """A multi's result for one operation, if it is what failed the multi."""
+    if isinstance(result, BaseException) and not isinstance(result, _ROLLED):
+        return result
+    return None
+
+
 def _seq(name: str) -> int:
     return int(name[-10:])
 
@@ -392,7 +407,15 @@ class ZkManySubscription(_BlockerWatch):
 
 
 class ZookeeperStore(
-    Store, FairQueue, SharedHolds, OnceRecords, Wakeups, QueueJoin, LossPush, FairManyKeys
+    Store,
+    FairQueue,
+    SharedHolds,
+    OnceRecords,
+    Wakeups,
+    QueueJoin,
+    LossPush,
+    FairManyKeys,
+    LeaderValues,
 ):
     """Locks in a ZooKeeper ensemble, under ``/<chroot>/<table>``."""
 
@@ -432,6 +455,7 @@ class ZookeeperStore(
         self.base = f"{chroot}/{_encode(self.table)}"
         self.keys = f"{self.base}/k"
         self.clock = f"{self.base}/clock"
+        self.values = f"{self.base}/v"
         self._zk: KazooClient | None = None
         self._pid = _forksafe.pid()
         self._lock = _forksafe.lock()
@@ -910,18 +934,12 @@ class ZookeeperStore(
         return found[0] if found else None
 
     def _infos(self, zk: KazooClient, key: str) -> list[LockInfo]:
-        holders = self._look(zk, key, None).holders()
-        return [
-            LockInfo(
-                key,
-                n.owner,
-                n.token,
-                _when(int(n.data.get("a", n.stat.ctime))),
-                _when(n.expires),
-                n.kind,  # type: ignore[arg-type]
-            )
-            for n in holders
-        ]
+        return [self._info(n) for n in self._look(zk, key, None).holders()]
+
+    @staticmethod
+    def _info(n: Node) -> LockInfo:
+        start = _when(int(n.data.get("a", n.stat.ctime)))
+        return LockInfo(n.key, n.owner, n.token, start, _when(n.expires), n.kind)  # type: ignore[arg-type]
 
     def list_holds(self, prefix: str) -> list[LockInfo]:
         def go(zk: KazooClient) -> list[LockInfo]:
@@ -949,6 +967,7 @@ class ZookeeperStore(
             except NoNodeError:
                 return 0
             now = self._now(zk)
+            self._purge_values(zk, now)
             gone = 0
             for name in names:
                 kpath = f"{self.keys}/{name}"
@@ -1254,6 +1273,97 @@ class ZookeeperStore(
             self._losses.pop(path, None)
 
         return stop
+
+    # -- LeaderValues -----------------------------------------------------------------------
+    def _vpath(self, key: str) -> str:
+        return f"{self.values}/{_encode(key)}"
+
+    def proclaim(self, key: str, owner: str, token: int, value: str | None) -> bool:
+        """One multi: the hold node checked at the version last seen (so it is that node, the
+        token's), the clock node written (its mtime is the server's time of the multi) and
+        the value node written. A hold whose lease had ended by then gets its value taken
+        back (a versioned delete). A hold this client does not hold is read first, as is one
+        renewed meanwhile; a value node not made yet costs a second multi."""
+        data = _dump({"t": token, "v": value})
+        vpath = self._vpath(key)
+
+        def go(zk: KazooClient) -> bool:
+            node = self._own(zk, key, owner, token)
+            make = False
+            for _ in range(4):
+                if node is None:
+                    return False
+                tx = zk.transaction()
+                tx.check(node.path, node.stat.version)
+                tx.set_data(self.clock, b"")
+                if make:
+                    tx.create(vpath, data)
+                else:
+                    tx.set_data(vpath, data)
+                checked, clock, written = tx.commit()
+                if isinstance(checked, (NoNodeError, BadVersionError)):  # gone, or renewed
+                    node = self._reread(zk, node)
+                elif isinstance(written, NoNodeError) and make:
+                    zk.ensure_path(self.values)  # a table made before values were
+                elif isinstance(written, (NoNodeError, NodeExistsError)):
+                    make = not make
+                else:
+                    for failed in filter(None, map(_failure, (checked, clock, written))):
+                        raise failed
+                    if node.expires > clock.mtime:
+                        return True
+                    version = 0 if make else int(written.version)
+                    with contextlib.suppress(NoNodeError, BadVersionError):
+                        zk.delete(vpath, version=version)  # its hold had ended: not its value
+                    return False
+            return False
+
+        return self._run("proclaiming", go)
+
+    def _reread(self, zk: KazooClient, node: Node) -> Node | None:
+        """``node`` as it is now, if it is still a hold (renewed since it was read)."""
+        try:
+            raw, stat = zk.get(node.path)
+        except NoNodeError:
+            return None
+        found = Node(node.path, _load(raw), stat, node.key)
+        return found if found.data.get("h") and found.owner == node.owner else None
+
+    def leader(self, key: str) -> Leading | None:
+        """The key's contenders read as ``info`` reads them (its children, their data, and
+        the server's time by a write to the clock node: ZooKeeper has no read of a lease's
+        end), with the value node read in the first round trip."""
+
+        def go(zk: KazooClient) -> Leading | None:
+            read = zk.get_async(self._vpath(key))
+            look = self._look(zk, key, None)
+            read.wait()  # not read.get(): see _create
+            data = _load(read.value[0]) if read.successful() else {}
+            if not read.successful() and not isinstance(read.exception, NoNodeError):
+                read.get()  # raises it
+            for n in look.holders():
+                if n.kind == "lock":
+                    if data.get("t") != n.token:  # none, or an earlier hold's
+                        return Leading(self._info(n), False, None)
+                    return Leading(self._info(n), True, data.get("v"))
+            return None
+
+        return self._run("reading the leader", go)
+
+    def _purge_values(self, zk: KazooClient, now: int) -> None:
+        """Delete the value nodes whose hold is not live at ``now`` (server ms): each read
+        first and deleted at the version read, so a value proclaimed meanwhile stays."""
+        for name in self._children(zk, self.values):
+            vpath = f"{self.values}/{name}"
+            try:
+                raw, stat = zk.get(vpath)
+            except NoNodeError:
+                continue
+            token = _load(raw).get("t")
+            if any(n.token == token for n in self._look(zk, unquote(name), now).live):
+                continue
+            with contextlib.suppress(NoNodeError, BadVersionError):
+                zk.delete(vpath, version=stat.version)
 
     # -- ManyKeys -------------------------------------------------------------------------------
     def acquire_many(self, keys: Sequence[str], owner: str, ttl: float) -> dict[str, int] | None:
