@@ -12,6 +12,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from ._election import OBSERVE_POLL, Election, Term
+from ._errors import BackendError
 from ._green import spawn
 from ._types import LeaderInfo
 
@@ -185,8 +186,15 @@ class AsyncElection:
     async def observe(self) -> AsyncIterator[LeaderInfo | None]:
         """The leader now, then each change, in order (see :meth:`dblock.Election.observe`)."""
         last: object = _NOTHING
+        pause = OBSERVE_POLL
         while True:
-            now = await spawn(self._sync.leader)
+            try:
+                now = await spawn(self._sync.leader)
+            except BackendError as exc:  # unreachable for now: the latest state once back
+                pause = self._sync._unreachable(exc, pause)
+                await asyncio.sleep(pause)
+                continue
+            pause = OBSERVE_POLL
             if now != last:
                 last = now
                 yield now

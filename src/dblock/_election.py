@@ -23,7 +23,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from ._contract import LeaderValues, Leading, lacking, provides
-from ._errors import LockLost, LockTimeout
+from ._errors import BackendError, LockLost, LockTimeout
 from ._lock import Lock
 from ._types import LeaderInfo
 from ._validate import check_key, check_leader_value, check_timeout, check_ttl
@@ -38,6 +38,8 @@ log = logging.getLogger("dblock")
 RECHECK = 0.5
 #: how often ``observe()`` reads the leader (a change shows within this)
 OBSERVE_POLL = 0.05
+#: the longest pause between an observer's reads while the store fails
+OBSERVE_BACKOFF_CAP = 2.0
 #: how long a reader waits for a new leader to proclaim its value before reporting it
 #: without one (the proclaim follows the grant at once; a leader that died in between never
 #: proclaims)
@@ -296,14 +298,28 @@ class Election:
     def observe(self) -> Iterator[LeaderInfo | None]:
         """Yield the leader now, then each time it changes (a new term, a new value, nobody),
         in order, forever. A change between two reads that is undone by the next (a term too
-        short to be seen) is not shown; the latest state always is."""
+        short to be seen) is not shown; the latest state always is. While the store cannot
+        be reached it keeps trying (logging once), then goes on from the latest state."""
         last: object = _NOTHING
+        pause = OBSERVE_POLL
         while True:
-            now = self.leader()
+            try:
+                now = self.leader()
+            except BackendError as exc:  # unreachable for now: the latest state once back
+                pause = self._unreachable(exc, pause)
+                self._core.rt.sleep(pause)
+                continue
+            pause = OBSERVE_POLL
             if now != last:
                 last = now
                 yield now
             self._core.rt.sleep(OBSERVE_POLL)
+
+    def _unreachable(self, exc: BackendError, pause: float) -> float:
+        """Log a failed read of an observer; the pause before the next (backing off)."""
+        if pause == OBSERVE_POLL:
+            log.warning("dblock: observing election %r: the store failed (%s)", self._name, exc)
+        return min(2 * pause, OBSERVE_BACKOFF_CAP)
 
     def __repr__(self) -> str:
         return f"<dblock.Election name={self._name!r} ttl={self._ttl:g}>"
