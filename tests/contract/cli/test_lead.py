@@ -63,9 +63,10 @@ def test_one_cmd_at_a_time_and_a_killed_leaders_standby_takes_over(cli: Dblock, 
         for _ in range(2):
             (pid, token) = _starts(cli)[-1]
             leader = next(p for p in leaders if p.poll() is None and _leads(cli, p, pid))
+            before = len(_starts(cli))
             killed = time.monotonic()
             leader.send_signal(signal.SIGKILL)  # its CMD dies with it
-            wait_for(lambda n=len(_starts(cli)): len(_starts(cli)) > n, what="a standby's CMD")
+            wait_for(lambda: len(_starts(cli)) > before, what="a standby's CMD")
             took = time.monotonic() - killed
             assert took < 3 + 2.0, took
             assert not alive(pid)
