@@ -66,7 +66,7 @@ def test_one_cmd_at_a_time_and_a_killed_leaders_standby_takes_over(cli: Dblock, 
             before = len(_starts(cli))
             killed = time.monotonic()
             leader.send_signal(signal.SIGKILL)  # its CMD dies with it
-            wait_for(lambda: len(_starts(cli)) > before, what="a standby's CMD")
+            wait_for(lambda b=before: len(_starts(cli)) > b, what="a standby's CMD")
             took = time.monotonic() - killed
             assert took < 3 + 2.0, took
             assert not alive(pid)
