@@ -11,8 +11,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Generator
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from ._election import OBSERVE_POLL, Election, Term
-from ._errors import BackendError
+from ._election import Election, Term
 from ._green import spawn
 from ._types import LeaderInfo
 
@@ -185,20 +184,14 @@ class AsyncElection:
 
     async def observe(self) -> AsyncIterator[LeaderInfo | None]:
         """The leader now, then each change, in order (see :meth:`dblock.Election.observe`)."""
-        last: object = _NOTHING
-        pause = OBSERVE_POLL
-        while True:
-            try:
-                now = await spawn(self._sync.leader)
-            except BackendError as exc:  # unreachable for now: the latest state once back
-                pause = self._sync._unreachable(exc, pause)
-                await asyncio.sleep(pause)
-                continue
-            pause = OBSERVE_POLL
-            if now != last:
-                last = now
-                yield now
-            await asyncio.sleep(OBSERVE_POLL)
+        watch = await spawn(self._sync.watch)
+        try:
+            last: LeaderInfo | object | None = _NOTHING
+            while True:
+                last = await spawn(self._sync.next_change, last, watch)
+                yield last
+        finally:
+            await spawn(watch.close, shielded=True)
 
     def __repr__(self) -> str:
         return repr(self._sync).replace("dblock.Election", "dblock.AsyncElection")
