@@ -174,6 +174,8 @@ class Acquisition(Attempt[int]):
                 live = self.subscription is not None and self.subscription.live
                 if ahead >= 0 and not live:
                     pause = pacer.pause(ahead)
+                if spec.recheck is not None:  # a dead holder's lease end is noticed within it
+                    pause = min(pause, spec.recheck)
                 pause = pause if remaining is None else min(pause, remaining)
                 if self.subscription is None:
                     yield Sleep(pause)
