@@ -23,7 +23,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from ._contract import LeaderPush, LeaderValues, Leading, lacking, provides
-from ._errors import BackendError, LockLost, LockTimeout
+from ._errors import BackendError, LockLost, LockTimeout, NotHeld
 from ._lock import Lock
 from ._runtime import Event
 from ._types import LeaderInfo
@@ -90,6 +90,8 @@ class Term:
         self._reported = False
         self._report_mutex = threading.Lock()
         self._resigned = False
+        #: resign() was called (it may have failed: the term renews no more)
+        self._stepping_down = False
         #: the async API's term that wraps this one (dblock._async_election)
         self.outer: object = None
 
@@ -120,7 +122,7 @@ class Term:
     @property
     def leading(self) -> bool:
         """True while the term is neither resigned nor known to be lost."""
-        return not self._resigned and not self._reported and self._lock.held
+        return not self._stepping_down and not self._reported and self._lock.held
 
     @property
     def lease_end(self) -> float | None:
@@ -132,7 +134,7 @@ class Term:
         """Change the leader's value without giving up the term. Raises LockLost if the term
         is lost (it was not the leader's to change any more)."""
         value = check_leader_value(value)
-        if self._resigned or self._reported:
+        if self._stepping_down or self._reported:
             raise self._lost_error("proclaim")
         if not self._election._store.proclaim(self.name, self._lock.owner, self.token, value):
             self.report_lost()
@@ -142,18 +144,25 @@ class Term:
     def resign(self) -> None:
         """Give up leadership now: the next candidate leads at once. Idempotent; a term
         already known to be lost resigns quietly (its loss was reported through ``lost``
-        and ``on_lost``); a loss found only now is reported, then raises LockLost."""
+        and ``on_lost``); a loss found only now is reported, then raises LockLost. If the
+        store cannot be reached (BackendError) the term stops renewing, so its lease ends
+        within its ttl, and ``resign()`` may be called again."""
         if self._resigned:
             return
-        self._resigned = True
+        self._stepping_down = True
         if self._reported:
+            self._resigned = True
             self._lock._release_quietly(self._tid)
             return
         try:
             self._lock._release(self._tid)
         except LockLost:
+            self._resigned = True
             self.report_lost()
             raise
+        except NotHeld:  # released already (its hold was ended meanwhile)
+            pass
+        self._resigned = True
 
     def report_lost(self) -> None:
         """Set ``lost`` and call the election's ``on_lost`` (once per term)."""
@@ -166,7 +175,7 @@ class Term:
     def _lost_error(self, what: str) -> LockLost:
         return LockLost(
             f"the term (token {self._token}) of election {self.name!r} is over: it was "
-            f"{'resigned' if self._resigned else 'lost'} before {what}()",
+            f"{'resigned' if self._stepping_down else 'lost'} before {what}()",
             key=self.name,
         )
 
@@ -229,13 +238,18 @@ class Election:
         ``timeout`` seconds (None: wait as long as it takes)."""
         value = check_leader_value(value)
         wait = check_timeout(timeout)
+        deadline = None if wait is None else time.monotonic() + wait
         while True:
-            term = self._campaign_once(value, wait)
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            term = self._campaign_once(value, left)
             if term is not None:
                 return term
+            if deadline is not None and time.monotonic() >= deadline:
+                raise self._timed_out(wait)
 
     def _campaign_once(self, value: str | None, wait: float | None) -> Term | None:
-        deadline = None if wait is None else time.monotonic() + wait
+        """One campaign: the term, or None if it was lost before its value was proclaimed
+        (a pause past the ttl right after the grant)."""
         box: list[Term] = []
         lock = Lock(
             self._core,
@@ -257,15 +271,13 @@ class Election:
                 self._name, lock.owner, token, value
             )
         except BaseException:  # cancelled, interrupted, unreachable: lead nowhere unseen
-            term._resigned = True
+            term._resigned = term._stepping_down = True
             lock._release_quietly(tid)
             raise
         if not proclaimed:
             # lost between the grant and the proclaim (a pause past the ttl): not a term
-            term._resigned = True
+            term._resigned = term._stepping_down = True
             lock._release_quietly(term._tid)
-            if deadline is not None and time.monotonic() >= deadline:
-                raise self._timed_out(wait)
             return None
         return term
 
