@@ -112,7 +112,10 @@ def lead_command(
                 if status is not None:
                     return status
                 stuck = True  # a renewal may still hang on the unreachable store
-                term.resign()  # quietly: the loss was reported
+                # quietly: CMD was stopped for the loss, or for want of a renewal, which the
+                # resign may only now find lost (LockLost): either way, campaign again
+                with suppress(dblock.LockLost):
+                    term.resign()
                 lost.clear()
                 relay.rearm()
                 say(f"campaigning for {printable(name)} again")
