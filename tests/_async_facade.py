@@ -506,6 +506,8 @@ class Election:
         on_lost: Callable[[Term], object] | None,
         options: dict[str, Any],
     ) -> None:
+        if on_lost is not None and not callable(on_lost):
+            raise TypeError("on_lost must be a callable taking the term")
         self._client = client
         self._on_lost = on_lost
         self._terms: dict[int, Term] = {}

@@ -33,6 +33,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("dblock")
 
+#: the longest a candidate goes without looking at the term it waits for: a leader that died
+#: without resigning is replaced within its ttl and this (releases wake candidates at once)
+RECHECK = 0.5
 #: how often ``observe()`` reads the leader (a change shows within this)
 OBSERVE_POLL = 0.05
 #: how long a reader waits for a new leader to proclaim its value before reporting it
@@ -236,6 +239,7 @@ class Election:
             reentrant=False,
             auto_renew=True,
             on_lost=lambda _lock: box[0].report_lost() if box else None,
+            recheck=RECHECK,
         )
         if not lock.acquire(timeout=wait):
             raise self._timed_out(wait)

@@ -70,6 +70,7 @@ class Lock:
         auto_renew: bool = False,
         on_lost: Callable[[Lock], object] | None = None,
         kind: str = "lock",
+        recheck: float | None = None,
     ) -> None:
         self._core = core
         self._key = check_key(key)
@@ -83,7 +84,7 @@ class Lock:
                 self._ttl, auto_renew = SESSION_FALLBACK_TTL, True
         else:
             self._ttl = check_ttl(ttl)
-        spec = Spec(self._key, self._ttl, kind)
+        spec = Spec(self._key, self._ttl, kind, recheck=recheck)
         self._keep(
             core,
             spec,

@@ -32,6 +32,9 @@ class Spec:
     note: str | None = None
     at_least: float = 0.0
     outcome: str = field(default="failed")
+    #: the longest a waiter that is told of releases goes without looking again (None: the
+    #: engine's default): a holder that died without releasing is noticed within it
+    recheck: float | None = None
 
     def check(self, store: Store) -> None:
         """Raise ConfigurationError if ``store`` lacks a capability this kind needs."""

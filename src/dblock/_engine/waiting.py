@@ -136,7 +136,7 @@ class Acquisition(Attempt[int]):
                     acquired = True
                     return hold
                 if self.subscription is not None:
-                    backoff = _fallback_backoff(PUSHED_POLL_CAP)
+                    backoff = _fallback_backoff(spec.recheck or PUSHED_POLL_CAP)
                     should_try = False
             while True:
                 if should_try:
@@ -165,7 +165,7 @@ class Acquisition(Attempt[int]):
                     # listen before the next try, so a release in between is not missed
                     self.subscription = yield Subscribe(spec.key, self.owner, self.queue)
                     if self.subscription.live:
-                        backoff = _fallback_backoff(PUSHED_POLL_CAP)
+                        backoff = _fallback_backoff(spec.recheck or PUSHED_POLL_CAP)
                 if (yield from self._keep_queued()):
                     should_try = True
                     continue

@@ -769,8 +769,15 @@ class ZookeeperStore(
             else:
                 zk.get_children_async(self._kpath(key), watch=sub.fire)
             return
-        sub.until = time.monotonic() + max(0, blocker.expires - look.now) / 1000 + 0.01
+        until = time.monotonic() + max(0, blocker.expires - look.now) / 1000 + 0.01
         path = blocker.path
+        if sub.due or sub.until is None or path != sub.watching:
+            sub.until = until
+        else:
+            # ``look.now`` was an estimate (an earlier mtime), which puts the lease's end
+            # later than it is: a waiter that looked again before its wake-up (the engine's
+            # own recheck) must not push that wake-up back each time
+            sub.until = min(sub.until, until)
         if look.watched == path == sub.watching:
             return  # the look's read of it set the watch
         sub.watching = path
