@@ -117,7 +117,10 @@ def lead_command(
                 with suppress(dblock.LockLost):
                     term.resign()
                 lost.clear()
-                relay.rearm()
+                try:
+                    relay.rearm()
+                except Interrupted as exc:  # it came for CMD's term: end, do not campaign
+                    return exit_codes.SIGNAL_BASE + exc.signum
                 say(f"campaigning for {printable(name)} again")
     finally:
         if not stuck:
