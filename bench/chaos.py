@@ -724,6 +724,8 @@ class Soak:
                 proc.wait(timeout=max(0.1, limit - time.monotonic()))
             except subprocess.TimeoutExpired:
                 hung.append(pid)
+                what = f"dblock lead {self.lead_index[pid]}" if pid in self.leads else "worker"
+                print(f"chaos: {what} (pid {pid}) had not ended", flush=True)
                 self.dump_stack(pid)
             self.deaths.setdefault(pid, time.monotonic())
         self.late = max(
