@@ -31,6 +31,9 @@ Scenarios (issue 6):
      transactions/s, the time the guard adds, its round trips (bench/guard.py; issue 50)
   scrape  dblock's metrics with 1,000 / 10,000 / 100,000 keys of distinct prefixes: memory
      kept and scrape time under the prefix cap, and without it (bench/scrape.py; issue 46)
+  election  dblock: resign hand-over (leader resigns -> standby's campaign returns) and
+     failover (`dblock lead --ttl 3` SIGKILLed -> the next leader's CMD starts) per store,
+     beside etcdctl elect and kazoo's Election (bench/election.py; issue 48)
 
 Each measurement runs in fresh forked processes, contenders alternate in every round (the order
 rotates each round; (a) interleaves a backend's contenders in 0.1 s slices), figures are
@@ -46,6 +49,7 @@ import json
 import math
 import os
 import platform
+import shutil
 import sys
 import tempfile
 import time
@@ -54,7 +58,17 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from bench import async_contended, guard, many, observe, procs, scrape, servers, workload
+from bench import (
+    async_contended,
+    election,
+    guard,
+    many,
+    observe,
+    procs,
+    scrape,
+    servers,
+    workload,
+)
 from bench.contenders import BACKENDS, TRIP, Contender, Targets, select
 from dblock.bench import handoffs, median, new_counter, percentile, read_counter
 
@@ -72,6 +86,7 @@ SCENARIOS = (
     "many",
     "many-contended",
     "guard",
+    "election",
 )
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
@@ -838,6 +853,8 @@ def markdown(report: dict[str, Any]) -> str:
         lines += many.markdown_contended(res["many-contended"], report["budget"])
     if "guard" in res:
         lines += guard.markdown(res["guard"], report["budget"]["repeats"])
+    if "election" in res:
+        lines += election.markdown(res["election"], report["budget"])
     if report.get("unavailable"):
         lines += ["### Not run", ""]
         for cid, why in report["unavailable"].items():
@@ -845,7 +862,8 @@ def markdown(report: dict[str, Any]) -> str:
         lines.append("")
     if report.get("targets"):
         lines += [
-            "### Targets (issue 6: dblock, default lock; (many): issue 47; (guard): issue 50)",
+            "### Targets (issue 6: dblock, default lock; (many): issue 47; (guard): issue 50; "
+            "(election): issue 48)",
             "",
             "| target | measured | met |",
             "|---|---|---|",
@@ -952,6 +970,8 @@ def evaluate_targets(res: dict[str, Any], contenders: list[Contender]) -> list[d
         out += many.targets(res["many"])
     if "guard" in res:
         out += guard.targets(res["guard"])
+    if "election" in res:
+        out += election.targets(res["election"])
     return out
 
 
@@ -1110,7 +1130,10 @@ def main(argv: list[str] | None = None) -> int:
         table=f"dblock_bench_{run_id}",
         floor_table=f"dblock_bench_floor_{run_id}",
     )
-    return run(targets, budget, backends, scenarios, names, args, tmp)
+    try:
+        return run(targets, budget, backends, scenarios, names, args, tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # the run's SQLite files and counters
 
 
 def run(
@@ -1178,6 +1201,11 @@ def run(
                 )
             if "guard" in scenarios and (names is None or any("dblock" in n for n in names)):
                 results["guard"] = guard.scenario_guard(live_backends, t, budget)
+            if "election" in scenarios and (names is None or any(_election_side(n) for n in names)):
+                peers = names is None or any(_election_side(n) == "peer" for n in names)
+                results["election"] = election.scenario_election(
+                    live_backends, t, budget, tmp, peers
+                )
         report = {
             "meta": _meta(t, live_backends, started, budget, not args.no_spinner),
             "budget": {
@@ -1237,6 +1265,17 @@ def run(
         + many.failing(report["results"].get("many-contended", {}))
     )
     return 1 if failing else 0
+
+
+def _election_side(name: str) -> str | None:
+    """What a --contenders name picks in the election scenario: dblock's, the peers', or
+    neither."""
+    n = name.lower()
+    if "dblock" in n:
+        return "dblock"
+    if n in ("peer", "peers") or "etcdctl" in n or "kazoo" in n:
+        return "peer"
+    return None
 
 
 def _clean(x: Any) -> Any:

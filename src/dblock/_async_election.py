@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Generator
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from ._election import OBSERVE_POLL, Election, Term
+from ._election import Election, Term
 from ._green import spawn
 from ._types import LeaderInfo
 
@@ -184,13 +184,14 @@ class AsyncElection:
 
     async def observe(self) -> AsyncIterator[LeaderInfo | None]:
         """The leader now, then each change, in order (see :meth:`dblock.Election.observe`)."""
-        last: object = _NOTHING
-        while True:
-            now = await spawn(self._sync.leader)
-            if now != last:
-                last = now
-                yield now
-            await asyncio.sleep(OBSERVE_POLL)
+        watch = await spawn(self._sync.watch)
+        try:
+            last: LeaderInfo | object | None = _NOTHING
+            while True:
+                last = await spawn(self._sync.next_change, last, watch)
+                yield last
+        finally:
+            await spawn(watch.close, shielded=True)
 
     def __repr__(self) -> str:
         return repr(self._sync).replace("dblock.Election", "dblock.AsyncElection")

@@ -493,6 +493,17 @@ class LeaderValues(ABC):
         there is none; one round trip where the store allows it."""
 
 
+class LeaderPush(ABC):
+    """The store tells an observer when a key's leader may have changed (``observe()``
+    then reads it at once, and otherwise only as a safety net)."""
+
+    @abstractmethod
+    def watch_leader(self, key: str, heard: Callable[[], None]) -> Callable[[], None]:
+        """Call ``heard`` (quickly, from a store thread; spurious calls are harmless) when the
+        hold of ``key`` or its value may have changed: a grant, a release, a force-release, a
+        proclaim. Returns the call that stops watching."""
+
+
 class SchemaScript(ABC):
     """The store's schema is DDL an operator can run by hand."""
 
@@ -522,6 +533,7 @@ CAPABILITIES: tuple[type, ...] = (
     FairManyKeys,
     CommitGuards,
     LeaderValues,
+    LeaderPush,
 )
 
 

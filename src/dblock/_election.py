@@ -22,9 +22,10 @@ from collections.abc import Callable, Iterator
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from ._contract import LeaderValues, Leading, lacking, provides
-from ._errors import LockLost, LockTimeout
+from ._contract import LeaderPush, LeaderValues, Leading, lacking, provides
+from ._errors import BackendError, LockLost, LockTimeout
 from ._lock import Lock
+from ._runtime import Event
 from ._types import LeaderInfo
 from ._validate import check_key, check_leader_value, check_timeout, check_ttl
 
@@ -36,8 +37,13 @@ log = logging.getLogger("dblock")
 #: the longest a candidate goes without looking at the term it waits for: a leader that died
 #: without resigning is replaced within its ttl and this (releases wake candidates at once)
 RECHECK = 0.5
-#: how often ``observe()`` reads the leader (a change shows within this)
+#: how often ``observe()`` reads the leader where the store does not push changes
 OBSERVE_POLL = 0.05
+#: where it does (LeaderPush): the longest between two reads (a leader whose lease ran out
+#: with nobody to take over is no event on every store)
+OBSERVE_SAFETY_POLL = 1.0
+#: the longest pause between an observer's reads while the store fails
+OBSERVE_BACKOFF_CAP = 2.0
 #: how long a reader waits for a new leader to proclaim its value before reporting it
 #: without one (the proclaim follows the grant at once; a leader that died in between never
 #: proclaims)
@@ -296,20 +302,69 @@ class Election:
     def observe(self) -> Iterator[LeaderInfo | None]:
         """Yield the leader now, then each time it changes (a new term, a new value, nobody),
         in order, forever. A change between two reads that is undone by the next (a term too
-        short to be seen) is not shown; the latest state always is."""
-        last: object = _NOTHING
+        short to be seen) is not shown; the latest state always is. While the store cannot
+        be reached it keeps trying (logging once), then goes on from the latest state."""
+        watch = self.watch()
+        try:
+            last: LeaderInfo | object | None = _NOTHING
+            while True:
+                last = self.next_change(last, watch)
+                yield last
+        finally:
+            watch.close()
+
+    def watch(self) -> LeaderWatch:
+        """What ``observe()`` waits on between its reads: the store's pushes, if it has
+        them (LeaderPush), else a poll."""
+        event = self._core.rt.event()
+        if provides(self._core.store, LeaderPush):
+            unwatch = self._core.store.watch_leader(self._name, event.set)
+            return LeaderWatch(event, OBSERVE_SAFETY_POLL, unwatch)
+        return LeaderWatch(event, OBSERVE_POLL, None)
+
+    def next_change(self, last: object, watch: LeaderWatch) -> LeaderInfo | None:
+        """Wait until the leader differs from ``last``; the new one."""
+        pause = OBSERVE_POLL
         while True:
-            now = self.leader()
+            watch.event.clear()  # before the read: a change after it wakes the wait
+            try:
+                now = self.leader()
+            except BackendError as exc:  # unreachable for now: the latest state once back
+                pause = self._unreachable(exc, pause)
+                self._core.rt.sleep(pause)
+                continue
+            pause = OBSERVE_POLL
             if now != last:
-                last = now
-                yield now
-            self._core.rt.sleep(OBSERVE_POLL)
+                return now
+            watch.event.wait(watch.poll)
+
+    def _unreachable(self, exc: BackendError, pause: float) -> float:
+        """Log a failed read of an observer; the pause before the next (backing off)."""
+        if pause == OBSERVE_POLL:
+            log.warning("dblock: observing election %r: the store failed (%s)", self._name, exc)
+        return min(2 * pause, OBSERVE_BACKOFF_CAP)
 
     def __repr__(self) -> str:
         return f"<dblock.Election name={self._name!r} ttl={self._ttl:g}>"
 
 
 _NOTHING = object()
+
+
+class LeaderWatch:
+    """An observer's wake-ups: ``event`` is set when the store tells of a change; ``poll``
+    is the longest wait between reads (the safety net, or the whole of it unpushed)."""
+
+    def __init__(self, event: Event, poll: float, unwatch: Callable[[], None] | None) -> None:
+        self.event = event
+        self.poll = poll
+        self._unwatch = unwatch
+
+    def close(self) -> None:
+        unwatch, self._unwatch = self._unwatch, None
+        if unwatch is not None:
+            unwatch()
+
 
 Election.__module__ = "dblock"
 Term.__module__ = "dblock"

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from bench.contenders import Targets, select
 
-from bench import guard, many, run, workload
+from bench import election, guard, many, run, workload
 from dblock.bench import handoffs, percentile
 
 TINY = ["--duration", "0.3", "--repeats", "1", "--max-ops", "150", "--no-spinner"]
@@ -364,3 +364,45 @@ def test_guard_scenario_counts_one_statement_for_the_guard(
     assert f"| {dialect} |" in md
     (target,) = [t for t in report["targets"] if t["target"].startswith(f"(guard) {dialect}")]
     assert target["met"] is True
+
+
+def test_election_scenario_times_resign_and_failover(tmp_path: Path) -> None:
+    """issue 48: the resign hand-over of two campaigning processes and the failover of a
+    SIGKILLed `dblock lead`, on SQLite: every figure measured and reported beside its target."""
+    options = "--backends sqlite --scenarios election --contenders dblock"
+    code, report, md = _main(tmp_path, *TINY, *options.split())
+    assert code == 0
+    res = report["results"]["election"]
+    assert res["peers"] == {}
+    v = res["stores"]["sqlite"]
+    assert "error" not in v, v
+    resign = v["resign"]
+    assert len(resign["samples_ms"]) == election.resign_rounds(run.Budget(repeats=1))
+    assert all(x > 0 for x in resign["samples_ms"])
+    assert resign["median_ms"] <= resign["p90_ms"] <= resign["max_ms"]
+    fo = v["failover"]
+    assert len(fo["samples_s"]) == 1  # --repeats 1
+    assert 0 < fo["samples_s"][0] < election.FAILOVER_TTL * 3
+    assert fo["minus_ttl_s"] == pytest.approx(fo["median_s"] - election.FAILOVER_TTL)
+    assert "(election) resign hand-over and failover" in md
+    assert "| sqlite | dblock |" in md
+    (target,) = [t for t in report["targets"] if t["target"].startswith("(election) sqlite")]
+    assert target["met"] in (True, False)
+
+
+def test_election_hand_overs_pair_each_round_s_resigner_with_its_taker() -> None:
+    """Round r's resigner is side r % 2: its t0 against the other side's t1, the warm-up
+    rounds left out."""
+    rounds = election.WARMUP + 2
+    side0 = {"t0": {0: 1.0, 2: 3.0}, "t1": {1: 2.5, 3: 4.25}}
+    side1 = {"t0": {1: 2.0, 3: 4.0}, "t1": {0: 1.5, 2: 3.125}}
+    assert election.hand_overs([side0, side1], rounds) == pytest.approx([125.0, 250.0])
+
+
+def test_election_kills_each_leader_at_the_same_point_of_its_renewal_period() -> None:
+    """KILL_PHASE into a ttl/3 period counted from the CMD's start, the first such moment
+    from now: a leader killed at once after its start, or one that waited for the standbys."""
+    phase = election.KILL_PHASE
+    assert election.kill_at(100.0, 100.1, 3.0) == pytest.approx(100.0 + phase)
+    assert election.kill_at(100.0, 101.5, 3.0) == pytest.approx(102.0 + phase)
+    assert election.kill_at(100.0, 100.0 + phase, 3.0) == pytest.approx(100.0 + phase)

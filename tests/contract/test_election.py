@@ -311,9 +311,7 @@ def test_a_cancelled_async_campaign_leaves_no_term_and_no_place_in_line(
             await asyncio.sleep(0.3)
             assert await asyncio.to_thread(leader) is None
             for delay in (0.0, 0.001, 0.003, 0.01, 0.03):  # around the grant and proclaim
-                task = asyncio.ensure_future(
-                    aclient.election(name, ttl=30).campaign(value="raced")
-                )
+                task = asyncio.ensure_future(aclient.election(name, ttl=30).campaign(value="raced"))
                 await asyncio.sleep(delay)
                 task.cancel()
                 try:
