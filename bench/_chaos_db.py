@@ -188,6 +188,7 @@ def drop_tables(url: str, names: list[str]) -> None:
         return
     if d == "zookeeper":
         _zookeeper_drop(url, names)
+        return
     if d == "etcd":  # a table's keys (as in dblock.stores.etcd.store)
         client = connect(url, autocommit=True)
         try:

@@ -26,17 +26,30 @@ Violations (each must be 0):
   greater (a stale holder's transaction committed after its successor's).
 * ``guarded-audit``: a worker saw its guarded transaction commit but its log row is missing.
 * ``escape``: an exception outside dblock's hierarchy came out of dblock.
-* ``hang``: a process did not end by the deadline plus grace.
+* ``hang``: a process did not end by the deadline plus grace (workers and ``dblock lead``).
+
+The leaders (``dblock lead`` running ``_chaos_lead_cmd.py``, which logs ``start``, ``beat``
+and ``stop`` lines with its term's token): ``judge_leaders`` below.
+
+* ``lead-overlap``: a CMD logged a line after a CMD with a greater token had started (two
+  CMDs ran at once), unless its ``dblock lead`` had been paused (SIGSTOP of it and its CMD)
+  since before that start and the line came within ``slack`` of the resume: the stale
+  leader that fencing is for, counted as ``stale after pause``.
+* ``lead-order``: a CMD started after a CMD with a greater or equal token had started (same
+  exception), or two CMDs ran with one token.
 """
 
 from __future__ import annotations
 
+import bisect
 import glob
 import itertools
 import json
 import os
+import re
 from collections import Counter, defaultdict
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -167,6 +180,8 @@ def judge(
     recovery: dict[str, list[float]] = defaultdict(list)
     unrecovered: Counter[str] = Counter()
     for f in faults:
+        if f.get("lead") is not None:  # a leader's: judge_leaders measures its failover
+            continue
         keys = [f["key"]] if f.get("key") else list(by_key) or []
         worst = 0.0
         for key in keys:
@@ -340,6 +355,137 @@ def false_losses(
     return found
 
 
+# -- the leaders ------------------------------------------------------------------------------
+@dataclass
+class CmdRun:
+    """One CMD process of a ``dblock lead``: one term."""
+
+    lead: int
+    pid: int
+    token: int
+    #: the times of its lines, in order (the first is its start)
+    times: list[float] = field(default_factory=list)
+    started: bool = False
+    stopped: bool = False
+
+    @property
+    def start(self) -> float:
+        return self.times[0]
+
+
+def load_lead_logs(run_dir: str) -> dict[int, list[str]]:
+    """The CMD logs of the leaders, by the ``dblock lead`` process's index (``lead<i>.log``)."""
+    logs: dict[int, list[str]] = {}
+    for path in glob.glob(os.path.join(run_dir, "lead*.log")):
+        found = re.fullmatch(r"lead(\d+)\.log", os.path.basename(path))
+        if found:
+            with open(path, encoding="utf-8", errors="replace") as fh:
+                logs[int(found.group(1))] = fh.read().splitlines()
+    return logs
+
+
+def cmd_runs(logs: dict[int, list[str]]) -> tuple[list[CmdRun], list[str]]:
+    """The CMD runs in the logs, and what is wrong with the lines themselves."""
+    runs: dict[tuple[int, int], CmdRun] = {}
+    bad: list[str] = []
+    for lead, lines in logs.items():
+        for text in lines:
+            parts = text.split()
+            try:
+                kind, pid, token, t = parts[0], int(parts[1]), int(parts[2]), float(parts[3])
+            except (IndexError, ValueError):
+                bad.append(f"lead-log: leader {lead}: unreadable line {text[:80]!r}")
+                continue
+            run = runs.setdefault((lead, pid), CmdRun(lead, pid, token))
+            if token != run.token:
+                bad.append(f"lead-log: CMD {pid} logged tokens {run.token} and {token}")
+            run.times.append(t)
+            run.started |= kind == "start"
+            run.stopped |= kind == "stop"
+    for run in runs.values():
+        run.times.sort()
+    return sorted(runs.values(), key=lambda r: r.start), bad
+
+
+def judge_leaders(
+    logs: dict[int, list[str]],
+    pauses: dict[int, list[tuple[float, float]]],
+    slack: float,
+) -> dict[str, Any]:
+    """Did two leaders' CMDs ever run at once (see ``lead-overlap`` and ``lead-order``)?
+
+    ``pauses``: per leader index, the (SIGSTOP, SIGCONT) moments of its ``dblock lead`` and
+    CMD. A CMD's line after a newer term's start is excused only as the stale leader's: its
+    process was stopped before the newer term started (it could not have seen the loss) and
+    the line came within ``slack`` seconds of the resume, before ``dblock lead`` stopped it.
+    """
+    runs, violations = cmd_runs(logs)
+    by_token = sorted(runs, key=lambda r: r.token)
+    for a, b in itertools.pairwise(by_token):
+        if a.token == b.token:
+            violations.append(
+                f"lead-order: token {a.token} ran twice (CMDs {a.pid} and {b.pid}, "
+                f"leaders {a.lead} and {b.lead})"
+            )
+    # the earliest start of any term with a greater token, per run
+    newer_start: dict[int, float] = {}
+    earliest = float("inf")
+    for run in reversed(by_token):
+        newer_start[id(run)] = earliest
+        earliest = min(earliest, run.start)
+
+    def stale(run: CmdRun, t: float, newer: float) -> bool:
+        return any(p0 <= newer and p1 <= t <= p1 + slack for p0, p1 in pauses.get(run.lead, []))
+
+    overlaps = stale_lines = stale_terms = 0
+    for run in runs:
+        newer = newer_start[id(run)]
+        late = run.times[bisect.bisect_left(run.times, newer) :]
+        if not late:
+            continue
+        unexcused = [t for t in late if not stale(run, t, newer)]
+        if unexcused:
+            overlaps += 1
+            violations.append(
+                f"lead-overlap: CMD {run.pid} of leader {run.lead} (token {run.token}) ran "
+                f"until {unexcused[-1]:.3f}, after a term with a greater token had started at "
+                f"{newer:.3f} ({len(unexcused)} lines)"
+            )
+        else:
+            stale_lines += len(late)
+            stale_terms += 1
+    top = -1
+    for run in runs:
+        if run.token < top and not stale(run, run.start, newer_start[id(run)]):
+            violations.append(
+                f"lead-order: CMD {run.pid} of leader {run.lead} started with token "
+                f"{run.token} after a CMD with token {top} had started"
+            )
+        top = max(top, run.token)
+    return {
+        "lead_terms": len(runs),
+        "lead_beats": sum(len(r.times) for r in runs),
+        "lead_overlaps": overlaps,
+        "lead_stale_lines": stale_lines,
+        "lead_stale_terms": stale_terms,
+        "lead_violations": violations,
+        "lead_starts": [(r.start, r.lead, r.token) for r in runs],
+    }
+
+
+def lead_failovers(
+    starts: list[tuple[float, int, int]], faults: list[dict[str, Any]]
+) -> list[float]:
+    """Seconds from each kill of the leader to the next CMD start by another leader."""
+    found = []
+    for f in faults:
+        if f["kind"] == "kill" and f.get("lead") is not None:
+            after = [t for t, lead, _ in starts if t > f["start"] and lead != f["lead"]]
+            if after:
+                found.append(min(after) - f["start"])
+    return found
+
+
 def render(summary: dict[str, Any], header: str) -> str:
     rows = [
         ("holds", summary["holds"]),
@@ -371,6 +517,28 @@ def render(summary: dict[str, Any], header: str) -> str:
             ),
             ("guard LockLost (rolled back)", summary["guard_lost"]),
             ("guarded transactions failed (rolled back)", summary["guarded_errors"]),
+        ]
+    if summary.get("leaders"):
+        fail = summary["lead_failover"]
+        rows += [
+            (
+                "leaders (dblock lead) / terms (CMDs started)",
+                f"{summary['leaders']} / {summary['lead_terms']}",
+            ),
+            (
+                "kills / pauses of the leader",
+                f"{summary['lead_kills']} / {summary['lead_pauses']}",
+            ),
+            (
+                "failover after a leader kill, median / worst",
+                "-" if not fail else f"{sorted(fail)[len(fail) // 2]:.2f} / {max(fail):.2f} s",
+            ),
+            (
+                "stale CMD lines after a pause (lower token) / terms",
+                f"{summary['lead_stale_lines']} / {summary['lead_stale_terms']}",
+            ),
+            ("dblock lead exits 69 (store unreachable), started again", summary["lead_exits"]),
+            ("overlapping CMDs (violations)", summary["lead_overlaps"]),
         ]
     rows += [
         ("violations", len(summary["violations"])),

@@ -3,8 +3,8 @@ the database, and let an independent referee check that the fenced resource neve
 stale write and that no process hung.
 
     python bench/chaos.py --url postgresql://postgres@127.0.0.1:5432/test --duration 60 \\
-        [--workers 8] [--keys 3] [--ttl 2] [--server-cmd CMD | --restart-server] \\
-        [--json summary.json]
+        [--workers 8] [--keys 3] [--ttl 2] [--leaders 3] \\
+        [--server-cmd CMD | --restart-server] [--json summary.json]
 
 Workers (``_chaos_worker.py``) take ``--keys`` keys with ``--ttl`` leases and, in each hold,
 make one fenced write (``dblock.fencing``) to a protected table; half of them use
@@ -15,11 +15,22 @@ token column, work, write counter + 1 and a log row, COMMIT, and only then relea
 LockLost from the guard rolls it back. The referee checks that no two holders' transactions
 interleaved (the counter equals the committed log rows).
 
+Where the store keeps leaders' values (``LeaderValues``), ``--leaders`` processes (default 3)
+run ``dblock lead`` on one election with the same ttl, each with ``_chaos_lead_cmd.py`` as
+its CMD, which logs its term's token while it runs: ``dblock lead`` must never let two of
+them run at once. At the deadline they get SIGTERM (which ends the CMD, then dblock); one
+that exits while campaigning (store unreachable: status 69) is started again.
+
 Beside them the injector picks, every ``--fault-interval`` seconds (each kind that applies
 once first, in random order, then at random):
 
 * ``kill``: SIGKILL the process that holds a key (from ``client.info``), start a new worker;
-* ``pause``: SIGSTOP a holder for 1.5-3 leases, then SIGCONT (its write is then stale);
+  with leaders, every other kill is of the ``dblock lead`` that leads (its CMD dies with it:
+  PR_SET_PDEATHSIG), and a new ``dblock lead`` is started;
+* ``pause``: SIGSTOP a holder for 1.5-3 leases, then SIGCONT (its write is then stale); with
+  leaders, every other pause is of the leader's ``dblock lead`` and its CMD (the CMD is
+  continued first: it may log a few stale lines, with its lower token, before ``dblock
+  lead`` stops it);
 * ``connkill``: terminate the workers' sessions from the server side (PostgreSQL
   ``pg_terminate_backend`` by ``application_name``; MariaDB ``KILL`` by a user made for the
   run) — PostgreSQL and MySQL/MariaDB;
@@ -49,9 +60,9 @@ once first, in random order, then at random):
   started again empty (3 leases apart, as for ``storekill``), then the last one is SIGSTOPped
   for 1.5-3 leases (unreachable, its data kept). The workers are stopped (SIGSTOP) until the
   last store is, so that the keys are idle and no grant carries a fence to the restarted
-  stores: the grants after it come from stores that have lost every key, and their tokens
-  must still be above every token issued before (docs/quorum.md: the fence is floored by the
-  stores' clocks).
+  stores (the leaders too, with their CMDs): the grants after it come from stores that
+  have lost every key, and their tokens must still be above every token issued before
+  (docs/quorum.md: the fence is floored by the stores' clocks).
 * ``lostreply``: for etcd: the workers reach the cluster through a proxy of chaos's
   (``tests/_proxy.py``, their only endpoint, in front of the cluster's first), which for
   1-2 s forwards each call a worker opens, then swallows the answer and resets the
@@ -94,9 +105,13 @@ import _chaos_referee as referee  # noqa: E402
 import _chaos_server as servers  # noqa: E402
 import dblock  # noqa: E402
 from dblock._contract import capabilities  # noqa: E402
+from dblock.cli.exit_codes import UNAVAILABLE  # noqa: E402
+from dblock.cli.supervisor import MARGIN_SECONDS, descendants, shortest_ttl  # noqa: E402
 
 FAULTS = ("kill", "pause", "connkill", "restart", "filelock", "storekill", "rolling", "lostreply")
 ROOT = HERE.parent
+#: the election the leaders run for
+ELECTION = "chaos-lead"
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -105,6 +120,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--duration", type=float, default=60.0, help="seconds of load (default 60)")
     p.add_argument("--workers", type=int, default=8)
     p.add_argument("--keys", type=int, default=3)
+    p.add_argument(
+        "--leaders",
+        type=int,
+        default=3,
+        help="dblock lead processes on one election, where the store keeps leaders' values "
+        "(default 3; 0: none)",
+    )
     p.add_argument("--ttl", type=float, default=2.0, help="lease in seconds (default 2)")
     restart = p.add_mutually_exclusive_group()
     restart.add_argument(
@@ -167,8 +189,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error("--fault-interval takes MIN,MAX")
     if not (0 < lo <= hi) or args.duration <= 0 or args.ttl <= 0:
         p.error("durations must be positive (and MIN <= MAX)")
-    if not (1 <= args.workers <= 64 and 1 <= args.keys <= 100):
-        p.error("--workers must be 1..64 and --keys 1..100")
+    if not (1 <= args.workers <= 64 and 1 <= args.keys <= 100 and 0 <= args.leaders <= 16):
+        p.error("--workers must be 1..64, --keys 1..100 and --leaders 0..16")
+    if args.leaders and args.ttl < 2 * MARGIN_SECONDS + 0.1:
+        p.error(f"--ttl {args.ttl:g} is too short for dblock lead: use --leaders 0")
     args.interval = (lo, hi)
     if args.server_cmd is not None and not shlex.split(args.server_cmd):
         p.error("--server-cmd is empty")
@@ -227,6 +251,18 @@ class Soak:
         self.observer: dblock.Client | None = None
         self.last_restart = -math.inf
         self.last_storekill = -math.inf
+        #: the leaders: how many run (0 where the store keeps no leaders' values), their
+        #: ``dblock lead`` processes by pid, each one's index (its CMD's log is lead<i>.log)
+        self.leaders = 0
+        self.leads: dict[int, subprocess.Popen[bytes]] = {}
+        self.lead_index: dict[int, int] = {}
+        #: per leader index, the (SIGSTOP, SIGCONT) moments of its dblock lead and CMD
+        self.lead_pauses: dict[int, list[tuple[float, float]]] = {}
+        #: dblock lead processes that exited with UNAVAILABLE (the store was unreachable)
+        self.lead_exits = 0
+        #: whether the next kill (pause) is the leader's: they alternate with the workers',
+        #: the leader's first (a short run sees both); a turn passes only once taken
+        self.lead_turn = {"kill": True, "pause": True}
 
     def _kinds(self) -> list[str]:
         wanted = set(self.args.faults.split(","))
@@ -275,6 +311,8 @@ class Soak:
             # store takes several keys at once
             many = "ManyKeys" in capabilities(client._store)
             self.guarded = "CommitGuards" in capabilities(client._store)
+            if "LeaderValues" in capabilities(client._store):
+                self.leaders = self.args.leaders
         db.create_tables(self.resource_url, self.resource, self.audit, self.args.keys)
         if self.guarded:  # beside the lock table: guard needs the same database
             db.create_guarded_tables(self.admin_url, self.counter, self.glog, self.args.keys)
@@ -308,6 +346,8 @@ class Soak:
             json.dump(config, fh)
         for _ in range(self.args.workers):
             self.spawn()
+        for _ in range(self.leaders):  # they start beside the workers, not after them
+            self.spawn_leader()
 
     def start_proxy(self) -> str:
         """Start the lost-reply proxy in front of the cluster's first endpoint; the workers'
@@ -336,6 +376,88 @@ class Soak:
         )
         err.close()
         self.procs[proc.pid] = proc
+
+    def spawn_leader(self) -> None:
+        """Start one ``dblock lead``; the URL goes in the environment (never on a command
+        line), and its CMD ends itself well after the run should the orchestrator vanish."""
+        index = len(self.lead_index)
+        grace = []
+        if self.args.ttl < shortest_ttl(None):  # dblock lead's default kill grace is too long
+            grace = ["--kill-grace", f"{max(0.01, self.args.ttl / 2 - MARGIN_SECONDS - 0.02):g}"]
+        env = dict(os.environ)
+        env.update(
+            DBLOCK_URL=self.worker_url,
+            DBLOCK_CHAOS_UNTIL=str(self.deadline + self.args.grace + 60),
+        )
+        err = open(os.path.join(self.dir, f"lead-stderr-{index}.txt"), "wb")  # noqa: SIM115
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "dblock",
+                "--table",
+                self.table,
+                "lead",
+                ELECTION,
+                "--ttl",
+                f"{self.args.ttl:g}",
+                *grace,
+                "--",
+                sys.executable,
+                str(HERE / "_chaos_lead_cmd.py"),
+                os.path.join(self.dir, f"lead{index}.log"),
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            env=env,
+            start_new_session=True,
+        )
+        err.close()
+        self.leads[proc.pid] = proc
+        self.lead_index[proc.pid] = index
+
+    def live_leads(self) -> list[int]:
+        return [p for p, proc in self.leads.items() if proc.poll() is None and p not in self.killed]
+
+    def leader(self) -> tuple[int, str] | None:
+        """(pid, owner) of the ``dblock lead`` that holds the election now, by the store."""
+        try:
+            if self.observer is None:
+                self.observer = dblock.connect(self.admin_url, table=self.table)
+            info = self.observer.info(ELECTION)
+        except dblock.BackendError:
+            return None
+        if info is None:
+            return None
+        pid = int(info.owner.rsplit(":", 3)[1])
+        return (pid, info.owner) if pid in self.live_leads() else None
+
+    def stop_leaders(self, pids: list[int]) -> list[int]:
+        """SIGSTOP these ``dblock lead`` processes, then their CMDs; every process stopped,
+        leaders first (for resume_leaders)."""
+        stopped = []
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGSTOP)
+                stopped.append(pid)
+        for pid in list(stopped):
+            for child in descendants(pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(child, signal.SIGSTOP)
+                    stopped.append(child)
+        return stopped
+
+    def resume_leaders(self, stopped: list[int], since: float) -> None:
+        """SIGCONT the CMDs, then their ``dblock lead``; record the pauses, from ``since``
+        (once all were stopped) to the first SIGCONT."""
+        now = time.monotonic()
+        for pid in stopped:
+            if pid in self.lead_index:
+                self.lead_pauses.setdefault(self.lead_index[pid], []).append((since, now))
+        for pid in reversed(stopped):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
 
     # -- faults -----------------------------------------------------------------------------
     def holder(self, youngest: bool = False) -> tuple[int, str, str] | None:
@@ -376,6 +498,12 @@ class Soak:
     def inject(self, kind: str) -> None:
         record: dict[str, Any] = {"kind": kind, "start": time.monotonic()}
         ttl = self.args.ttl
+        if kind in ("kill", "pause") and self.leaders and self.lead_turn[kind]:
+            lead = self.leader()
+            if lead is not None:
+                self.lead_turn[kind] = False
+                self.fault_leader(kind, record, *lead)
+                return
         if kind in ("kill", "pause"):
             found = None
             for _ in range(20):  # bounded: about 2 s of looking for a holder
@@ -388,6 +516,7 @@ class Soak:
                 return
             pid, key, owner = found
             record.update(pid=pid, key=key, owner=owner, start=time.monotonic())
+            self.lead_turn[kind] = True
             if kind == "kill":
                 os.kill(pid, signal.SIGKILL)
                 self.killed.add(pid)
@@ -438,6 +567,8 @@ class Soak:
             workers = [p for p, proc in self.procs.items() if proc.poll() is None]
             workers = [p for p in workers if p not in self.killed and p not in self.stopped]
             self.signal_all(workers, signal.SIGSTOP)
+            leads = self.stop_leaders(self.live_leads())
+            frozen_at = time.monotonic()
             try:
                 for n, index in enumerate(restarted):
                     if n:
@@ -449,6 +580,7 @@ class Soak:
                         self.crashes.append(f"quorum store {index} did not come back")
                 self.members[frozen].pause()
             finally:
+                self.resume_leaders(leads, frozen_at)
                 self.signal_all(workers, signal.SIGCONT)
             try:  # the next grants come from stores that all restarted empty
                 self.sleep_until(time.monotonic() + self.rng.uniform(1.5, 3.0) * ttl)
@@ -478,10 +610,33 @@ class Soak:
             finally:
                 conn.close()
                 self.sqlite_lock = None
+        self.log_fault(record)
+
+    def fault_leader(self, kind: str, record: dict[str, Any], pid: int, owner: str) -> None:
+        """``kill`` or ``pause`` of the ``dblock lead`` that leads (with its CMD)."""
+        index = self.lead_index[pid]
+        record.update(pid=pid, owner=owner, lead=index, detail=f"leader {index}")
+        record["start"] = time.monotonic()
+        if kind == "kill":
+            os.kill(pid, signal.SIGKILL)  # its CMD gets SIGKILL from the kernel
+            self.killed.add(pid)
+            self.deaths[pid] = time.monotonic()
+            self.leads[pid].wait(timeout=10)
+            self.spawn_leader()
+        else:
+            stopped = self.stop_leaders([pid])
+            since = time.monotonic()
+            try:
+                self.sleep_until(since + self.rng.uniform(1.5, 3.0) * self.args.ttl)
+            finally:
+                self.resume_leaders(stopped, since)
+        self.log_fault(record)
+
+    def log_fault(self, record: dict[str, Any]) -> None:
         record["end"] = time.monotonic()
         self.faults.append(record)
         print(
-            f"  {record['start'] - self.start:6.1f}s  {kind:<9} "
+            f"  {record['start'] - self.start:6.1f}s  {record['kind']:<9} "
             f"{record['end'] - record['start']:5.2f}s  "
             f"{record.get('key') or record.get('detail') or ''}",
             flush=True,
@@ -497,7 +652,8 @@ class Soak:
             self.stopped.difference_update(pids)
 
     def reap(self) -> None:
-        """Notice workers that ended on their own before the deadline; start new ones."""
+        """Notice workers and leaders that ended on their own before the deadline; start new
+        ones."""
         for pid, proc in list(self.procs.items()):
             code = proc.poll()
             if code is None or pid in self.killed or pid in self.deaths:
@@ -506,6 +662,18 @@ class Soak:
             if time.monotonic() < self.deadline - 1:
                 self.crashes.append(f"worker {pid} exited early with status {code}")
                 self.spawn()
+        for pid, proc in list(self.leads.items()):
+            code = proc.poll()
+            if code is None or pid in self.killed or pid in self.deaths:
+                continue
+            self.deaths[pid] = time.monotonic()
+            if time.monotonic() >= self.deadline:
+                continue
+            if code == UNAVAILABLE:  # the store was unreachable: again, as systemd's Restart=
+                self.lead_exits += 1
+            else:
+                self.crashes.append(f"dblock lead {pid} exited early with status {code}")
+            self.spawn_leader()
 
     def inject_loop(self) -> None:
         lo, hi = self.args.interval
@@ -541,20 +709,31 @@ class Soak:
 
     # -- the end ----------------------------------------------------------------------------
     def wait_workers(self) -> list[int]:
-        """Wait until deadline + grace; return the pids that had not ended (then kill them)."""
+        """End the leaders (SIGTERM), wait for them and the workers until deadline + grace;
+        return the pids that had not ended (then kill them)."""
+        self.reap()
+        for pid in self.live_leads():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
         limit = self.deadline + self.args.grace
         hung = []
-        for pid, proc in self.procs.items():
+        for pid, proc in [*self.procs.items(), *self.leads.items()]:
             if pid in self.killed:
                 continue
             try:
                 proc.wait(timeout=max(0.1, limit - time.monotonic()))
             except subprocess.TimeoutExpired:
                 hung.append(pid)
+                what = f"dblock lead {self.lead_index[pid]}" if pid in self.leads else "worker"
+                print(f"chaos: {what} (pid {pid}) had not ended", flush=True)
                 self.dump_stack(pid)
             self.deaths.setdefault(pid, time.monotonic())
         self.late = max(
-            (self.deaths[p] - self.deadline for p in self.procs if p not in self.killed),
+            (
+                self.deaths[p] - self.deadline
+                for p in [*self.procs, *self.leads]
+                if p not in self.killed
+            ),
             default=0.0,
         )
         return hung
@@ -574,7 +753,7 @@ class Soak:
                 fh.write(out.stdout + out.stderr)
 
     def cleanup(self) -> None:
-        for pid, proc in self.procs.items():
+        for pid, proc in [*self.procs.items(), *self.leads.items()]:
             if proc.poll() is None:
                 with contextlib.suppress(OSError):
                     os.kill(pid, signal.SIGCONT)
@@ -629,6 +808,18 @@ class Soak:
             file_lock=self.dialect == "sqlite",
         )
         summary["guard"] = not self.args.unguarded
+        summary["leaders"] = self.leaders
+        if self.leaders:
+            lead = referee.judge_leaders(
+                referee.load_lead_logs(self.dir), self.lead_pauses, slack=self.args.ttl
+            )
+            summary["lead_failover"] = referee.lead_failovers(lead.pop("lead_starts"), self.faults)
+            summary["violations"] += lead.pop("lead_violations")
+            summary.update(lead)
+            leader_faults = [f for f in self.faults if f.get("lead") is not None]
+            summary["lead_kills"] = sum(f["kind"] == "kill" for f in leader_faults)
+            summary["lead_pauses"] = sum(f["kind"] == "pause" for f in leader_faults)
+            summary["lead_exits"] = self.lead_exits
         summary["violations"] += [f"crash: {c}" for c in self.crashes]
         if self.password:
             blob = "\n".join(
@@ -683,8 +874,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"chaos: cannot set up on {db.safe(args.url)}: {exc}", file=sys.stderr)
             return 3
         print(
-            f"chaos: {dialect}, {args.workers} workers, {args.keys} keys, ttl {args.ttl:g} s, "
-            f"{args.duration:g} s, faults: {', '.join(soak.kinds) or 'none'}",
+            f"chaos: {dialect}, {args.workers} workers, {soak.leaders} leaders, {args.keys} keys, "
+            f"ttl {args.ttl:g} s, {args.duration:g} s, faults: {', '.join(soak.kinds) or 'none'}",
             flush=True,
         )
         soak.inject_loop()

@@ -102,6 +102,33 @@ class _Drops:
         return b""
 
 
+def _connect(client: socket.socket, host: str, port: int) -> socket.socket | None:
+    """The connection to the server for ``client``; None, and ``client`` reset, while the
+    server is down (a chaos restart): the client sees what it would see without the proxy."""
+    try:
+        return socket.create_connection((host, port))
+    except OSError:
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        client.close()
+        return None
+
+
+def _forward(sock: socket.socket, other: socket.socket, drops: _Drops) -> bool:
+    """Pass what ``sock`` has to ``other``; False once either side is gone."""
+    try:
+        data = sock.recv(65536)
+    except OSError:
+        data = b""
+    data = drops.filter(sock, other, data)
+    if not data:
+        return False
+    try:
+        other.sendall(data)
+    except OSError:  # reset meanwhile (a restarting server)
+        return False
+    return True
+
+
 def serve(host: str, port: int, where: Path) -> None:
     listener = socket.create_server(("127.0.0.1", 0))
     sel = selectors.DefaultSelector()
@@ -121,26 +148,21 @@ def serve(host: str, port: int, where: Path) -> None:
                 if dead:
                     held.append(client)
                     continue
-                server = socket.create_connection((host, port))
+                server = _connect(client, host, port)
+                if server is None:
+                    continue
                 peer[client], peer[server] = server, client
                 drops.add(client, server)
                 sel.register(client, selectors.EVENT_READ)
                 sel.register(server, selectors.EVENT_READ)
-            elif not dead and sock in peer:  # (not closed with its peer in this round)
-                try:
-                    data = sock.recv(65536)
-                except OSError:
-                    data = b""
-                data = drops.filter(sock, peer[sock], data)
-                if data:
-                    peer[sock].sendall(data)
-                else:
-                    other = peer.pop(sock)
-                    peer.pop(other, None)
-                    for s in (sock, other):
-                        sel.unregister(s)
-                        s.close()
-                        drops.forget(s)
+            # (not closed with its peer in this round)
+            elif not dead and sock in peer and not _forward(sock, peer[sock], drops):
+                other = peer.pop(sock)
+                peer.pop(other, None)
+                for s in (sock, other):
+                    sel.unregister(s)
+                    s.close()
+                    drops.forget(s)
         if dead and peer:
             for s in peer:  # stop reading: the bytes stay in the kernel's buffers
                 sel.unregister(s)

@@ -5,6 +5,8 @@ Usage: ``python _child.py DIR MODE``. Every mode first appends ``<pid> <DBLOCK_T
 
 - ``wait``: wait until ``DIR/stop`` exists (at most 60 s), exit 0.
 - ``trap``: on SIGINT/SIGTERM/SIGHUP write the signal's name to ``DIR/signal`` and exit 42.
+- ``deaf``: on SIGINT/SIGTERM/SIGHUP write the signal's name to ``DIR/signal`` and go on
+  sleeping (only SIGKILL ends it).
 - ``sleep``: sleep 60 s (the test expects it to be killed).
 - ``exit:N``: exit with status N.
 """
@@ -23,9 +25,10 @@ def main() -> int:
 
     def trapped(signum: int, frame: object) -> None:
         (where / "signal").write_text(signal.Signals(signum).name)
-        sys.exit(42)
+        if mode == "trap":
+            sys.exit(42)
 
-    if mode == "trap":
+    if mode in ("trap", "deaf"):
         for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             signal.signal(signum, trapped)
     with (where / "runs").open("a") as runs:

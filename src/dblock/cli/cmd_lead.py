@@ -112,9 +112,15 @@ def lead_command(
                 if status is not None:
                     return status
                 stuck = True  # a renewal may still hang on the unreachable store
-                term.resign()  # quietly: the loss was reported
+                # quietly: CMD was stopped for the loss, or for want of a renewal, which the
+                # resign may only now find lost (LockLost): either way, campaign again
+                with suppress(dblock.LockLost):
+                    term.resign()
                 lost.clear()
-                relay.rearm()
+                try:
+                    relay.rearm()
+                except Interrupted as exc:  # it came for CMD's term: end, do not campaign
+                    return exit_codes.SIGNAL_BASE + exc.signum
                 say(f"campaigning for {printable(name)} again")
     finally:
         if not stuck:

@@ -408,6 +408,8 @@ class SignalRelay:
         self._raise = True
         self._previous: dict[int, object] = {}
         self._queued: list[int] = []
+        #: signals forwarded to the attached child (see rearm)
+        self._forwarded: list[int] = []
         self._pending: int | None = None
         self._installed = False
         self._guard = threading.RLock()  # the handler takes it too, in the main thread
@@ -423,23 +425,30 @@ class SignalRelay:
             raise Interrupted(pending)
 
     def rearm(self) -> None:
-        """Back to waiting (``dblock lead`` campaigns again): signals raise Interrupted."""
+        """Back to waiting (``dblock lead`` campaigns again): signals raise Interrupted.
+
+        Raises :class:`Interrupted` if a signal came while the last child ran or was being
+        stopped (forwarded to it, or queued): it asked dblock to end, and the child's stop for
+        a lost lease must not swallow that request."""
         with self._guard:
             self._child, self._raise, self._pending = None, True, None
-        queued, self._queued = self._queued, []
-        if queued:  # came while CMD was being stopped
-            raise Interrupted(queued[0])
+        came = self._forwarded + self._queued
+        self._forwarded, self._queued = [], []
+        if came:
+            raise Interrupted(came[0])
 
     def attach(self, child: Child) -> None:
         self._child = child
         queued, self._queued = self._queued, []
         for signum in queued:
             child.forward(signum)
+        self._forwarded += queued
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         child = self._child
         if child is not None:
             child.forward(signum)
+            self._forwarded.append(signum)
         elif self._raise:
             with self._guard:
                 if self._pending is None:  # the first one: start redelivering it
