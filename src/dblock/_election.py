@@ -291,7 +291,7 @@ class Election:
 
     def _term_lost(self, term: Term) -> None:
         term.lost.set()
-        log.warning("dblock: lost the term (token %s) of election %r", term._token, self._name)
+        log.warning("lost the term (token %s) of election %r", term._token, self._name)
         if self._on_lost is not None:
             try:
                 self._on_lost(term)
@@ -353,7 +353,7 @@ class Election:
     def _unreachable(self, exc: BackendError, pause: float) -> float:
         """Log a failed read of an observer; the pause before the next (backing off)."""
         if pause == OBSERVE_POLL:
-            log.warning("dblock: observing election %r: the store failed (%s)", self._name, exc)
+            log.warning("observing election %r: the store failed (%s)", self._name, exc)
         return min(2 * pause, OBSERVE_BACKOFF_CAP)
 
     def __repr__(self) -> str:
