@@ -68,7 +68,7 @@ def test_one_cmd_at_a_time_and_a_killed_leaders_standby_takes_over(cli: Dblock, 
             leader.send_signal(signal.SIGKILL)  # its CMD dies with it
             wait_for(lambda b=before: len(_starts(cli)) > b, what="a standby's CMD")
             took = time.monotonic() - killed
-            assert took < 3 + 2.0, took
+            assert took < 3 + 3.0, took  # the lease left (< 3 s), a look, CMD's start
             assert not alive(pid)
             assert _starts(cli)[-1][1] > token
             time.sleep(0.5)
