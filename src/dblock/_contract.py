@@ -497,6 +497,12 @@ class LeaderPush(ABC):
     """The store tells an observer when a key's leader may have changed (``observe()``
     then reads it at once, and otherwise only as a safety net)."""
 
+    #: every grant and release is told; False where telling them would cost every lock's
+    #: statements a message (PostgreSQL's NOTIFY): then what an election does is told (a
+    #: proclaim, which follows each of its grants, and the release of a hold that proclaimed
+    #: in this client), besides force-releases and the rings a release sends anyway
+    tells_every_hold: bool = True
+
     @abstractmethod
     def watch_leader(self, key: str, heard: Callable[[], None]) -> Callable[[], None]:
         """Call ``heard`` (quickly, from a store thread; spurious calls are harmless) when the

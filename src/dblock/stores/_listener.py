@@ -7,7 +7,10 @@ hand-over to one of them, or their turn. Messages (as text):
 
 - ``<owner> <key>``: a release rings ``owner``'s waiter of ``key`` (every waiter if empty);
 - ``=<token> <owner> <key>``: the lock of ``key`` was handed to ``owner`` with ``token``;
-- ``!<owner> <key>``: ``owner``'s hold of ``key`` was force-released (see ``watch``).
+- ``!<owner> <key>``: ``owner``'s hold of ``key`` was force-released (see ``watch``);
+- ``~ <key>``: ``key`` was proclaimed in, or a hold that proclaimed released, for its
+  observers (``watch_leader``; a listener that does not know it reads a ring of owner ``~``,
+  which no waiter is). Every message about a key tells its observers too.
 
 A store subclasses :class:`Listener` with its ``_run``: connect, listen on both channels, set
 ``_ready`` once they are live, pass each message to ``_heard``; on a lost connection clear
@@ -17,6 +20,7 @@ reconnect.
 
 from __future__ import annotations
 
+import itertools
 import logging
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
@@ -86,6 +90,9 @@ class Listener(ABC):
         self.channel = channel
         self._subs: dict[str, set[PushedSubscription]] = {}
         self._watches: dict[tuple[str, str], Callable[[], None]] = {}
+        #: observers (``watch_leader``): key -> {serial: heard}
+        self._leaders: dict[str, dict[int, Callable[[], None]]] = {}
+        self._serials = itertools.count()
         self._lock = _forksafe.lock()
         self._ready = rt.event()
         #: where ``_run`` runs (it waits on ``_stopped`` there)
@@ -130,6 +137,52 @@ class Listener(ABC):
 
         return unwatch
 
+    def watch_leader(self, key: str, heard: Callable[[], None]) -> Callable[[], None]:
+        """Call ``heard`` at each message about ``key`` and whenever the listener (re)connects
+        (a message may have been lost); returns the call that stops it."""
+        self._ready.wait(2.0)  # as a subscription does: what comes after it is heard
+        serial = next(self._serials)
+        with self._lock:
+            watchers = self._leaders.setdefault(key, {})
+            watchers[serial] = heard
+            first = len(watchers) == 1
+        if first:
+            self._observed(key)
+
+        def unwatch() -> None:
+            with self._lock:
+                watchers = self._leaders.get(key)
+                last = watchers is not None and watchers.pop(serial, None) is not None
+                last = last and not watchers
+                if last:
+                    del self._leaders[key]
+            if last:
+                self._unobserved(key)
+
+        return unwatch
+
+    def _observed(self, key: str) -> None:  # noqa: B027 - most listeners hear them already
+        """``key`` has its first observer (a store whose observers need more than the table's
+        channel listens for more)."""
+
+    def _unobserved(self, key: str) -> None:  # noqa: B027 - see _observed
+        """``key``'s last observer stopped."""
+
+    def _tell_observers(self, key: str | None) -> None:
+        """Call the observers of ``key`` (of every key if None)."""
+        with self._lock:
+            told = [
+                heard
+                for k, each in self._leaders.items()
+                if key in (None, k)
+                for heard in each.values()
+            ]
+        for heard in told:
+            try:
+                heard()
+            except Exception:  # an observer's failure must not stop the wake-ups
+                log.exception("dblock leader watch of %r failed", key)
+
     def unsubscribe(self, sub: PushedSubscription) -> None:
         with self._lock:
             for key in sub.keys:
@@ -142,6 +195,8 @@ class Listener(ABC):
     def _wake(self, key: str | None, owner: str = "", granted: int | None = None) -> None:
         """Wake ``owner``'s subscription to ``key`` (everyone's if no owner; all if no key),
         telling it the token of a lock ``granted`` to it."""
+        if key is None:
+            self._tell_observers(None)
         with self._lock:
             targets = {
                 s
@@ -157,10 +212,15 @@ class Listener(ABC):
 
     def _heard(self, payload: str) -> None:
         """One message (see the module)."""
+        if payload.startswith("~ "):
+            self._tell_observers(payload[2:])
+            return
         message = parse(payload)
         if message is None:
             return
         lost, owner, key, granted = message
+        if self._leaders:
+            self._tell_observers(key)
         if lost:
             with self._lock:
                 heard = self._watches.get((key, owner))  # ends when the hold does
@@ -227,6 +287,11 @@ class PushedWakeups:
         force-release of ``owner``'s hold of ``key`` takes effect; returns the call that
         stops it. One listening connection per client serves every watch and every waiter."""
         return self._listening().watch(key, owner, heard)
+
+    def watch_leader(self, key: str, heard: Callable[[], None]) -> Callable[[], None]:
+        """LeaderPush, where the store declares it: ``heard`` at each message about ``key``
+        (the listener's, as a waiter hears them; see the module)."""
+        return self._listening().watch_leader(key, heard)
 
     def close(self) -> None:
         with self._listener_lock:

@@ -38,7 +38,7 @@ import contextlib
 import json
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -47,6 +47,7 @@ from pyetcd import etcdrpc
 from ..._contract import (
     FairManyKeys,
     FairQueue,
+    LeaderPush,
     LeaderValues,
     Leading,
     OnceRecords,
@@ -73,7 +74,7 @@ from .rpc import (
     put,
     unchanged_since,
 )
-from .watch import EtcdManySubscription, EtcdSubscription
+from .watch import EtcdLeaderWatch, EtcdManySubscription, EtcdSubscription
 
 Kvs = list[Any]  # a name for the class whose method `list` shadows the builtin
 #: tries of an optimistic read-then-commit (shared holds) before it reports "busy"
@@ -133,7 +134,16 @@ def _carry_value(value: bytes, token: int, lease: int) -> Any:
     return Req(request_txn=etcdrpc.TxnRequest(compare=[written], success=[move]))
 
 
-class EtcdStore(Store, FairQueue, SharedHolds, OnceRecords, Wakeups, FairManyKeys, LeaderValues):
+class EtcdStore(
+    Store,
+    FairQueue,
+    SharedHolds,
+    OnceRecords,
+    Wakeups,
+    FairManyKeys,
+    LeaderValues,
+    LeaderPush,
+):
     """Locks in etcd, under the key prefix of one table."""
 
     name = dialect = "etcd"
@@ -169,6 +179,8 @@ class EtcdStore(Store, FairQueue, SharedHolds, OnceRecords, Wakeups, FairManyKey
         self._many: dict[int, None] = {}
         #: owner -> (keys, lease, granted TTL, create revision) of this client's many-entries
         self._queued_many: dict[str, tuple[tuple[str, ...], int, int, int]] = {}
+        #: observers' watches (LeaderPush)
+        self._leader_watches: set[EtcdLeaderWatch] = set()
 
     def use_runtime(self, runtime: Runtime) -> None:
         super().use_runtime(runtime)
@@ -1136,6 +1148,13 @@ class EtcdStore(Store, FairQueue, SharedHolds, OnceRecords, Wakeups, FairManyKey
                 self._queued_many.pop(owner, None)
         return tokens
 
+    # -- LeaderPush (watch.py) ------------------------------------------------------------
+    def watch_leader(self, key: str, heard: Callable[[], None]) -> Callable[[], None]:
+        watch = EtcdLeaderWatch(self, key, heard)
+        watch.start()
+        self._leader_watches.add(watch)
+        return watch.stop
+
     # -- LeaderValues -----------------------------------------------------------------------
     def proclaim(self, key: str, owner: str, token: int, value: str | None) -> bool:
         """One transaction: the value key put on the hold's lease if the hold key is still
@@ -1172,7 +1191,12 @@ class EtcdStore(Store, FairQueue, SharedHolds, OnceRecords, Wakeups, FairManyKey
 
     def leader(self, key: str) -> Leading | None:
         """One transaction reads the hold and the value key; the hold's lease is then read
-        for its remaining TTL, as ``info`` does (two round trips: a lease is not a key)."""
+        for its remaining TTL, as ``info`` does (two round trips: a lease is not a key).
+        An observer's watch of ``key`` whose stream broke is set again first (what it missed
+        meanwhile, this read sees)."""
+        for watch in [w for w in self._leader_watches if w.key == key and w.broken]:
+            with contextlib.suppress(BackendError):
+                watch.start()
         hold = self._parts(key)[0]
         reply = self.rpc.txn("reading the leader", [], [get(hold), get(hold[:-1] + b"v")], key=key)
         locks = [kv for kv in _kvs(reply, 0) if _decode(kv).get("k", "lock") == "lock"]

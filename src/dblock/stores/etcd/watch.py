@@ -19,6 +19,7 @@ the waiter looks again meanwhile.
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -31,6 +32,7 @@ from ..._contract import Subscription
 from ..._errors import BackendError
 
 _NOPUT = [etcdrpc.WatchCreateRequest.NOPUT]
+log = logging.getLogger("dblock")
 
 
 class EtcdSubscription(Subscription):
@@ -256,3 +258,58 @@ class EtcdManySubscription(Subscription):
             with contextlib.suppress(Exception):
                 self._store.rpc.call("unsubscribing", lambda c, _a, w=watch: c.cancel_watch(w))
         self._store._unsubscribed(self)
+
+
+class EtcdLeaderWatch:
+    """An observer's watch of one key (LeaderPush): its hold key ``l`` (put by a grant,
+    deleted by a release, a force-release or its lease's end) and its value key ``v`` (put
+    by a proclaim), one watch on the key's range over the client's multiplexed watch stream;
+    the rest of the range (queue entries, records) is not told. A watch whose stream broke
+    tells the observer, which reads the leader; that read sets the watch again
+    (``EtcdStore.leader``)."""
+
+    def __init__(self, store: Any, key: str, heard: Callable[[], None]) -> None:
+        """``store``: the EtcdStore whose key layout and connection it uses."""
+        self._store = store
+        self.key = key
+        self._base = store._base(key)
+        self._heard = heard
+        self._watch: int | None = None
+        self.broken = False
+        self.stopped = False
+
+    def start(self) -> None:
+        """Set the watch (BackendError if no node answers now)."""
+        self.broken = False
+
+        def add(client: Any, _a: tuple[Any, ...]) -> int:
+            return int(client.add_watch_prefix_callback(self._base, self._told))
+
+        try:
+            self._watch = self._store.rpc.call("watching the leader", add, self.key)
+        except BaseException:
+            self.broken = True
+            raise
+
+    def _told(self, response: Any) -> None:
+        """pyetcd's watch thread: a response, or the stream's end (None or an exception)."""
+        if self.stopped:
+            return
+        if response is None or isinstance(response, BaseException):
+            self._watch, self.broken = None, True
+        else:
+            cut = len(self._base)
+            if not any(bytes(e.key)[cut:] in (b"l", b"v") for e in response.events):
+                return
+        try:
+            self._heard()
+        except Exception:  # an observer's failure must not stop the watch thread
+            log.exception("dblock leader watch of %r failed", self.key)
+
+    def stop(self) -> None:
+        self.stopped = True
+        self._store._leader_watches.discard(self)
+        watch, self._watch = self._watch, None
+        if watch is not None:
+            with contextlib.suppress(Exception):
+                self._store.rpc.call("unsubscribing", lambda c, _a: c.cancel_watch(watch))

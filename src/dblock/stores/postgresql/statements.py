@@ -62,6 +62,11 @@ class PostgresStatements(OperationStatements):
         self._shared_holds(seq)
         self._many_keys(t, seq, plain)
         self._guards(t)
+        # ... and a proclaim tells the key's observers (LeaderPush) on the table's channel
+        self.proclaim = (
+            f"WITH p AS ({self.proclaim})\n"
+            f"SELECT p.token, pg_notify('{self.channel}', '~ ' || %(key)s) FROM p"
+        )
 
     def _guards(self, t: str) -> None:
         """lock.guard(conn) (CommitGuards): run on the caller's connection, so written
@@ -383,6 +388,13 @@ class PostgresStatements(OperationStatements):
             f"UPDATE {t} SET owner = NULL, expires_at = {NOW} WHERE {live} AND joins = %(joins)s"
             f" RETURNING {NOT_DURABLE}"
         )
+        # the two, for a hold that proclaimed (an election's term): they also tell the key's
+        # observers (LeaderPush), which a plain lock's release, heard by nobody, need not
+        self.release_and_hand_over_told = self._release_sql(live, told=True)
+        self.release_unwaited_told = (
+            f"WITH r AS ({self.release_unwaited})\n"
+            f"SELECT r.*, pg_notify('{self.channel}', '~ ' || %(key)s) FROM r"
+        )
         # key owner -> one row if owner's hold (a hand-over to a waiter that has given up) was
         # ended and handed on
         self.hand_on = self._release_sql(
@@ -541,7 +553,7 @@ class PostgresStatements(OperationStatements):
             f"{condition}\n    RETURNING (owner IS NULL OR expires_at <= {NOW}) AS free)"
         )
 
-    def _release_sql(self, match: str) -> str:
+    def _release_sql(self, match: str, *, told: bool = False) -> str:
         """SQL that ends the hold matched by ``match`` and hands the lock over: one row if ended.
 
         The head of the key's wait queue gets the lock with a new token and a lease of its own
@@ -552,6 +564,7 @@ class PostgresStatements(OperationStatements):
         head is locked with SKIP LOCKED: a waiter that is leaving the queue (or refreshing its
         entry) just now is passed over, not granted.
         The row remembers the token that handed it over (``note``), for a retried release.
+        ``told``: the key's observers hear ``~ <key>`` on the table's channel too.
         Without a waiter that takes hand-overs (an entry without a lease: its client hears no
         releases) it is freed, and the head, or for a write lock everyone, is rung instead
         (``<owner> <key>``).
@@ -572,7 +585,8 @@ class PostgresStatements(OperationStatements):
             "FOR UPDATE SKIP LOCKED"
         )
         given = "g.holder IS NOT NULL"
-        told = f"coalesce(h.channel, '{ch}')"  # where the head's client listens
+        head_told = f"coalesce(h.channel, '{ch}')"  # where the head's client listens
+        observers = f"    , pg_notify('{ch}', '~ ' || r.lock_key)\n" if told else ""
         return (
             f"WITH h AS ({head}),\n"
             f"r AS (UPDATE {t} SET owner = g.holder,\n"
@@ -587,13 +601,14 @@ class PostgresStatements(OperationStatements):
             f"d AS (DELETE FROM {self.holders} x USING r WHERE x.lock_key = %(key)s\n"
             "    AND x.holder = r.owner AND x.waiting = 1)\n"
             "SELECT CASE WHEN r.owner IS NOT NULL\n"
-            f"    THEN pg_notify({told}, '=' || r.token || ' ' || r.owner || ' ' || r.lock_key)\n"
+            f"    THEN pg_notify({head_told}, '=' || r.token || ' ' || r.owner || ' ' "
+            "|| r.lock_key)\n"
             f"    WHEN r.joins <> (SELECT s.joins FROM {t} s WHERE s.lock_key = r.lock_key)\n"
             f"    THEN pg_notify('{ch}', ' ' || r.lock_key)\n"
             "    WHEN r.kind = 'write' OR h.holder IS NOT NULL\n"
-            f"    THEN pg_notify({told}, coalesce(h.holder, '') || ' ' || r.lock_key) END,\n"
+            f"    THEN pg_notify({head_told}, coalesce(h.holder, '') || ' ' || r.lock_key) END,\n"
             "    r.owner IS NOT NULL AS handed\n"  # a token issued: its commit must be durable
-            "FROM r LEFT JOIN h ON true"
+            f"{observers}FROM r LEFT JOIN h ON true"
         )
 
     forever = f"timestamptz '{FOREVER}+00'"

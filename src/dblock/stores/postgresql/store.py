@@ -42,6 +42,7 @@ from ..._contract import (
     FairQueue,
     FencedGrants,
     FencedManyGrants,
+    LeaderPush,
     LeaderValues,
     LossPush,
     OnceRecords,
@@ -120,11 +121,16 @@ class PostgresStore(
     FairManyKeys,
     CommitGuards,
     LeaderValues,
+    LeaderPush,
 ):
     """Lock table in PostgreSQL."""
 
     #: a release rings the queue's head, or everyone only if the queue was joined meanwhile
     wakes_unqueued = False
+    #: observers hear proclaims, and the releases of holds that proclaimed in this client
+    #: (``~ <key>`` on the table's channel), force-releases and rings, not every grant and
+    #: release: a NOTIFY in every lock statement would cost every lock user
+    tells_every_hold = False
 
     name = dialect = "postgresql"
 
@@ -184,6 +190,9 @@ class PostgresStore(
         # (key, owner) -> the key's join count when owner took it as a newcomer
         self._quiet: dict[tuple[str, str], int] = {}
         self._quiet_lock = _forksafe.lock()
+        #: (key, owner) -> the token of this client's hold that proclaimed in it: its release
+        #: tells the key's observers (an election's resign)
+        self._proclaimers: dict[tuple[str, str], int] = {}
         #: id(connection) -> its server process (a closed connection no longer tells it)
         self._pids: dict[int, int] = {}
         self._sessions = PgSessions(self)
@@ -326,16 +335,20 @@ class PostgresStore(
     def release(self, key: str, owner: str, token: int) -> bool:
         with self._quiet_lock:
             joins = self._quiet.pop((key, owner), None)
+            told = self._proclaimers.pop((key, owner), None) == token
         params = {"key": key, "owner": owner, "token": token, "joins": joins}
+        sql = self.sql
+        unwaited = sql.release_unwaited_told if told else sql.release_unwaited
+        handing = sql.release_and_hand_over_told if told else sql.release_and_hand_over
         calls = 0
 
         def op(conn: psycopg.Connection[Any]) -> bool:
             nonlocal calls
             calls += 1
             quiet = joins is not None and calls == 1
-            if quiet and conn.execute(self.sql.release_unwaited, params).rowcount == 1:
+            if quiet and conn.execute(unwaited, params).rowcount == 1:
                 return True
-            if conn.execute(self.sql.release_and_hand_over, params).fetchone() is not None:
+            if conn.execute(handing, params).fetchone() is not None:
                 return True
             # After a retry the first attempt may have committed: released by us is success.
             if calls == 1:
@@ -344,6 +357,17 @@ class PostgresStore(
             return row is not None and bool(row[0])
 
         return self.run("release", op, key=key)
+
+    def proclaim(self, key: str, owner: str, token: int, value: str | None) -> bool:
+        """LeaderValues' proclaim (its statement also tells the key's observers); the hold
+        is remembered, so that its release tells them too."""
+        if not super().proclaim(key, owner, token, value):
+            return False
+        with self._quiet_lock:
+            if len(self._proclaimers) >= _QUIET_MEMORY:  # terms lost, never released
+                self._proclaimers.clear()
+            self._proclaimers[key, owner] = token
+        return True
 
     # -- ManyKeys: the common case in one statement each ---------------------------------
     def acquire_many(self, keys: Sequence[str], owner: str, ttl: float) -> dict[str, int] | None:

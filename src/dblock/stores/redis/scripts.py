@@ -35,7 +35,9 @@ time the restart took.
 
 Messages on the table's channel (and on a waiter's client's own): ``<owner> <key>``: a release
 rings ``owner`` (everyone if empty); ``=<token> <owner> <key>``: the lock was handed to
-``owner``; ``!<owner> <key>``: ``owner``'s hold was force-released.
+``owner``; ``!<owner> <key>``: ``owner``'s hold was force-released. On the channel named
+like a key's record (``<p>r:<key>``), which only its observers (LeaderPush) listen on:
+``<key>``, the key was granted or its holder proclaimed.
 """
 
 from __future__ import annotations
@@ -47,6 +49,11 @@ local clock = redis.call('TIME')
 local NOW = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
 
 local function num(x) return string.format('%.0f', x) end
+
+-- a grant or a proclaim of KEY is told to its observers (LeaderPush), who listen on the name
+-- of its record as a channel: a PUBLISH that nobody listens to costs Redis a lookup. (A
+-- release needs nothing more: it rings, or hands the lock on, which is a grant.)
+local function told() redis.call('PUBLISH', R, KEY) end
 
 local function record(rk)
   local v = redis.call('HGETALL', rk)
@@ -120,6 +127,7 @@ local function take(r, kind, owner, ttl, state, note)
   if state then f[#f + 1] = 'state'; f[#f + 1] = state end
   if note then f[#f + 1] = 'note'; f[#f + 1] = note end
   redis.call('HSET', R, unpack(f))
+  told()
   return tok
 end
 
@@ -192,6 +200,7 @@ local function hand_on(r, ended)
     local chan = CHANNEL
     if he.chan ~= '' then chan = he.chan end
     redis.call('PUBLISH', chan, '=' .. num(tok) .. ' ' .. ho .. ' ' .. KEY)
+    told()
     return
   end
   free(r, ended)
@@ -382,6 +391,7 @@ PROCLAIM = r"""
 local r = lock_record(R)
 if not (held(r) and r.owner == ARGV[3] and r.token == tonumber(ARGV[4])) then return 0 end
 redis.call('HSET', R, 'value', num(r.token) .. ' ' .. ARGV[5])
+told()
 return 1
 """
 
@@ -621,6 +631,7 @@ if fence >= tok or not takeable(r, owner) then return 0 end
 if r ~= nil and (r.state or r.note) then redis.call('HDEL', R, 'state', 'note') end
 redis.call('HSET', R, 'kind', ARGV[5], 'owner', owner, 'token', num(tok), 'acq', num(NOW),
   'exp', num(NOW + tonumber(ARGV[4])))
+told()
 if last < tok then redis.call('HSET', META, 'token', num(tok)) end
 return 1
 """
@@ -676,6 +687,7 @@ for i = 1, n do
     if r ~= nil and (r.state or r.note) then redis.call('HDEL', R, 'state', 'note') end
     redis.call('HSET', R, 'kind', 'lock', 'owner', owner, 'token', ARGV[4 + n + i],
       'acq', num(NOW), 'exp', num(NOW + ttl))
+    told()
   end
 end
 if top > last then redis.call('HSET', META, 'token', num(top)) end
@@ -735,6 +747,7 @@ for i = 1, n do
   local tok = num(last)
   if r ~= nil and (r.state or r.note) then redis.call('HDEL', R, 'state', 'note') end
   redis.call('HSET', R, 'kind', 'lock', 'owner', owner, 'token', tok, 'acq', acq, 'exp', exp)
+  told()
   if hss[i][owner] and hss[i][owner].w then redis.call('HDEL', H, owner) end
   out[#out + 1] = KEY
   out[#out + 1] = tok

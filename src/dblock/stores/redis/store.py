@@ -43,11 +43,13 @@ from redis.commands.core import Script
 from redis.exceptions import NoScriptError
 from redis.retry import Retry
 
+from ... import _forksafe
 from ..._contract import (
     FairManyKeys,
     FairQueue,
     FencedGrants,
     FencedManyGrants,
+    LeaderPush,
     LeaderValues,
     Leading,
     LossPush,
@@ -172,6 +174,7 @@ class RedisStore(
     FencedGrants,
     FairManyKeys,
     LeaderValues,
+    LeaderPush,
 ):
     """Locks in Redis, under the key prefix of one table."""
 
@@ -351,7 +354,12 @@ class RedisStore(
 
     # -- running scripts --------------------------------------------------------------------
     def _keys(self, key: str) -> list[str]:
-        return [f"{self.prefix}r:{key}", f"{self.prefix}h:{key}", self._meta]
+        return [self._record(key), f"{self.prefix}h:{key}", self._meta]
+
+    def _record(self, key: str) -> str:
+        """The name of ``key``'s record; as a channel, where its grants and proclaims are
+        told to its observers (scripts.py)."""
+        return f"{self.prefix}r:{key}"
 
     def _call(self, what: str, script: str, key: str, *args: Any) -> Any:
         """Run one script on ``key`` (with the retry policy); its reply."""
@@ -655,22 +663,85 @@ class RedisStore(
             return Leading(info, False, None)
         return Leading(info, True, None if flagged == "-" else flagged[1:])
 
-    # -- Wakeups, LossPush (subscribe, watch, joining, close: PushedWakeups) ------------
+    # -- Wakeups, LossPush, LeaderPush (subscribe, watch, watch_leader, joining, close:
+    # PushedWakeups) -----------------------------------------------------------------------
     def _new_listener(self) -> Listener:
         return RedisListener(self)
 
 
 class RedisListener(Listener):
-    """The client's pub/sub connection: the table's channel and its own."""
+    """The client's pub/sub connection: the table's channel and its own, and the channels
+    of the keys it has observers of (their records' names: scripts.py), subscribed while
+    it has them."""
 
     def __init__(self, backend: RedisStore) -> None:
         self._backend = backend
         #: pub/sub connections made, for tests: a reconnect makes another
         self.connections = 0
+        #: the connection listening now (None between connections)
+        self._pubsub: Any = None
+        #: an observed key's channel -> the event its subscription's confirmation sets
+        self._confirming: dict[str, Any] = {}
+        #: orders a key's subscribe and unsubscribe (an observer that comes as the last one
+        #: leaves must not be unsubscribed)
+        self._subscribing = _forksafe.lock()
         super().__init__(backend.rt, f"{backend.prefix}c:{secrets.token_hex(8)}")
+
+    def _observed(self, key: str) -> None:
+        """Subscribe to the key's channel, and wait (briefly) for the server to confirm it:
+        a grant after that is heard. Made on the listener's thread when it (re)connects."""
+        channel = self._backend._record(key)
+        confirmed = self.rt.event()
+        with self._lock:
+            self._confirming[channel] = confirmed
+        with self._subscribing:
+            pubsub = self._pubsub
+            if pubsub is not None:
+                with contextlib.suppress(Exception):  # lost: the reconnect subscribes it
+                    pubsub.subscribe(channel)
+        confirmed.wait(2.0)
+        with self._lock:
+            self._confirming.pop(channel, None)
+
+    def _unobserved(self, key: str) -> None:
+        with self._subscribing:
+            pubsub = self._pubsub
+            if pubsub is not None and key not in self._leaders:
+                with contextlib.suppress(Exception):
+                    pubsub.unsubscribe(self._backend._record(key))
+
+    def _observed_channels(self) -> list[str]:
+        """The channels of the keys observed now."""
+        with self._lock:
+            return [self._backend._record(key) for key in self._leaders]
 
     def _runs_on(self) -> Runtime:
         return THREADS  # redis-py blocks: a thread of its own, for the async client too
+
+    def _handle(self, message: dict[str, Any], unconfirmed: set[str]) -> bool:
+        """One message of the pub/sub connection; True once its table's and own channel's
+        subscriptions (``unconfirmed`` until then) are confirmed: it is listening."""
+        channel = message["channel"]
+        if message["type"] == "subscribe":
+            with self._lock:
+                confirming = self._confirming.get(channel)
+            if confirming is not None:
+                confirming.set()
+            if channel not in unconfirmed:
+                return False
+            unconfirmed.discard(channel)
+            if unconfirmed:
+                return False
+            self._ready.set()
+            self._wake(None)  # anything released while we were away
+            return True
+        if message["type"] != "message":
+            return False
+        if channel in (self._backend.channel, self.channel):
+            self._heard(message["data"])
+        else:  # an observed key's grant or proclaim: on its record's name
+            self._tell_observers(channel[len(self._backend.prefix) + 2 :])
+        return False
 
     def _run(self) -> None:
         pause = 0.1
@@ -679,20 +750,13 @@ class RedisListener(Listener):
             try:
                 pubsub = self._backend._pubsub()
                 self.connections += 1
-                pubsub.subscribe(self._backend.channel, self.channel)
-                confirmed = 0
+                unconfirmed = {self._backend.channel, self.channel}
+                pubsub.subscribe(*unconfirmed, *self._observed_channels())
+                self._pubsub = pubsub
                 while not self._stopped.is_set():
                     message = pubsub.get_message(timeout=0.5)
-                    if message is None:
-                        continue
-                    if message["type"] == "subscribe":
-                        confirmed += 1
-                        if confirmed == 2:
-                            self._ready.set()
-                            self._wake(None)  # anything released while we were away
-                            pause = 0.1
-                    elif message["type"] == "message":
-                        self._heard(message["data"])
+                    if message is not None and self._handle(message, unconfirmed):
+                        pause = 0.1
             except Exception as exc:  # noqa: BLE001 - any failure: reconnect, never stop
                 self._ready.clear()
                 if not self._stopped.is_set():
@@ -701,6 +765,7 @@ class RedisListener(Listener):
                     self._stopped.wait(pause)
                     pause = min(pause * 2, 5.0)
             finally:
+                self._pubsub = None
                 if pubsub is not None:
                     with contextlib.suppress(Exception):
                         pubsub.close()

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import secrets
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -70,6 +71,7 @@ from ... import _forksafe
 from ..._contract import (
     FairManyKeys,
     FairQueue,
+    LeaderPush,
     LeaderValues,
     Leading,
     LossPush,
@@ -88,6 +90,7 @@ from .security import HELP, KazooLog, refused, security, stop_behind
 from .security import PARAMS as SECURITY_PARAMS
 
 T = TypeVar("T")
+log = logging.getLogger("dblock")
 PREFIX = {
     "lock": "lock-",
     "write": "write-",
@@ -406,6 +409,88 @@ class ZkManySubscription(_BlockerWatch):
             del self._store._many_subs[self.owner]
 
 
+class LeaderWatch:
+    """An observer's watches of one key (LeaderPush): the key node's children (a node made or
+    deleted: a grant, a release, a force-release, an expired node cleared away) and the value
+    node (made, written, deleted: a proclaim). ZooKeeper's watches fire once: each event calls
+    ``heard`` and sets its watch again, from kazoo's thread, with asynchronous calls only. A
+    key node not made yet is watched for its creation, then for its children. kazoo drops
+    every watch when its connection drops (telling each with an event of type NONE): they
+    are set again once it is back (``state_changed``)."""
+
+    def __init__(self, store: ZookeeperStore, key: str, heard: Callable[[], None]) -> None:
+        self._store = store
+        self._kpath = store._kpath(key)
+        self._vpath = store._vpath(key)
+        self._heard = heard
+        self.stopped = False
+
+    def arm(self, zk: KazooClient) -> None:
+        """Set both watches (kazoo keeps one of each per callable: setting one twice is one)."""
+        self._watch_children(zk)
+        zk.exists_async(self._vpath, watch=self._value_fired)
+
+    def _watch_children(self, zk: KazooClient) -> None:
+        zk.get_children_async(self._kpath, watch=self._children_fired).rawlink(
+            lambda result: self._children_read(zk, result)
+        )
+
+    def _children_read(self, zk: KazooClient, result: Any) -> None:
+        if self.stopped or result.successful() or not isinstance(result.exception, NoNodeError):
+            return  # watching; or the connection dropped (set again once it is back)
+        # no key node yet: its creation is watched (or, made meanwhile, its children)
+        zk.exists_async(self._kpath, watch=self._children_fired).rawlink(
+            lambda found: self._exists_read(zk, found)
+        )
+
+    def _exists_read(self, zk: KazooClient, result: Any) -> None:
+        if not self.stopped and result.successful() and result.value is not None:
+            self._watch_children(zk)
+
+    def _fired(self, event: Any) -> KazooClient | None:
+        """Tell the observer; the client to set the watch again with (None once stopped or
+        closed, or when kazoo dropped the watch with the connection)."""
+        if self.stopped:
+            return None
+        self._tell()
+        return None if getattr(event, "type", None) == "NONE" else self._store._zk
+
+    def _children_fired(self, event: Any) -> None:
+        zk = self._fired(event)
+        if zk is not None:
+            with contextlib.suppress(Exception):  # closed meanwhile: nothing to watch
+                self._watch_children(zk)
+
+    def _value_fired(self, event: Any) -> None:
+        zk = self._fired(event)
+        if zk is not None:
+            with contextlib.suppress(Exception):
+                zk.exists_async(self._vpath, watch=self._value_fired)
+
+    def state_changed(self, state: str) -> None:
+        """kazoo's connection thread: back (the watches were dropped: set them again, and
+        look, something may have changed meanwhile), or dropped (look: the read fails, and
+        the observer retries until it is back)."""
+        if self.stopped:
+            return
+        zk = self._store._zk
+        if state == KazooState.CONNECTED and zk is not None:
+            with contextlib.suppress(Exception):
+                self.arm(zk)
+        self._tell()
+
+    def _tell(self) -> None:
+        try:
+            self._heard()
+        except Exception:  # an observer's failure must not stop kazoo's thread
+            log.exception("dblock leader watch of %r failed", self._kpath)
+
+    def stop(self) -> None:
+        """Stop telling (ZooKeeper cannot take a watch back: it fires once more, unheard)."""
+        self.stopped = True
+        self._store._leader_watches.discard(self)
+
+
 class ZookeeperStore(
     Store,
     FairQueue,
@@ -416,6 +501,7 @@ class ZookeeperStore(
     LossPush,
     FairManyKeys,
     LeaderValues,
+    LeaderPush,
 ):
     """Locks in a ZooKeeper ensemble, under ``/<chroot>/<table>``."""
 
@@ -472,6 +558,8 @@ class ZookeeperStore(
         self._waits: dict[str, Waits] = {}
         self._many_subs: dict[str, ZkManySubscription] = {}
         self._losses: dict[str, Callable[[], None]] = {}
+        #: observers' watches of keys' holds and values (LeaderPush)
+        self._leader_watches: set[LeaderWatch] = set()
 
     # -- connection, errors ---------------------------------------------------------------
     def _client(self) -> KazooClient:
@@ -488,6 +576,7 @@ class ZookeeperStore(
                 self._waits.clear()
                 self._many_subs.clear()
                 self._losses.clear()
+                self._leader_watches.clear()
             if self._zk is None:
                 zk = KazooClient(
                     hosts=self.hosts,
@@ -532,6 +621,8 @@ class ZookeeperStore(
                 heard()
         for sub in [*self._subs.values(), *self._many_subs.values()]:
             sub.fire()
+        for watch in list(self._leader_watches):
+            watch.state_changed(state)
 
     def _run(self, what: str, fn: Callable[..., T], *args: Any) -> T:
         """``fn(zk, *args)`` (on a worker thread for the async client), its errors wrapped.
@@ -1280,6 +1371,20 @@ class ZookeeperStore(
             self._losses.pop(path, None)
 
         return stop
+
+    # -- LeaderPush -------------------------------------------------------------------------
+    def watch_leader(self, key: str, heard: Callable[[], None]) -> Callable[[], None]:
+        """Watches on the key node's children (a grant by a new node, a release, an expired
+        node deleted, a force-release) and on the value node (a proclaim), re-armed at each
+        event: see :class:`LeaderWatch`."""
+        watch = LeaderWatch(self, key, heard)
+        self._leader_watches.add(watch)
+        try:
+            self._run("watching the leader", watch.arm)
+        except BaseException:
+            watch.stop()
+            raise
+        return watch.stop
 
     # -- LeaderValues -----------------------------------------------------------------------
     def _vpath(self, key: str) -> str:
