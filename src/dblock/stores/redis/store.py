@@ -33,6 +33,7 @@ import logging
 import re
 import secrets
 import socket
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timezone
 from typing import Any
@@ -667,6 +668,10 @@ class RedisListener(Listener):
         self._backend = backend
         #: pub/sub connections made, for tests: a reconnect makes another
         self.connections = 0
+        #: the pub/sub connection now subscribed, for ``_interrupt`` (set and cleared under
+        #: the lock, never while closed)
+        self._pubsub: Any = None
+        self._pubsub_lock = threading.Lock()
         super().__init__(backend.rt, f"{backend.prefix}c:{secrets.token_hex(8)}")
 
     def _runs_on(self) -> Runtime:
@@ -680,6 +685,8 @@ class RedisListener(Listener):
                 pubsub = self._backend._pubsub()
                 self.connections += 1
                 pubsub.subscribe(self._backend.channel, self.channel)
+                with self._pubsub_lock:
+                    self._pubsub = pubsub
                 confirmed = 0
                 while not self._stopped.is_set():
                     message = pubsub.get_message(timeout=0.5)
@@ -701,6 +708,16 @@ class RedisListener(Listener):
                     self._stopped.wait(pause)
                     pause = min(pause * 2, 5.0)
             finally:
+                with self._pubsub_lock:
+                    self._pubsub = None
                 if pubsub is not None:
                     with contextlib.suppress(Exception):
                         pubsub.close()
+
+    def _interrupt(self) -> None:
+        # its reply ends the wait for a message; _run, stopped, ends (a PING on a connection
+        # another thread reads is redis-py's own use: a subscription's commands are sent so)
+        with self._pubsub_lock:
+            if self._pubsub is not None:
+                with contextlib.suppress(Exception):
+                    self._pubsub.ping()
