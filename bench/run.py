@@ -34,6 +34,9 @@ Scenarios (issue 6):
   election  dblock: resign hand-over (leader resigns -> standby's campaign returns) and
      failover (`dblock lead --ttl 3` SIGKILLed -> the next leader's CMD starts) per store,
      beside etcdctl elect and kazoo's Election (bench/election.py; issue 48)
+  cold  `dblock run --no-wait KEY -- CMD` from a fresh process, per store: exec to CMD's start
+     and to exit, beside flock(1), `python -c pass` and the store's driver connecting and
+     running one statement (bench/cold.py; issue 52)
 
 Each measurement runs in fresh forked processes, contenders alternate in every round (the order
 rotates each round; (a) interleaves a backend's contenders in 0.1 s slices), figures are
@@ -60,6 +63,7 @@ from typing import Any
 
 from bench import (
     async_contended,
+    cold,
     election,
     guard,
     many,
@@ -87,6 +91,7 @@ SCENARIOS = (
     "many-contended",
     "guard",
     "election",
+    "cold",
 )
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
@@ -855,6 +860,8 @@ def markdown(report: dict[str, Any]) -> str:
         lines += guard.markdown(res["guard"], report["budget"]["repeats"])
     if "election" in res:
         lines += election.markdown(res["election"], report["budget"])
+    if "cold" in res:
+        lines += cold.markdown(res["cold"])
     if report.get("unavailable"):
         lines += ["### Not run", ""]
         for cid, why in report["unavailable"].items():
@@ -863,7 +870,7 @@ def markdown(report: dict[str, Any]) -> str:
     if report.get("targets"):
         lines += [
             "### Targets (issue 6: dblock, default lock; (many): issue 47; (guard): issue 50; "
-            "(election): issue 48)",
+            "(election): issue 48; (cold): issue 52)",
             "",
             "| target | measured | met |",
             "|---|---|---|",
@@ -972,6 +979,8 @@ def evaluate_targets(res: dict[str, Any], contenders: list[Contender]) -> list[d
         out += guard.targets(res["guard"])
     if "election" in res:
         out += election.targets(res["election"])
+    if "cold" in res:
+        out += cold.targets(res["cold"])
     return out
 
 
@@ -1206,6 +1215,8 @@ def run(
                 results["election"] = election.scenario_election(
                     live_backends, t, budget, tmp, peers
                 )
+            if "cold" in scenarios and (names is None or any("dblock" in n for n in names)):
+                results["cold"] = cold.scenario_cold(live_backends, t, budget, tmp)
         report = {
             "meta": _meta(t, live_backends, started, budget, not args.no_spinner),
             "budget": {

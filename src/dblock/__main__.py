@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import sys
-
-from dblock.cli import main
+from dblock.cli import command
 
 if __name__ == "__main__":
-    sys.exit(main())
+    command()

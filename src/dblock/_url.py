@@ -8,7 +8,6 @@ import os
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Final
 from urllib.parse import (
     SplitResult,
@@ -115,6 +114,8 @@ def quorum_urls(url: object) -> list[str] | None:
 
 def embedded_url() -> str:
     """The embedded default: an SQLite file in the user's state directory (XDG)."""
+    from pathlib import Path  # here: a command given its URL starts without it
+
     state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
     return "sqlite:///" + str(Path(state) / "dblock" / "locks.sqlite3")
 

@@ -57,7 +57,7 @@ def plug(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     def entry_points(*, group: str) -> list[FakeEntryPoint]:
         return points if group == _registry.GROUP else []
 
-    monkeypatch.setattr(_registry.metadata, "entry_points", entry_points)
+    monkeypatch.setattr("importlib.metadata.entry_points", entry_points)
     _registry.plugged.cache_clear()
     yield lambda name, value: points.append(FakeEntryPoint(name, value))
     _registry.plugged.cache_clear()

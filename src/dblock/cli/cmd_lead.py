@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 from contextlib import suppress
 from typing import Any
 
@@ -18,7 +17,7 @@ from .cmd_run import Guard, kill_grace_for, kill_grace_option, say
 from .context import LEASE, CliError, common_options, open_client, open_reader, validate_key
 from .output import duration, iso, now_utc, printable
 from .status_line import HolderStatus
-from .supervisor import CannotStart, Child, Interrupted, SignalRelay
+from .supervisor import Alarm, CannotStart, Child, Interrupted, SignalRelay
 
 log = logging.getLogger("dblock")
 
@@ -96,7 +95,7 @@ def lead_command(
 ) -> int:
     grace = kill_grace_for(ctx, ttl, kill_grace)
     client = open_client(ctx, close_on_exit=False)
-    lost = threading.Event()
+    lost = Alarm()
     election = client.election(name, ttl=ttl, on_lost=lambda _term: lost.set())
     stuck = False
     try:
@@ -130,7 +129,7 @@ def lead_command(
 def _lead(
     relay: SignalRelay,
     term: Term,
-    lost: threading.Event,
+    lost: Alarm,
     command: tuple[str, ...],
     grace: float,
 ) -> int | None:

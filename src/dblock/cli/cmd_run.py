@@ -6,7 +6,6 @@ import json
 import logging
 import math
 import os
-import threading
 import time
 from collections.abc import Callable
 from contextlib import suppress
@@ -34,6 +33,7 @@ from .supervisor import (
     KILL_GRACE,
     MARGIN_SECONDS,
     MARGIN_SHARE,
+    Alarm,
     CannotStart,
     Child,
     Interrupted,
@@ -245,7 +245,7 @@ def run_command(
     # a ttl too short is the user's mistake: refused before connecting
     lease_grace = None if session else kill_grace_for(ctx, ttl, kill_grace)
     client = open_client(ctx, close_on_exit=False)
-    lost = threading.Event()
+    lost = Alarm()
     lock = _lock_of(ctx, client, keys, None if session else ttl, lost)
     key = ", ".join(keys)
     grace = lease_grace if lease_grace is not None else _session_grace(ctx, lock.ttl, kill_grace)
@@ -282,7 +282,7 @@ def _lock_of(
     client: dblock.Client,
     keys: tuple[str, ...],
     ttl: float | None,
-    lost: threading.Event,
+    lost: Alarm,
 ) -> dblock.Lock:
     """The lock of one key, or of every key (lock_many), renewed, telling ``lost``."""
     if len(keys) == 1:
@@ -307,7 +307,7 @@ def _run_holding(  # noqa: PLR0917 - what the hold's run needs, each once
     relay: SignalRelay,
     lock: dblock.Lock,
     keys: tuple[str, ...],
-    lost: threading.Event,
+    lost: Alarm,
     command: tuple[str, ...],
     grace: float,
 ) -> int:
@@ -385,7 +385,7 @@ class Guard:
 
     child: Child
     lock: Leased
-    lost: threading.Event
+    lost: Alarm
     grace: float
     command: tuple[str, ...]
 
@@ -411,6 +411,7 @@ class Guard:
     def watch(self) -> int | None:
         """Wait for CMD; its exit status once it and all it started are gone, or None when
         it had to be stopped because the lease was lost or could not be renewed in time."""
+        self.child.ring_on_exit(self.lost)
         try:
             while True:
                 returncode = self.child.poll()
@@ -553,7 +554,7 @@ def once_command(
                 _full_lease(hold)
                 child = Child(command, env=_child_env((key,), hold))
                 relay.attach(child)
-                _check(Guard(child, hold, threading.Event(), grace, command).watch())
+                _check(Guard(child, hold, Alarm(), grace, command).watch())
         except dblock.AlreadyDone:
             if not quiet:
                 say(f"{key} has already succeeded; not running {command[0]} again")

@@ -185,6 +185,8 @@ def descendants(root: int, skip: Collection[int] = ()) -> dict[int, bool]:
     """Linux: every descendant of ``root`` found in /proc, mapped to whether it is still
     running (False: a zombie), leaving out the processes in ``skip`` and theirs. Empty where
     there is no /proc."""
+    if root == os.getpid() and not _has_children():
+        return {}  # nothing to read /proc for: no child, so no descendant
     parents: dict[int, list[tuple[int, bool]]] = {}
     try:
         entries = os.listdir("/proc")
@@ -208,6 +210,53 @@ def descendants(root: int, skip: Collection[int] = ()) -> dict[int, bool]:
                 found[pid] = running
                 todo.append(pid)
     return found
+
+
+class Alarm:
+    """What the watch over CMD sleeps on between its looks: set (as an Event: it stays set)
+    when the lease is lost, rung when something else needs a look now (CMD has exited)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._set = False
+        self._rung = False
+
+    def set(self) -> None:
+        with self._cond:
+            self._set = True
+            self._cond.notify_all()
+
+    def clear(self) -> None:
+        with self._cond:
+            self._set = False
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def ring(self) -> None:
+        with self._cond:
+            self._rung = True
+            self._cond.notify_all()
+
+    def wait(self, timeout: float) -> bool:
+        """Until set, or rung since the last wait, or ``timeout`` seconds; whether set."""
+        with self._cond:
+            if not (self._set or self._rung):
+                self._cond.wait(timeout)
+            self._rung = False
+            return self._set
+
+
+def _has_children() -> bool:
+    """Whether this process has a child, running or exited and not yet reaped (True where
+    that cannot be asked)."""
+    if not hasattr(os, "waitid"):
+        return True
+    try:
+        os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return False
+    return True
 
 
 def status_of(returncode: int) -> int:
@@ -272,6 +321,20 @@ class Child:
         if returncode is not None:
             self.take_terminal()
         return returncode
+
+    def ring_on_exit(self, alarm: Alarm) -> None:
+        """Ring ``alarm`` when CMD exits, so that its end is seen at once rather than at the
+        watch's next look (which remains where there is no waitid)."""
+        if not hasattr(os, "waitid"):
+            return
+        pid = self.pid
+
+        def wait() -> None:
+            with suppress(ChildProcessError):  # reaped already: the watch has seen its end
+                os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)  # the reaping is Popen's
+            alarm.ring()
+
+        threading.Thread(target=wait, name="dblock-cmd-exit", daemon=True).start()
 
     def take_terminal(self) -> None:
         """Make dblock's group the terminal's foreground again (after CMD ended or stopped)."""

@@ -240,10 +240,15 @@ class Listener(ABC):
 
     def stop(self) -> None:
         self._stopped.set()
+        self._interrupt()
         # a thread of the async client's is not waited for: the loop would block; it ends
         # (and closes its connection) within its next wait
         if self._thread.is_alive() and self._worker_rt is self.rt:
             self._thread.join(timeout=2)
+
+    def _interrupt(self) -> None:  # noqa: B027 - a listener whose wait cannot be cut short
+        """Make ``_run``'s wait for a message return now, so that ``stop`` (a client's close,
+        a command's exit) does not wait out that wait's timeout."""
 
 
 class PushedWakeups:

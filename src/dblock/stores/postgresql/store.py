@@ -664,6 +664,9 @@ class _Listener(Listener):
     def __init__(self, backend: PostgresStore) -> None:
         self._backend = backend
         self._conn: psycopg.Connection[Any] | None = None
+        #: held while ``_conn`` is set or cleared, and while ``_interrupt`` shuts its socket
+        #: down: never a descriptor the connection has closed (and another may have reused)
+        self._conn_lock = _forksafe.lock()
         super().__init__(backend.rt, f"dblock_{secrets.token_hex(8)}")
 
     def _run(self) -> None:
@@ -673,7 +676,8 @@ class _Listener(Listener):
                 # a connection of its own (not a statement connection, which may be borrowed
                 # from a SQLAlchemy engine's pool: see stores/_sqla.py)
                 conn = self._backend._open_connection()
-                self._conn = conn
+                with self._conn_lock:
+                    self._conn = conn
                 conn.execute(self._backend.sql.listen(self.channel))
                 self._ready.set()
                 self._wake(None)  # anything released while we were away: look again
@@ -689,9 +693,18 @@ class _Listener(Listener):
                     self._stopped.wait(pause)
                     pause = min(pause * 2, 5.0)
             finally:
-                conn_, self._conn = self._conn, None
+                with self._conn_lock:
+                    conn_, self._conn = self._conn, None
                 if conn_ is not None:
                     self._backend._close_connection(conn_)
+
+    def _interrupt(self) -> None:
+        # the wait for notifications fails at once on a socket shut down; _run, stopped, ends
+        with self._conn_lock:
+            conn = self._conn
+            if conn is not None:
+                with contextlib.suppress(psycopg.Error):
+                    _shutdown(conn.pgconn.socket)
 
 
 def _take_each(

@@ -678,12 +678,13 @@ class RedisListener(Listener):
         self._backend = backend
         #: pub/sub connections made, for tests: a reconnect makes another
         self.connections = 0
-        #: the connection listening now (None between connections)
+        #: the connection listening now (None between connections; set and cleared under
+        #: ``_subscribing``, never while closed: ``_interrupt`` writes to it)
         self._pubsub: Any = None
         #: an observed key's channel -> the event its subscription's confirmation sets
         self._confirming: dict[str, Any] = {}
         #: orders a key's subscribe and unsubscribe (an observer that comes as the last one
-        #: leaves must not be unsubscribed)
+        #: leaves must not be unsubscribed), and the connection's setting and clearing
         self._subscribing = _forksafe.lock()
         super().__init__(backend.rt, f"{backend.prefix}c:{secrets.token_hex(8)}")
 
@@ -752,7 +753,8 @@ class RedisListener(Listener):
                 self.connections += 1
                 unconfirmed = {self._backend.channel, self.channel}
                 pubsub.subscribe(*unconfirmed, *self._observed_channels())
-                self._pubsub = pubsub
+                with self._subscribing:
+                    self._pubsub = pubsub
                 while not self._stopped.is_set():
                     message = pubsub.get_message(timeout=0.5)
                     if message is not None and self._handle(message, unconfirmed):
@@ -765,7 +767,16 @@ class RedisListener(Listener):
                     self._stopped.wait(pause)
                     pause = min(pause * 2, 5.0)
             finally:
-                self._pubsub = None
+                with self._subscribing:
+                    self._pubsub = None
                 if pubsub is not None:
                     with contextlib.suppress(Exception):
                         pubsub.close()
+
+    def _interrupt(self) -> None:
+        # its reply ends the wait for a message; _run, stopped, ends (a PING on a connection
+        # another thread reads is redis-py's own use: a subscription's commands are sent so)
+        with self._subscribing:
+            if self._pubsub is not None:
+                with contextlib.suppress(Exception):
+                    self._pubsub.ping()
