@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 import socket
+from collections.abc import Iterable
 from typing import TypeVar
 
 from . import _forksafe
@@ -66,6 +67,24 @@ class Core:
         with self._registry_lock:
             if self._reentrant.get((key, tid)) is hold:
                 del self._reentrant[(key, tid)]
+
+    # the same for every key of a lock_many hold, under one take of the registry's lock
+    def reentrant_holds(self, keys: Iterable[str], tid: int) -> list[tuple[str, Hold]]:
+        """(key, hold) of each of ``keys`` that owner ``tid`` has a hold of registered."""
+        with self._registry_lock:
+            found = [(key, self._reentrant.get((key, tid))) for key in keys]
+        return [(key, hold) for key, hold in found if hold is not None]
+
+    def set_reentrant_holds(self, keys: Iterable[str], tid: int, hold: Hold) -> None:
+        with self._registry_lock:
+            for key in keys:
+                self._reentrant[(key, tid)] = hold
+
+    def drop_reentrant_holds(self, keys: Iterable[str], tid: int, hold: Hold) -> None:
+        with self._registry_lock:
+            for key in keys:
+                if self._reentrant.get((key, tid)) is hold:
+                    del self._reentrant[(key, tid)]
 
     def close(self) -> None:
         self.scheduler.stop()

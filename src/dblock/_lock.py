@@ -327,10 +327,14 @@ class Lock:
             if released.final:
                 _observe.released(self, hold, released.lost)
                 self._unwatch(hold)
-                self._core.drop_reentrant_hold(self._key, tid, hold)
+                self._forget_reentrant(tid, hold)
             self._pop(tid)
             if released.lost:
                 raise self._lost_error(hold)
+
+    def _forget_reentrant(self, tid: int, hold: Hold) -> None:
+        """The hold ended: this owner's next acquire of the key is a fresh one."""
+        self._core.drop_reentrant_hold(self._key, tid, hold)
 
     def _release_quietly(self, tid: int) -> None:
         """Release ``tid``'s hold, if any, reporting nothing: its loss is known already."""

@@ -98,8 +98,8 @@ class ManyLock(Lock):
             return None
         hold.handle = self
         self._push(tid, hold)
-        for key in self._keys:  # so that this owner's lock(key) refuses instead of waiting
-            core.set_reentrant_hold(key, tid, hold)
+        # so that this owner's lock(key) refuses instead of waiting
+        core.set_reentrant_holds(self._keys, tid, hold)
         self._schedule(hold)
         return hold
 
@@ -111,9 +111,8 @@ class ManyLock(Lock):
                     f"lock_many({list(self._keys)!r}) is already held by this owner; "
                     "lock_many is not re-entrant"
                 )
-        for key in self._keys:
-            hold = self._core.reentrant_hold(key, tid)
-            if hold is not None and hold.live():
+        for key, hold in self._core.reentrant_holds(self._keys, tid):
+            if hold.live():
                 raise ValueError(
                     f"lock_many({list(self._keys)!r}): this owner already holds {key!r}; "
                     "lock_many is not re-entrant and would wait for itself"
@@ -122,14 +121,11 @@ class ManyLock(Lock):
     def release(self) -> None:
         """Release every key (NotHeld if not held; LockLost if any key's hold was lost, the
         others are released all the same)."""
-        hold = self._current_of_thread()
-        try:
-            super().release()
-        finally:
-            if hold.count == 0:
-                tid = self._core.owner_serial()
-                for key in self._keys:
-                    self._core.drop_reentrant_hold(key, tid, hold)
+        self._current_of_thread()  # NotHeld also for a hold this process did not take
+        super().release()
+
+    def _forget_reentrant(self, tid: int, hold: Hold) -> None:
+        self._core.drop_reentrant_holds(self._keys, tid, hold)
 
     def _watch(self, hold: Hold) -> None:
         """Force-releases are noticed at the next renewal (pushed notices are per key)."""

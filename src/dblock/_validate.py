@@ -150,14 +150,15 @@ def check_keys(keys: object, max_keys: int, store: str) -> tuple[str, ...]:
             f"lock_many takes a list of keys, not {type(keys).__name__}: "
             "lock_many(['sku-1', 'sku-7'])"
         )
-    checked = tuple(check_key(k) for k in keys)
+    checked = tuple(map(check_key, keys))
     if not checked:
         raise ValueError("lock_many needs at least one key")
-    seen: set[str] = set()
-    for key in checked:
-        if key in seen:
-            raise ValueError(f"lock_many: key {key!r} is given twice; give each key once")
-        seen.add(key)
+    if len(set(checked)) < len(checked):
+        seen: set[str] = set()
+        for key in checked:
+            if key in seen:
+                raise ValueError(f"lock_many: key {key!r} is given twice; give each key once")
+            seen.add(key)
     if len(checked) > max_keys:
         raise ValueError(
             f"lock_many: {len(checked)} keys, but the {store} store takes at most {max_keys} "

@@ -179,6 +179,37 @@ def test_release_many_hands_a_key_to_its_waiter(
     assert got[0][0] - released < 0.5  # woken by the hand-over, not by a poll
 
 
+def test_a_release_nobody_queued_for_frees_and_rings_every_key(
+    client: dblock.Client, url: str
+) -> None:
+    """With no holders hash on any key the scripts skip the queues (one EXISTS): the release
+    still frees each key, records the token it ended, and rings everyone for each key, as
+    RELEASE does; the take still returns each key's token, in the keys' order."""
+    store = store_of(client)
+    raw = raw_redis(url)
+    pubsub = raw.pubsub()
+    pubsub.subscribe(store.channel)
+    assert pubsub.get_message(timeout=5)["type"] == "subscribe"  # type: ignore[index]
+    try:
+        keys = ["c", "a", "b"]
+        tokens = store.acquire_many(keys, "me", 10)
+        assert tokens is not None and list(tokens) == keys
+        assert tokens == {k: client.info(k).token for k in keys}  # type: ignore[union-attr]
+        assert store.release_many(tokens, "me")
+        assert client.list() == []
+        for k in keys:
+            assert raw.hget(f"{store.prefix}r:{k}", "ended") == str(tokens[k])
+        rung = []
+        while len(rung) < len(keys):
+            message = pubsub.get_message(timeout=5)
+            assert message is not None, f"rung only {rung}"
+            rung.append(message["data"])
+        assert rung == [" c", " a", " b"]
+    finally:
+        pubsub.close()
+        raw.close()
+
+
 def test_too_many_keys_are_refused(client: dblock.Client) -> None:
     store = store_of(client)
     with pytest.raises(ValueError, match="at most 64"):

@@ -379,8 +379,7 @@ class PostgresStore(
             rows = _unless_undone(conn, self.sql.acquire_many_as_newcomer, params)
             if not rows:
                 return None
-            for key, _, joins, _ in rows:
-                self._taken_quietly(key, owner, joins)
+            self._taken_quietly_many(rows, owner)
             return {key: int(token) for key, token, _, _ in rows}
 
         return self.run("acquire", op, key=keys[0])
@@ -525,6 +524,16 @@ class PostgresStore(
             if len(self._quiet) >= _QUIET_MEMORY:  # holds never released: forget them
                 self._quiet.clear()
             self._quiet[key, owner] = joins
+
+    def _taken_quietly_many(self, rows: Sequence[Any], owner: str) -> None:
+        """``_taken_quietly`` of each (key, token, joins, ...) row of a many-key take, under
+        one take of the lock."""
+        with self._quiet_lock:
+            if len(self._quiet) + len(rows) > _QUIET_MEMORY:
+                self._quiet.clear()
+            for key, _, joins, _ in rows:
+                if joins is not None:
+                    self._quiet[key, owner] = joins
 
     def acquire_or_enqueue(self, key: str, owner: str, ttl: float, queue_ttl: float) -> int | None:
         """Take the lock like a newcomer, or else join its queue: one statement."""

@@ -719,14 +719,34 @@ MANY = r"""
 local n = (#KEYS - 1) / 2
 META = KEYS[#KEYS]
 local function at(i) R, H, KEY = KEYS[2 * i - 1], KEYS[2 * i], ARGV[4 + i] end
+
+-- True if no key has a holders hash (nobody queues, no shared holds: most takes and releases
+-- of a set), and then `holders` reads none for the rest of the script (one EXISTS instead of
+-- a HGETALL per key, for the fairness check and the head to hand on to). Only for a script
+-- that makes no holders entry, so none can appear while it runs.
+local function no_holders()
+  local hk = {}
+  for i = 1, n do hk[i] = KEYS[2 * i] end
+  if redis.call('EXISTS', unpack(hk)) > 0 then return false end
+  holders = function() return {} end
+  return true
+end
+
+-- lock_record's hold fields only: owner, token, exp, ended
+local function hold_record(rk)
+  local v = redis.call('HMGET', rk, 'owner', 'token', 'exp', 'ended')
+  if not (v[1] or v[2] or v[3] or v[4]) then return nil end
+  return {owner = v[1] or nil, token = tonumber(v[2]), exp = tonumber(v[3]), ended = v[4] or nil}
+end
 """
 
-# owner ttl keys -> {key, token, ...} of every key, or nil with nothing taken: each key is
-# checked as ACQUIRE_FAIR checks a waiter (takeable, and unless already owner's no live waiter
-# ahead of `queued`: a newcomer's nil, anyone; a many-waiter's owner, those ahead of its
-# entry) before any is written; owner's entries leave the queues
+# owner ttl keys -> the token of each key, in the keys' order (integers), or nil with nothing
+# taken: each key is checked as ACQUIRE_FAIR checks a waiter (takeable, and unless already
+# owner's no live waiter ahead of `queued`: a newcomer's nil, anyone; a many-waiter's owner,
+# those ahead of its entry) before any is written; owner's entries leave the queues
 TAKE_MANY = r"""
 local owner, ttl = ARGV[3], tonumber(ARGV[4])
+no_holders()
 local rs, hss = {}, {}
 for i = 1, n do
   at(i)
@@ -749,8 +769,7 @@ for i = 1, n do
   redis.call('HSET', R, 'kind', 'lock', 'owner', owner, 'token', tok, 'acq', acq, 'exp', exp)
   told()
   if hss[i][owner] and hss[i][owner].w then redis.call('HDEL', H, owner) end
-  out[#out + 1] = KEY
-  out[#out + 1] = tok
+  out[i] = last
 end
 redis.call('HSET', META, 'token', num(last))
 return out
@@ -820,10 +839,14 @@ return all
 # handed on, rung); a retry also counts a hold the first attempt ended
 RELEASE_MANY = r"""
 local owner, retry = ARGV[3], ARGV[4] == '1'
+-- with nobody queued on any key, hand_on only frees each record: the hold's fields are all
+-- it reads (an HMGET of 4 fields, not lock_record's 7)
+local read = lock_record
+if no_holders() then read = hold_record end
 local all = 1
 for i = 1, n do
   at(i)
-  local r = lock_record(R)
+  local r = read(R)
   local tok = tonumber(ARGV[4 + n + i])
   if held(r) and r.owner == owner and r.token == tok then
     hand_on(r, tok)

@@ -594,10 +594,10 @@ class RedisStore(
     ) -> dict[str, int] | None:
         if not keys:
             return {}
-        flat = self._many("acquire", script, keys, owner, _us(ttl))
-        if flat is None:
+        reply = self._many("acquire", script, keys, owner, _us(ttl))
+        if reply is None:
             return None
-        return {flat[i]: int(flat[i + 1]) for i in range(0, len(flat), 2)}
+        return dict(zip(keys, reply, strict=True))
 
     def renew_many(self, tokens: Mapping[str, int], owner: str, ttl: float) -> bool:
         if not tokens:
