@@ -346,7 +346,7 @@ class Election:
                 self._core.rt.sleep(pause)
                 continue
             pause = OBSERVE_POLL
-            if now != last:
+            if _change(now) != _change(last):
                 return now
             watch.event.wait(watch.poll)
 
@@ -361,6 +361,15 @@ class Election:
 
 
 _NOTHING = object()
+
+
+def _change(leader: object) -> object:
+    """What tells two readings of the leader apart: its term and value. ``since`` is left
+    out: a quorum's is the latest of the stores that answered, which may differ from read
+    to read within one term."""
+    if isinstance(leader, LeaderInfo):
+        return (leader.token, leader.value)
+    return leader
 
 
 class LeaderWatch:

@@ -221,8 +221,14 @@ class Lock:
         self._push(tid, hold)
         if self._reentrant:
             core.set_reentrant_hold(self._key, tid, hold)
-        self._schedule(hold)
-        self._watch(hold)
+        try:
+            self._schedule(hold)
+            self._watch(hold)  # I/O on some stores: a cancellation may land in it
+        except BaseException:
+            # the caller never gets this hold: end it rather than leave it held (and renewed)
+            with contextlib.suppress(DBLockError):
+                self._release(tid)
+            raise
         return hold
 
     def _run_acquisition(self, steps: _engine.Steps[Hold | None]) -> Hold | None:

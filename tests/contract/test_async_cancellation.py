@@ -523,3 +523,41 @@ def _running_loop() -> asyncio.AbstractEventLoop | None:
         return asyncio.get_running_loop()
     except RuntimeError:
         return None
+
+
+@pytest.mark.needs("LossPush")
+def test_a_cancellation_while_a_grant_starts_its_loss_watch_ends_the_hold(
+    provider: Provider,
+    table: str,
+    loop: asyncio.AbstractEventLoop,
+    aclient: Any,
+    view: Outside,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The last step of an acquire with ``on_lost`` or ``auto_renew``, on a store that pushes
+    losses, registers the loss watch (I/O on some stores). A cancellation that lands there,
+    after the grant, must end the hold: before, it was left held and renewed forever (found
+    by a cancelled election campaign on ZooKeeper)."""
+    store = store_of(aclient)
+    real_watch = store.watch
+    reached = asyncio.Event()
+
+    def slow_watch(key: str, owner: str, heard: Any) -> Any:
+        loop.call_soon_threadsafe(reached.set)
+        await_(asyncio.sleep(0.5))  # where the cancellation lands
+        return real_watch(key, owner, heard)
+
+    monkeypatch.setattr(store, "watch", slow_watch)
+    key = _fresh_key()
+
+    async def attempt() -> None:
+        lock = aclient.lock(key, ttl=30, auto_renew=True)
+        task = asyncio.ensure_future(lock.acquire())
+        await asyncio.wait_for(reached.wait(), 10)
+        task.cancel()
+        await asyncio.wait([task])
+        assert task.cancelled()
+
+    loop.run_until_complete(attempt())
+    view.assert_clean(key)
+    view.next_gets("lock", key)
