@@ -342,20 +342,28 @@ def lead_and_watch(url: str, table: str, name: str, ttl: str, writes: str) -> No
         term.resign()
 
 
-def fenced_write(path: str, token: int) -> bool:
-    """The fenced resource: accept a write whose token is at least the highest seen (a lock
-    file makes the check and the write one step); log accepted and refused writes."""
-    import fcntl
+def fenced_write(path: str, token: int) -> None:
+    """A write to the fenced resource: one line appended in one ``write`` (no lock, which a
+    SIGSTOPped writer could keep); which writes the resource accepts is judged in the file's
+    order by ``fenced_accepted``."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, f"{token}\n".encode())
+    finally:
+        os.close(fd)
 
-    with open(path, "a+") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        f.seek(0)
-        lines = f.read().split()
-        highest = max((int(x) for x in lines if not x.startswith("-")), default=0)
-        accepted = token >= highest
-        f.write(f"{token if accepted else -token}\n")
-        f.flush()
-        return accepted
+
+def fenced_accepted(path: str) -> list[tuple[int, bool]]:
+    """Each write to the fenced resource, in order, and whether it accepted it: a token at
+    least the highest it had accepted."""
+    highest, out = 0, []
+    with open(path) as f:
+        for line in f:
+            token = int(line)
+            accepted = token >= highest
+            highest = max(highest, token)
+            out.append((token, accepted))
+    return out
 
 
 if __name__ == "__main__":
