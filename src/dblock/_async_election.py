@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Generator
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from ._election import Election, Term
 from ._green import spawn
+from ._loop_runtime import AnyThreadEvent
 from ._types import LeaderInfo
 
 if TYPE_CHECKING:
@@ -20,22 +20,6 @@ if TYPE_CHECKING:
 
 #: runs an awaitable in the client's background, logging what it raises
 Background = Callable[[Awaitable[Any], str], None]
-
-
-class _LoopEvent(asyncio.Event):
-    """An ``asyncio.Event`` that may be set from any thread (a loss is found by the
-    client's background work)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._home = asyncio.get_running_loop()
-        self._home_thread = threading.get_ident()
-
-    def set(self) -> None:
-        if threading.get_ident() == self._home_thread:
-            super().set()
-        else:
-            self._home.call_soon_threadsafe(super().set)
 
 
 class AsyncTerm:
@@ -139,7 +123,7 @@ class AsyncElection:
             name,
             ttl=ttl,
             on_lost=None if on_lost is None else self._lost,
-            new_event=_LoopEvent,
+            new_event=AnyThreadEvent,
         )
 
     @property

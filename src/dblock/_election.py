@@ -164,6 +164,11 @@ class Term:
             pass
         self._resigned = True
 
+    def abandon(self) -> None:
+        """End a term that was never handed out (its campaign failed after the grant)."""
+        self._resigned = self._stepping_down = True
+        self._lock._release_quietly(self._tid)
+
     def report_lost(self) -> None:
         """Set ``lost`` and call the election's ``on_lost`` (once per term)."""
         with self._report_mutex:
@@ -271,13 +276,11 @@ class Election:
                 self._name, lock.owner, token, value
             )
         except BaseException:  # cancelled, interrupted, unreachable: lead nowhere unseen
-            term._resigned = term._stepping_down = True
-            lock._release_quietly(tid)
+            term.abandon()
             raise
         if not proclaimed:
             # lost between the grant and the proclaim (a pause past the ttl): not a term
-            term._resigned = term._stepping_down = True
-            lock._release_quietly(term._tid)
+            term.abandon()
             return None
         return term
 

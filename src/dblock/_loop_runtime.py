@@ -217,6 +217,21 @@ class LoopRuntime:
         return False  # the async API is meant for the loop
 
 
+class AnyThreadEvent(asyncio.Event):
+    """An ``asyncio.Event`` (an election term's ``lost``) that may be set from any thread,
+    as ``LoopEvent`` may; made on its loop."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._home = asyncio.get_running_loop()
+
+    def set(self) -> None:
+        if _on_loop(self._home):
+            super().set()
+        else:
+            self._home.call_soon_threadsafe(super().set)
+
+
 def _on_loop(loop: asyncio.AbstractEventLoop) -> bool:
     try:
         return asyncio.get_running_loop() is loop
@@ -224,4 +239,4 @@ def _on_loop(loop: asyncio.AbstractEventLoop) -> bool:
         return False
 
 
-__all__ = ["LoopEvent", "LoopJobs", "LoopRuntime"]
+__all__ = ["AnyThreadEvent", "LoopEvent", "LoopJobs", "LoopRuntime"]

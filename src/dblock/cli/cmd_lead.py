@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from contextlib import suppress
 from typing import Any
 
@@ -54,8 +55,7 @@ def _check_value(ctx: click.Context, param: click.Parameter, value: str | None) 
 
 
 def _child_env(term: Term) -> dict[str, str]:
-    import os
-
+    """CMD's environment: the election, the term's token and the leader's value."""
     env = dict(os.environ)
     env["DBLOCK_ELECTION"] = term.name
     env["DBLOCK_TOKEN"] = str(term.token)
