@@ -239,7 +239,12 @@ def test_observe_sees_every_change_in_order_under_churn(
         _all_succeed(procs)
         stop.set()
         with client.election(name).campaign(value="last") as last:  # then nobody: the end
-            time.sleep(0.3)
+            # held until seen: this marker term is the test's, not the churn under test (a
+            # read of a quorum under load can take longer than a short term)
+            deadline = time.monotonic() + 30
+            while not any(s is not None and s.token == last.token for s in seen):
+                assert time.monotonic() < deadline, "the observer never saw the last term"
+                time.sleep(0.05)
         watcher.join(30)
         assert not watcher.is_alive()
     tokens = [int(t) for t in (tmp_path / "record.log").read_text().split()]
