@@ -28,9 +28,10 @@ once first, in random order, then at random):
   with leaders, every other kill is of the ``dblock lead`` that leads (its CMD dies with it:
   PR_SET_PDEATHSIG), and a new ``dblock lead`` is started;
 * ``pause``: SIGSTOP a holder for 1.5-3 leases, then SIGCONT (its write is then stale); with
-  leaders, every other pause is of the leader's ``dblock lead`` and its CMD (the CMD is
-  continued first: it may log a few stale lines, with its lower token, before ``dblock
-  lead`` stops it);
+  leaders, every other pause is of the leader's ``dblock lead`` and its CMD, a whole host
+  frozen (its CMD is looked for once ``dblock lead`` has stopped, so a CMD being started is
+  frozen too; the CMD is continued first: it may log a few stale lines, with its lower
+  token, before ``dblock lead`` stops it);
 * ``connkill``: terminate the workers' sessions from the server side (PostgreSQL
   ``pg_terminate_backend`` by ``application_name``; MariaDB ``KILL`` by a user made for the
   run) — PostgreSQL and MySQL/MariaDB;
@@ -101,6 +102,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import _chaos_db as db  # noqa: E402
+import _chaos_procs as chaos_procs  # noqa: E402
 import _chaos_referee as referee  # noqa: E402
 import _chaos_server as servers  # noqa: E402
 import dblock  # noqa: E402
@@ -436,17 +438,7 @@ class Soak:
     def stop_leaders(self, pids: list[int]) -> list[int]:
         """SIGSTOP these ``dblock lead`` processes, then their CMDs; every process stopped,
         leaders first (for resume_leaders)."""
-        stopped = []
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGSTOP)
-                stopped.append(pid)
-        for pid in list(stopped):
-            for child in descendants(pid):
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(child, signal.SIGSTOP)
-                    stopped.append(child)
-        return stopped
+        return chaos_procs.freeze(pids, descendants)
 
     def resume_leaders(self, stopped: list[int], since: float) -> None:
         """SIGCONT the CMDs, then their ``dblock lead``; record the pauses, from ``since``

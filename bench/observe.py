@@ -11,7 +11,8 @@ recording every span), beside span (no dblock observer at all: the loop itself r
 span per pair with the attributes dblock gives it, which is what the SDK alone costs, and so
 the best on/off any instrumentation could reach). No exporter, so what is measured is dblock's
 hooks and the libraries' bookkeeping, not a network. Slices cycling in one process put every
-side under the same machine load. Target: on/off >= 0.95.
+side under the same machine load. Targets: on >= 0.95x span (issue 52: the SDK's own cost is
+the floor); on/off >= 0.95 (issue 30; the SDK alone costs more than that).
 """
 
 from __future__ import annotations
@@ -151,6 +152,24 @@ def scenario_obs(backends: list[str], t: Targets, b: Any) -> dict[str, Any]:
     return servers.each_store([x for x in backends if x in BACKENDS], t, "obs", "obs", measure)
 
 
+def targets(res: dict[str, Any]) -> list[dict[str, Any]]:
+    """Issue 52's: metrics and every span recorded cost at most 5% more than the loop
+    recording one SDK span by hand."""
+    out = []
+    for backend, v in res.items():
+        if "error" in v or "span" not in v:
+            continue
+        ratio = v["on"]["pairs_per_s"] / v["span"]["pairs_per_s"]
+        out.append(
+            {
+                "target": f"(obs) {backend}: metrics + every span ≥ 0.95× one SDK span by hand",
+                "measured": f"{ratio:.3f}×",
+                "met": ratio >= 0.95,
+            }
+        )
+    return out
+
+
 def _log(msg: str) -> None:
     import sys
 
@@ -165,7 +184,8 @@ def markdown(res: dict[str, Any]) -> list[str]:
         "with no SDK set (api) / metrics + tracing with the SDK sampling 1% of root spans "
         "(sampled) / metrics + tracing with the SDK recording every span (on) / no observer, the "
         "loop recording one SDK span per pair itself (span: the SDK's own cost, the best on/off "
-        "could be); medians of the repeats. Target: on/off >= 0.95.",
+        "could be); medians of the repeats. Targets: on ≥ 0.95× span (issue 52), "
+        "on/off ≥ 0.95 (issue 30).",
         "",
         "| backend | off pairs/s | metrics | api | sampled | on | metrics/off | api/off "
         "| sampled/off | on/off (repeats) | span/off | CPU µs/pair off / metrics / api / sampled "

@@ -37,6 +37,12 @@ Scenarios (issue 6):
   cold  `dblock run --no-wait KEY -- CMD` from a fresh process, per store: exec to CMD's start
      and to exit, beside flock(1), `python -c pass` and the store's driver connecting and
      running one statement (bench/cold.py; issue 52)
+  waiters  dblock: 8, 64 and 512 waiters on one key (asyncio tasks over 8 and 64 processes):
+     hand-off median and p99, fairness, client CPU and the server's work per hand-off
+     (bench/waiters.py; issue 52)
+  clients  dblock: 8 processes contending on one key, alone, beside 200 processes each taking
+     its own key once a second, and beside 200 running their driver's trivial request
+     instead: throughput, the server's connections, CPU and work (bench/clients.py; issue 52)
 
 Each measurement runs in fresh forked processes, contenders alternate in every round (the order
 rotates each round; (a) interleaves a backend's contenders in 0.1 s slices), figures are
@@ -63,6 +69,7 @@ from typing import Any
 
 from bench import (
     async_contended,
+    clients,
     cold,
     election,
     guard,
@@ -71,6 +78,7 @@ from bench import (
     procs,
     scrape,
     servers,
+    waiters,
     workload,
 )
 from bench.contenders import BACKENDS, TRIP, Contender, Targets, select
@@ -92,6 +100,8 @@ SCENARIOS = (
     "guard",
     "election",
     "cold",
+    "waiters",
+    "clients",
 )
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
@@ -123,6 +133,8 @@ class Budget:
     #: (async) tasks of the one async client, and the keys both cells contend on
     async_tasks: int = 200
     async_keys: int = 4
+    #: (waiters, clients) each cell forks up to 200 processes: fewer repeats
+    crowd_repeats: int = 1
 
     @classmethod
     def quick(cls) -> Budget:
@@ -862,6 +874,10 @@ def markdown(report: dict[str, Any]) -> str:
         lines += election.markdown(res["election"], report["budget"])
     if "cold" in res:
         lines += cold.markdown(res["cold"])
+    if "waiters" in res:
+        lines += waiters.markdown(res["waiters"])
+    if "clients" in res:
+        lines += clients.markdown(res["clients"])
     if report.get("unavailable"):
         lines += ["### Not run", ""]
         for cid, why in report["unavailable"].items():
@@ -971,6 +987,8 @@ def evaluate_targets(res: dict[str, Any], contenders: list[Contender]) -> list[d
                 q <= 10 if backend == "postgresql" else None,
             )
     out += _session_targets(res)
+    if "obs" in res:
+        out += observe.targets(res["obs"])
     if "scrape" in res:
         out += scrape.targets(res["scrape"])
     if "many" in res:
@@ -981,6 +999,10 @@ def evaluate_targets(res: dict[str, Any], contenders: list[Contender]) -> list[d
         out += election.targets(res["election"])
     if "cold" in res:
         out += cold.targets(res["cold"])
+    if "waiters" in res:
+        out += waiters.targets(res["waiters"])
+    if "clients" in res:
+        out += clients.targets(res["clients"])
     return out
 
 
@@ -1021,8 +1043,16 @@ def _session_targets(res: dict[str, Any]) -> list[dict[str, Any]]:
         me = f"{backend}/dblock session"
         a, b = res.get("a", {}), res.get("b", {})
         tooz = [p for p in sorted({*a, *b}) if p.startswith(f"{backend}/tooz")]
+        hand = f"{backend}/floor: session SQL by hand"
         if me in a and not math.isnan(a[me].get("pairs_per_s", math.nan)):
             rate = a[me]["pairs_per_s"]
+            by_hand_a = a.get(hand, {}).get("pairs_per_s")
+            if by_hand_a:  # issue 52: what dblock's Python costs over its own statements
+                add(
+                    f"(a) {backend} session: ≥ 0.9× its SQL by hand",
+                    f"{rate / by_hand_a:.2f}×",
+                    rate / by_hand_a >= 0.9,
+                )
             best = max((a[p]["pairs_per_s"] for p in tooz if p in a), default=None)
             if best:
                 add(
@@ -1032,6 +1062,13 @@ def _session_targets(res: dict[str, Any]) -> list[dict[str, Any]]:
             v = b[me]
             out += _contended_targets(f"{backend} session", v, 0.9)
             rate = v["throughput"]
+            by_hand_b = b.get(hand, {}).get("throughput")
+            if by_hand_b:
+                add(
+                    f"(b) {backend} session: ≥ 0.9× its SQL by hand",
+                    f"{rate / by_hand_b:.2f}×",
+                    rate / by_hand_b >= 0.9,
+                )
             best = max(
                 (b[p]["throughput"] for p in tooz if p in b and b[p].get("exclusive")), default=None
             )
@@ -1046,11 +1083,10 @@ def _session_targets(res: dict[str, Any]) -> list[dict[str, Any]]:
                     f"{rate / floor:.2f}×",
                     rate / floor >= 0.8,
                 )
-                by_hand = b.get(f"{backend}/floor: session SQL by hand", {}).get("throughput")
-                if by_hand:  # the server's share of a session hold, without dblock's Python
+                if by_hand_b:  # the server's share of a session hold, without dblock's Python
                     add(
                         f"(b) {backend} session: (its SQL by hand: raw {raw} × …)",
-                        f"{by_hand / floor:.2f}×",
+                        f"{by_hand_b / floor:.2f}×",
                         None,
                     )
     return out
@@ -1217,6 +1253,14 @@ def run(
                 )
             if "cold" in scenarios and (names is None or any("dblock" in n for n in names)):
                 results["cold"] = cold.scenario_cold(live_backends, t, budget, tmp)
+            if "waiters" in scenarios and (names is None or any("dblock" in n for n in names)):
+                results["waiters"] = waiters.scenario_waiters(
+                    live_backends, t, budget, tmp, budget.crowd_repeats
+                )
+            if "clients" in scenarios and (names is None or any("dblock" in n for n in names)):
+                results["clients"] = clients.scenario_clients(
+                    live_backends, t, budget, tmp, budget.crowd_repeats
+                )
         report = {
             "meta": _meta(t, live_backends, started, budget, not args.no_spinner),
             "budget": {

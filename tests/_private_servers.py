@@ -16,7 +16,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -147,8 +147,9 @@ def _quiet(command: list[str], env: dict[str, str] | None = None) -> None:
 
 
 @contextlib.contextmanager
-def private_mariadb(root: Path) -> Iterator[PrivateServer]:
-    """A private MariaDB server in ``root``, running, with an empty database ``test``."""
+def private_mariadb(root: Path, settings: Sequence[str] = ()) -> Iterator[PrivateServer]:
+    """A private MariaDB server in ``root``, running, with an empty database ``test``;
+    ``settings``: more of mariadbd's options (``--max-connections=700``)."""
     server, install = _tool("mariadbd"), _tool("mariadb-install-db", "/usr/bin")
     if server is None or install is None:
         _missing("mariadbd and mariadb-install-db")
@@ -184,6 +185,7 @@ def private_mariadb(root: Path) -> Iterator[PrivateServer]:
         f"--tmpdir={tmp}",
         "--skip-log-bin",
         "--innodb-buffer-pool-size=32M",
+        *settings,
     ]
     url = f"mysql://root@127.0.0.1:{port}"
     with PrivateServer(root, command, f"{url}/test", f"{url}/mysql", "ib_logfile").running() as db:
@@ -191,10 +193,10 @@ def private_mariadb(root: Path) -> Iterator[PrivateServer]:
 
 
 @contextlib.contextmanager
-def private_postgresql() -> Iterator[PrivateServer]:
+def private_postgresql(settings: Sequence[str] = ()) -> Iterator[PrivateServer]:
     """A private PostgreSQL cluster, running, with an empty database ``test``. Its directory
     is of its own (the server runs as ``postgres`` when the tests run as root, and may not
-    enter pytest's)."""
+    enter pytest's). ``settings``: more parameters (``max_connections=700``)."""
     found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
     initdb = shutil.which("initdb") or (found[-1] if found else None)
     if initdb is None:
@@ -220,6 +222,7 @@ def private_postgresql() -> Iterator[PrivateServer]:
             str(root),
             "-c",
             "listen_addresses=127.0.0.1",
+            *(arg for setting in settings for arg in ("-c", setting)),
         ]
         url = f"postgresql://postgres@127.0.0.1:{port}"
         server = PrivateServer(root, command, f"{url}/test", f"{url}/postgres", "pg_wal/")

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import dblock
@@ -92,16 +93,29 @@ def schema(url: str, table: str, start_at: str) -> None:
         print("ok", flush=True)
 
 
-def once(url: str, table: str, key: str, start_at: str, work: str) -> None:
-    """At a given moment, run a once-block that sleeps ``work`` s; print what happened."""
+def once(url: str, table: str, key: str, meet: str, workers: str) -> None:
+    """Once ``workers`` processes have connected (each leaves a file in the directory
+    ``meet``), run a once-block; print what happened. The one that runs it stays inside
+    until another has been refused (its file ``seen``), so the others try while it runs,
+    however slowly the machine starts them (at most 60 s)."""
+    rendezvous = Path(meet)
     with connect(url, table=table) as client:
-        time.sleep(max(0.0, float(start_at) - time.time()))
+        (rendezvous / f"ready.{os.getpid()}").touch()
+        _wait_for(lambda: len(list(rendezvous.glob("ready.*"))) >= int(workers))
         try:
-            with client.once(key, ttl=30):
+            with client.once(key, ttl=90):
                 print("ran", flush=True)
-                time.sleep(float(work))
+                _wait_for((rendezvous / "seen").exists)
         except (dblock.InProgress, dblock.AlreadyDone) as exc:
+            (rendezvous / "seen").touch()
             print(type(exc).__name__, flush=True)
+
+
+def _wait_for(done: Callable[[], bool], bound: float = 60.0) -> None:
+    """Poll ``done`` until it is true or ``bound`` s have passed."""
+    give_up = time.monotonic() + bound
+    while not done() and time.monotonic() < give_up:
+        time.sleep(0.01)
 
 
 def once_crash(url: str, table: str, key: str, ttl: str) -> None:

@@ -15,7 +15,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -44,9 +44,10 @@ def srvr(port: int) -> str | None:
 
 
 class Ensemble:
-    """``size`` servers in ``root``; ``url`` names them all, with chroot ``/test``."""
+    """``size`` servers in ``root``; ``url`` names them all, with chroot ``/test``;
+    ``settings``: more lines of each server's zoo.cfg (``maxClientCnxns=0``)."""
 
-    def __init__(self, root: Path, size: int = 3) -> None:
+    def __init__(self, root: Path, size: int = 3, settings: Sequence[str] = ()) -> None:
         java = shutil.which("java")
         if java is None or not JAR.exists():
             message = "a private ZooKeeper ensemble needs java and Debian's zookeeperd"
@@ -77,6 +78,7 @@ class Ensemble:
                         "clientPortAddress=127.0.0.1",
                         "admin.enableServer=false",
                         "4lw.commands.whitelist=srvr",
+                        *settings,
                         *peers,
                         "",
                     ]
@@ -132,7 +134,7 @@ class Ensemble:
         deadline = time.monotonic() + timeout
         while True:
             modes = [self.mode(i) for i, p in enumerate(self._procs) if p is not None]
-            if all(m in ("leader", "follower") for m in modes):
+            if all(m in ("leader", "follower", "standalone") for m in modes):
                 return
             if time.monotonic() > deadline:
                 raise RuntimeError(f"the private ensemble did not form: {modes}")
@@ -176,9 +178,10 @@ class Ensemble:
 
 
 @contextlib.contextmanager
-def private_ensemble(root: Path, size: int = 3) -> Iterator[Ensemble]:
-    """A running ensemble in ``root``, killed and removed on the way out."""
-    ensemble = Ensemble(root, size)
+def private_ensemble(root: Path, size: int = 3, settings: Sequence[str] = ()) -> Iterator[Ensemble]:
+    """A running ensemble in ``root`` (one server: standalone), killed and removed on the way
+    out."""
+    ensemble = Ensemble(root, size, settings)
     try:
         ensemble.start_all()
         yield ensemble

@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeAlias, TypeVar
 
 from ._contract import OnceRecords, Store, lacking, provides
 from ._core import Core
-from ._election import Election, Term
 from ._lock import Lock
 from ._many import ManyLock
 from ._patterns import OnceLock, locked, scheduled
@@ -28,6 +27,8 @@ if TYPE_CHECKING:
     from redis import Redis
     from sqlalchemy.engine import Engine
     from sqlalchemy.ext.asyncio import AsyncEngine
+
+    from ._election import Election, Term
 
     #: what stands for a store besides its URL (docs/configuration.md)
     Borrowed: TypeAlias = Redis | KazooClient | ConnectionPool[Any] | AsyncConnectionPool[Any]
@@ -207,6 +208,8 @@ class Client:
         >>> with client.election("scheduler").campaign(value="10.0.0.7:8080") as term:
         ...     run_scheduler(until=term.lost, fence=term.token)
         """
+        from ._election import Election  # imported by what campaigns (a cold start's cost)
+
         return Election(self._core, name, ttl=ttl, on_lost=on_lost)
 
     def rwlock(self, key: str, *, ttl: float = 30.0, timeout: float | None = None) -> RWLock:

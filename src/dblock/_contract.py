@@ -210,6 +210,9 @@ class Subscription(ABC):
     targeted: bool = False
     #: a release that came before ``wait()`` still wakes it
     latched: bool = False
+    #: it wakes at every change to the store, not only at this key's releases (SQLite's
+    #: file watch): waiters far back in the queue pace themselves instead of listening
+    broadcast: bool = False
     #: the token of a lock its releaser handed to this waiter; the waiter takes it by
     #: setting this back to None
     granted: int | None = None

@@ -53,6 +53,35 @@ def head_backoff(cap: float) -> Backoff:
     return Backoff(HEAD_POLL, cap, plateau=HEAD_PLATEAU)
 
 
+class TurnPacer:
+    """When to look again, for a queued waiter that is not told of releases.
+
+    It learns how fast the queue moves (seconds per position, from its own probes) and sleeps
+    about half the expected time to its turn; at the head it polls fast for a while, then
+    less and less often while the holder keeps the lock.
+    """
+
+    def __init__(self, cap: float) -> None:
+        self._cap = cap
+        self._per_position = 0.01  # a first guess, replaced by what is observed
+        self._last: tuple[float, int] | None = None
+        self._head: Backoff | None = None
+
+    def pause(self, ahead: int) -> float:
+        now = time.monotonic()
+        if self._last is not None and ahead < self._last[1]:
+            observed = (now - self._last[0]) / (self._last[1] - ahead)
+            self._per_position = 0.5 * self._per_position + 0.5 * observed
+        if self._last is None or ahead != self._last[1]:
+            self._last = (now, ahead)
+            self._head = None
+        if ahead > 0:
+            return min(self._cap, max(HEAD_POLL, 0.5 * ahead * self._per_position))
+        if self._head is None:
+            self._head = head_backoff(self._cap)
+        return self._head.next()
+
+
 # -- the caller's deadline, for the waits inside one statement --------------------------------
 #: a try-once, or a wait whose time is up, may still wait this long for a busy database file
 #: or a free pooled connection: a commit or a statement in progress takes milliseconds, and

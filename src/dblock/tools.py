@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+from typing import TYPE_CHECKING, Any
 
-from ._election import Term
 from ._url import DatabaseURL, default_url, quorum_urls, redact, scrub
 from ._validate import MAX_TTL, check_key, check_leader_value, check_seconds, check_table
 from .stores import ddl_for, parse_url, schema_script
 from .stores._registry import entry
 from .stores._schema import MissingTable
+
+if TYPE_CHECKING:
+    from ._election import Term
 
 __all__ = [
     "MAX_TTL",
@@ -35,6 +38,15 @@ __all__ = [
     "schema_script",
     "scrub",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # the election's module is imported only by what uses it (`dblock lead`, not `dblock run`)
+    if name == "Term":
+        from ._election import Term
+
+        return Term
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def check_parameter_names(url: DatabaseURL) -> None:

@@ -171,7 +171,7 @@ def test_one_leader_at_a_time_across_processes(
     assert tokens == sorted(set(tokens))
 
 
-def test_a_killed_leader_is_replaced_within_its_ttl_and_a_second(
+def test_a_killed_leader_is_replaced_soon_after_its_ttl(
     provider: Provider, table: str, db_url: str, tmp_path: Path
 ) -> None:
     name = _name()
@@ -185,7 +185,10 @@ def test_a_killed_leader_is_replaced_within_its_ttl_and_a_second(
             with election.campaign(value="standby", timeout=30) as term:
                 took = time.monotonic() - killed
                 assert term.token > token
-            assert took <= ttl + 1.0, took
+            # the lease, the candidates' recheck (0.5 s) and a loaded 2-core machine's
+            # scheduling (a CI run at 1.7x this suite's usual time took 3.2 s); a candidate
+            # that did not recheck would wait for its backoff, up to 5 s past the lease
+            assert took <= ttl + 2.0, took
 
 
 def test_a_paused_leader_is_deposed_and_told_on_resume_and_its_writes_are_refused(
@@ -226,18 +229,18 @@ def test_observe_sees_every_change_in_order_under_churn(
         first = next(changes)
         assert first is None
         procs = [start("lead", db_url, table, name, "3", str(record), "0.3") for _ in range(3)]
-        stop = threading.Event()
 
         def follow() -> None:
+            # ends at nobody after the marker term; not at the first nobody after the churn,
+            # which a lagging observer may read only after the marker has begun
             for leader in changes:
                 seen.append(leader)
-                if stop.is_set() and leader is None:
+                if leader is None and any(s is not None and s.value == "last" for s in seen):
                     return
 
         watcher = threading.Thread(target=follow)
         watcher.start()
         _all_succeed(procs)
-        stop.set()
         with client.election(name).campaign(value="last") as last:  # then nobody: the end
             # held until seen: this marker term is the test's, not the churn under test (a
             # read of a quorum under load can take longer than a short term)

@@ -225,8 +225,10 @@ def test_an_expired_lease_is_taken_over_and_its_release_raises_lock_lost(
 
 def test_auto_renew_keeps_every_key_past_its_ttl(client: dblock.Client) -> None:
     keys = _keys(2)
-    with client.lock_many(keys, ttl=1, auto_renew=True, timeout=5) as many:
-        time.sleep(1.3)
+    # a ttl of 2 s: renewals come every third of it, and a loaded CI machine once delayed
+    # one past a 1 s lease (postgresql-async)
+    with client.lock_many(keys, ttl=2, auto_renew=True, timeout=5) as many:
+        time.sleep(2.6)
         assert many.held
         assert all(threading_try(client, k) is False for k in keys)
     assert all(client.info(k) is None for k in keys)

@@ -107,11 +107,10 @@ def test_state_of_a_plain_lock_is_none(client: dblock.Client, key: str) -> None:
 
 @pytest.mark.needs("OnceRecords", "processes")
 def test_two_processes_at_once_one_runs(
-    provider: Provider, db_url: str, table: str, key: str
+    provider: Provider, db_url: str, table: str, key: str, tmp_path: Path
 ) -> None:
     provider.connect(table=table).close()
-    start = str(time.time() + 1.5)
-    outs = run_workers(*[["once", db_url, table, key, start, "2"] for _ in range(2)])
+    outs = run_workers(*[["once", db_url, table, key, str(tmp_path), "2"] for _ in range(2)])
     assert sorted(outs) == ["InProgress", "ran"]
     with provider.connect(table=table) as client:
         assert client.state(key) == "succeeded"

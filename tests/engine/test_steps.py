@@ -4,6 +4,7 @@ failure or interruption."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any
 
 import pytest
@@ -225,3 +226,32 @@ def test_a_session_try_asks_once() -> None:
     with pytest.raises(StopIteration) as done:
         steps.send(None)
     assert done.value.value is None
+
+
+def test_only_a_waiter_far_back_on_a_broadcast_watch_paces_itself_instead_of_listening() -> None:
+    """SQLite's watch wakes at every commit to the file: a waiter far back sleeps by the
+    queue's pace instead. Any other subscription, pushed per key or not, is listened to
+    wherever the waiter stands (pacing the quorum's waiters lost their wake-ups)."""
+
+    class _KeyPush(_Sub):  # the quorum's: live, per key, not handed to one waiter
+        targeted = False
+
+    class _Broadcast(_KeyPush):
+        broadcast = True
+
+    spec = Spec("k", 30.0)
+    for sub, expected in ((_KeyPush(), Wait), (_Broadcast(), Sleep)):
+        steps = _engine.Acquisition(_traits(probe=True), spec, "me", blocking=True, timeout=5).run()
+        ops = [steps.send(None), steps.send(None), steps.send(sub), steps.send(None)]
+        assert [_name(op) for op in ops] == ["acquire_fair", "Subscribe", "enqueue", "probe"]
+        assert isinstance(steps.send((False, 3)), Wait)  # the first wait knows no place
+        assert _name(steps.send(False)) == "probe"  # not woken: where does it stand?
+        op = steps.send((False, 3))  # held, three waiters ahead
+        assert isinstance(op, expected), (type(sub).__name__, op)
+        # interrupted: it stops listening and leaves the queue
+        assert _name(steps.throw(KeyboardInterrupt())) == "Unsubscribe"
+        left = []
+        with contextlib.suppress(KeyboardInterrupt):
+            while len(left) < 5:
+                left.append(_name(steps.send(None)))
+        assert len(left) < 5, left

@@ -274,10 +274,14 @@ def test_release_many_wakes_a_waiter(
     with dblock.connect(many_url, table=many_table) as other:
         lock = other.lock(keys[1], ttl=TTL)
         got: list[float] = []
+        checked = threading.Event()
 
         def wait() -> None:
             if lock.acquire(timeout=15):
                 got.append(time.monotonic())
+                # held until the hand-over is checked (a release at once could free the key
+                # before the check reads it: CI found it free)
+                checked.wait(10)
                 lock.release()
 
         thread = threading.Thread(target=wait)
@@ -292,7 +296,9 @@ def test_release_many_wakes_a_waiter(
         released = time.monotonic()
         assert store.release_many(tokens, "o1")
         if store.name == "postgresql":  # handed over in the release's own commit
-            assert store.info(keys[1]).owner != "o1"
+            info = store.info(keys[1])
+            assert info is not None and info.owner != "o1", info
+        checked.set()
         thread.join(20)
         assert got and got[0] - released < 3.0
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from .._contract import FairQueue, OnceRecords, QueueJoin, Store, Subscription
 from .._errors import BackendError, ConfigurationError
-from .._timing import HEAD_POLL, Backoff, head_backoff, reset_deadline, set_deadline
+from .._timing import Backoff, TurnPacer, reset_deadline, set_deadline
 from .attempt import ROW_LOCKED_PAUSE, Attempt
 from .hold import Hold
 from .kinds import Spec
@@ -38,35 +38,6 @@ def _fallback_backoff(cap: float) -> Backoff:
     """Polls for a waiter that is woken when something changes: only a safety net, so they
     start near the cap instead of ramping up from milliseconds."""
     return Backoff(0.75 * cap, cap)
-
-
-class _TurnPacer:
-    """When to look again, for a queued waiter that is not told of releases.
-
-    It learns how fast the queue moves (seconds per position, from its own probes) and sleeps
-    about half the expected time to its turn; at the head it polls fast for a while, then
-    less and less often while the holder keeps the lock.
-    """
-
-    def __init__(self, cap: float) -> None:
-        self._cap = cap
-        self._per_position = 0.01  # a first guess, replaced by what is observed
-        self._last: tuple[float, int] | None = None
-        self._head: Backoff | None = None
-
-    def pause(self, ahead: int) -> float:
-        now = time.monotonic()
-        if self._last is not None and ahead < self._last[1]:
-            observed = (now - self._last[0]) / (self._last[1] - ahead)
-            self._per_position = 0.5 * self._per_position + 0.5 * observed
-        if self._last is None or ahead != self._last[1]:
-            self._last = (now, ahead)
-            self._head = None
-        if ahead > 0:
-            return min(self._cap, max(HEAD_POLL, 0.5 * ahead * self._per_position))
-        if self._head is None:
-            self._head = head_backoff(self._cap)
-        return self._head.next()
 
 
 class _QueueEntry:
@@ -121,7 +92,7 @@ class Acquisition(Attempt[int]):
         should_try = True
         ahead = -1  # waiters ahead of us, as last probed (-1: not known)
         late_retries = LATE_RETRIES
-        pacer = _TurnPacer(cap)
+        pacer = TurnPacer(cap)
         # what waits inside a statement (a busy SQLite file, a free pooled connection) waits no
         # longer than this acquire may; leaving the queue afterwards is not bounded by it
         bound = set_deadline(deadline if self.blocking else time.monotonic())
@@ -172,12 +143,18 @@ class Acquisition(Attempt[int]):
                 yield from self._no_finished_record()
                 pause = backoff.next()
                 live = self.subscription is not None and self.subscription.live
-                if ahead >= 0 and not live:
+                # A wake-up at every change to the store (SQLite's) is for the head and the
+                # next in line; waiters further back pace themselves by the queue's speed, or
+                # each release would wake all of them (and their watches' polling cost a
+                # process each). Any other subscription still wakes its waiter early: a
+                # Sleeper at a release in the same client, a key's channel at its release.
+                paced = ahead > 1 and self.subscription is not None and self.subscription.broadcast
+                if ahead >= 0 and (not live or paced):
                     pause = pacer.pause(ahead)
                 if spec.recheck is not None:  # a dead holder's lease end is noticed within it
                     pause = min(pause, spec.recheck)
                 pause = pause if remaining is None else min(pause, remaining)
-                if self.subscription is None:
+                if self.subscription is None or paced:
                     yield Sleep(pause)
                     should_try, ahead = yield from self._worth_trying()
                     continue

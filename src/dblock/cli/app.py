@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import importlib
 import logging
 import os
 import sys
@@ -15,11 +16,6 @@ import click
 import dblock
 
 from . import exit_codes
-from .cmd_admin import info_command, list_command, purge_command, release_command, schema_command
-from .cmd_dashboard import dashboard_command
-from .cmd_external import bench_command, demo_command
-from .cmd_lead import lead_command, leader_command
-from .cmd_run import once_command, run_command
 from .context import CliError, Settings, common_options, misconfigured, unavailable
 from .logs import Logging
 from .output import EscapingStream
@@ -28,8 +24,47 @@ from .supervisor import Interrupted
 log = logging.getLogger("dblock")
 
 
+#: each command's module (in this package) and function. A command's module is imported only
+#: when that command runs or help lists it: cron starts ``dblock run`` every minute, and the
+#: other commands' modules (the election's, the dashboard's) cost it their import each time.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "run": ("cmd_run", "run_command"),
+    "once": ("cmd_run", "once_command"),
+    "lead": ("cmd_lead", "lead_command"),
+    "leader": ("cmd_lead", "leader_command"),
+    "list": ("cmd_admin", "list_command"),
+    "info": ("cmd_admin", "info_command"),
+    "release": ("cmd_admin", "release_command"),
+    "purge": ("cmd_admin", "purge_command"),
+    "schema": ("cmd_admin", "schema_command"),
+    "demo": ("cmd_external", "demo_command"),
+    "bench": ("cmd_external", "bench_command"),
+    "dashboard": ("cmd_dashboard", "dashboard_command"),
+}
+
+
+def command_of(name: str) -> click.Command:
+    """The command ``name`` of :data:`COMMANDS`, its module imported."""
+    module, function = COMMANDS[name]
+    found = getattr(importlib.import_module(f"{__package__}.{module}"), function)
+    return cast("click.Command", found)
+
+
+class _Commands(click.Group):
+    """A group whose commands (:data:`COMMANDS`) are imported when first asked for."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*COMMANDS, *self.commands})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self.commands and cmd_name in COMMANDS:
+            self.add_command(command_of(cmd_name), cmd_name)
+        return super().get_command(ctx, cmd_name)
+
+
 @click.group(
     "dblock",
+    cls=_Commands,
     context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
     help="""Distributed locks kept in your database or store: PostgreSQL, MySQL/MariaDB, SQLite
 (the embedded default), Redis, etcd or ZooKeeper, or a quorum of several of them.
@@ -46,23 +81,6 @@ Examples:
 @click.version_option(dblock.__version__, "-V", "--version", prog_name="dblock")
 def cli() -> None:
     pass
-
-
-for _command in (
-    run_command,
-    once_command,
-    lead_command,
-    leader_command,
-    list_command,
-    info_command,
-    release_command,
-    purge_command,
-    schema_command,
-    demo_command,
-    bench_command,
-    dashboard_command,
-):
-    cli.add_command(_command)
 
 
 def _one_line(exc: BaseException) -> str:
@@ -134,4 +152,4 @@ def run_main(
         Logging.uninstall()
 
 
-__all__ = ["cli", "run_main"]
+__all__ = ["COMMANDS", "cli", "command_of", "run_main"]

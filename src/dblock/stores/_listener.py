@@ -15,22 +15,30 @@ hand-over to one of them, or their turn. Messages (as text):
 A store subclasses :class:`Listener` with its ``_run``: connect, listen on both channels, set
 ``_ready`` once they are live, pass each message to ``_heard``; on a lost connection clear
 ``_ready``, ``_wake(None)`` every waiter (a message may have been lost: they look again) and
-reconnect.
+reconnect; between messages (at least every half second) end if ``_idle_out()`` says so.
+
+A listener that has had no waiter wait, and no watch or observer, for ``Listener.idle_close``
+seconds closes its connection, and the client makes a new one when it next needs one. A
+listening connection costs its server on every message of the table's channel, and
+PostgreSQL signals every LISTENing backend of the database at every NOTIFY, whatever its
+channel: a fleet of clients that once waited must not keep that cost.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from .. import _forksafe
 from .._contract import Subscription
 from .._runtime import Runtime
 
 log = logging.getLogger("dblock")
+T = TypeVar("T")
 
 
 def parse(payload: str) -> tuple[bool, str, str, int | None] | None:
@@ -72,6 +80,7 @@ class PushedSubscription(Subscription):
         self.event = listener.rt.event()
 
     def wait(self, timeout: float) -> bool:
+        self._listener.used()
         woken = self.event.wait(timeout)
         self.event.clear()
         return woken
@@ -80,8 +89,15 @@ class PushedSubscription(Subscription):
         self._listener.unsubscribe(self)
 
 
+class Retired(Exception):
+    """The listener closed for want of use: the caller makes another."""
+
+
 class Listener(ABC):
     """One listening connection per client; subclasses supply ``_run`` (see the module)."""
+
+    #: seconds without a waiter, watch or observer before the listener closes
+    idle_close = 10.0
 
     def __init__(self, rt: Runtime, channel: str) -> None:
         #: a thread for the blocking client, a task for the async one
@@ -94,6 +110,10 @@ class Listener(ABC):
         self._leaders: dict[str, dict[int, Callable[[], None]]] = {}
         self._serials = itertools.count()
         self._lock = _forksafe.lock()
+        #: since when nothing has used it (None: in use); set under ``_lock``
+        self._idle_since: float | None = None
+        #: it closed for want of use: nothing registers with it any more (under ``_lock``)
+        self._retired = False
         self._ready = rt.event()
         #: where ``_run`` runs (it waits on ``_stopped`` there)
         self._worker_rt = self._runs_on()
@@ -119,15 +139,20 @@ class Listener(ABC):
 
     def _register(self, keys: tuple[str, ...], owner: str, *, grants: bool) -> PushedSubscription:
         # Wait (briefly) until listening is live, so no release after our next try is missed.
+        if self._retired:  # (checked again below, under the lock)
+            raise Retired
         live = self._ready.wait(2.0)
         sub = PushedSubscription(self, keys, owner, live, grants=grants)
         with self._lock:
+            if self._retired:
+                raise Retired
             for key in keys:
                 self._subs.setdefault(key, set()).add(sub)
         return sub
 
     def watch(self, key: str, owner: str, heard: Callable[[], None]) -> Callable[[], None]:
         with self._lock:
+            self._in_use()
             self._watches[key, owner] = heard
 
         def unwatch() -> None:
@@ -143,6 +168,7 @@ class Listener(ABC):
         self._ready.wait(2.0)  # as a subscription does: what comes after it is heard
         serial = next(self._serials)
         with self._lock:
+            self._in_use()
             watchers = self._leaders.setdefault(key, {})
             watchers[serial] = heard
             first = len(watchers) == 1
@@ -160,6 +186,37 @@ class Listener(ABC):
                 self._unobserved(key)
 
         return unwatch
+
+    def _in_use(self) -> None:
+        """Under ``_lock``, before registering a watch: raise Retired if it has closed."""
+        if self._retired:
+            raise Retired
+        self._idle_since = None
+
+    def used(self) -> None:
+        """A waiter waits for a message. (A subscription made only to take a free lock in
+        the same statement that would queue for it is no use: a client that never waits
+        lets its listener close.)"""
+        with self._lock:
+            self._idle_since = None
+
+    def _idle_out(self) -> bool:
+        """True, and the listener stops, once nothing has used it for ``idle_close`` s
+        (``_run`` calls it between messages, and then ends)."""
+        now = time.monotonic()
+        with self._lock:
+            if self._subs or self._watches or self._leaders:
+                self._idle_since = None
+                return False
+            if self._idle_since is None:
+                self._idle_since = now
+            if now - self._idle_since < self.idle_close:
+                return False
+            self._retired = True
+            self._stopped.set()
+        self._ready.clear()
+        log.debug("dblock listener closing: unused for %.0f s", self.idle_close)
+        return True
 
     def _observed(self, key: str) -> None:  # noqa: B027 - most listeners hear them already
         """``key`` has its first observer (a store whose observers need more than the table's
@@ -284,19 +341,27 @@ class PushedWakeups:
         listener = self._listener
         return listener is not None and listener.alive() and listener.ready()
 
+    def _with_listener(self, use: Callable[[Listener], T]) -> T:
+        """``use`` the listener; one that closed for want of use just now is replaced."""
+        while True:
+            try:
+                return use(self._listening())
+            except Retired:
+                continue
+
     def subscribe(self, key: str, owner: str, queue: str | None = None) -> Subscription:
-        return self._listening().subscribe(key, owner)
+        return self._with_listener(lambda listener: listener.subscribe(key, owner))
 
     def watch(self, key: str, owner: str, heard: Callable[[], None]) -> Callable[[], None]:
         """Call ``heard`` (on the listener's thread: it must return quickly) when a
         force-release of ``owner``'s hold of ``key`` takes effect; returns the call that
         stops it. One listening connection per client serves every watch and every waiter."""
-        return self._listening().watch(key, owner, heard)
+        return self._with_listener(lambda listener: listener.watch(key, owner, heard))
 
     def watch_leader(self, key: str, heard: Callable[[], None]) -> Callable[[], None]:
         """LeaderPush, where the store declares it: ``heard`` at each message about ``key``
         (the listener's, as a waiter hears them; see the module)."""
-        return self._listening().watch_leader(key, heard)
+        return self._with_listener(lambda listener: listener.watch_leader(key, heard))
 
     def close(self) -> None:
         with self._listener_lock:

@@ -110,7 +110,9 @@ def test_a_lost_term_stops_cmd_and_campaigns_again(cli: Dblock, key: str) -> Non
 def test_leader_watch_follows_changes(cli: Dblock, key: str) -> None:
     watch = cli.start("leader", key, "--watch", "--json")
     try:
-        time.sleep(1.0)
+        # its first line (nobody leads) is out before anyone leads: a loaded machine has
+        # taken over a second to start it
+        wait_for(lambda: cli.stdout(watch).strip() != "", what="the watch's first line")
         for value in ("a", "b"):
             done = cli.run("lead", key, "--value", value, "--", "sleep", "0.5")
             assert done.returncode == 0, done.stderr

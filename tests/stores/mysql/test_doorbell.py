@@ -477,11 +477,12 @@ def test_a_waiter_the_bell_wakes_out_of_queue_order(table: str, raw: Any, waited
             if waited == "briefly":
                 assert info is not None and (info.owner, info.token) == ("b", held + 1)
                 assert queued == ["c"], "c waits on"
-                assert told == (1, held + 1), "b at the bell is told it holds the lock"
+                # (and that one waiter, c, queued ahead of it: whose pace it keeps when passing)
+                assert told == (1, held + 1, 1), "b at the bell is told it holds the lock"
                 return
             assert info is None, "freed, not handed to b ahead of c"
             assert queued == ["b", "c"], "both still queue"
-            assert told == (0, 1), "b at the bell is told it is not its turn"
+            assert told == (0, 1, 1), "b at the bell is told it is not its turn, one ahead"
             assert backend.acquire_fair(key, "b", 30, queued=True) is None, "b does not barge"
             assert backend.acquire_fair(key, "c", 30, queued=True) is not None
         finally:
@@ -715,3 +716,61 @@ def test_fair_waiters_that_wait_past_a_ring_wait_are_served_in_order(table: str,
     assert all(got != "timeout" for _, got in pairs), outs
     order = [int(idx) for idx, _ in sorted(pairs, key=lambda pair: int(pair[1]))]
     assert order == [0, 1, 2, 3]
+
+
+class _Pauses:
+    """A doorbell's sleep that records its pauses instead of sleeping."""
+
+    def __init__(self) -> None:
+        self.pauses: list[float] = []
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.pauses.append(float(timeout or 0.0))
+        return False
+
+    def set(self) -> None:
+        pass
+
+    def clear(self) -> None:
+        pass
+
+    def is_set(self) -> bool:
+        return False
+
+
+def test_a_waiter_far_back_that_passes_the_bell_on_stays_away_from_it(
+    table: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Asking for the bell again at once queued a waiter behind others that came after it in
+    the queue: with 64 waiting processes each hand-off passed the bell along a line of them
+    (104 ms, 141 statements). Far back, it stays away until its turn is near; next in line,
+    it asks again at once."""
+    key = "k-" + uuid.uuid4().hex
+    with dblock.connect(MYSQL_URL, table=table) as client:
+        backend = store_of(client)
+        assert isinstance(backend, MysqlStore)
+        pauses = _Pauses()
+        bell = backend._bells.doorbell(key, "x", pauses)  # type: ignore[arg-type]
+        assert bell is not None
+        asked: list[float] = []
+
+        def timed_out(seconds: float) -> tuple[Any, Any]:
+            asked.append(seconds)
+            return (0,), None
+
+        monkeypatch.setattr(bell, "_get_lock", timed_out)
+        try:
+            for ahead, far in ((1, False), (40, True)):
+                pauses.pauses.clear()
+                # told at the bell: not our turn, ``ahead`` waiters ahead of us
+                assert bell._answer((0, 1, ahead), durable=True) is False
+                assert not bell.has_bell, "the bell is passed on"
+                assert not bell.wait(5.0)
+                assert asked, "it asks for the bell again after its pause"
+                (pause,) = pauses.pauses
+                if far:
+                    assert pause >= 0.1, f"far back: away from the bell ({pause:.3f} s)"
+                else:
+                    assert pause <= 0.01, f"next in line: back at once ({pause:.3f} s)"
+        finally:
+            bell.close()

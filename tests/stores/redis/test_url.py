@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import traceback
 from pathlib import Path
 
@@ -86,3 +87,21 @@ def test_a_connection_reads_with_the_connect_timeout_only_until_it_is_made(url: 
             assert conn.ping()
         finally:
             conn.close()
+
+
+def test_no_client_looks_its_library_version_up_in_the_package_metadata(
+    url: str, table: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # redis-py 7+ reads its version from the installed packages' metadata for each client it
+    # makes unless told it (3.5 ms each: twice in a cold `dblock run` before)
+    looked_up: list[str] = []
+    real = importlib.metadata.version
+
+    def version(name: str) -> str:
+        looked_up.append(name)
+        return real(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", version)
+    with dblock.connect(url, table=table) as client, client.lock("k", ttl=5):
+        pass
+    assert looked_up == []

@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -167,3 +168,44 @@ def test_session_expiry_fires_on_lost(ensemble: Ensemble, tmp_path: Path) -> Non
             holder.wait()
     assert _lines(log, "on_lost"), "on_lost fired"
     assert _lines(log, "lost"), "release raised LockLost"
+
+
+def test_an_outage_of_the_whole_ensemble_bounds_each_request_and_ends_promptly(
+    ensemble: Ensemble,
+) -> None:
+    # kazoo queued a request made while it reconnected and waited for its answer without end,
+    # and doubled its pause between reconnections (an acquire(timeout=1) made during a 40 s
+    # outage returned 60 s later, 19 s after the ensemble was back)
+    session = 2.0  # the answer bound is 1.5 session timeouts
+    client = dblock.connect(ensemble.url_with(session_timeout=session), table=fresh_table())
+    outcome: list[tuple[str, float]] = []
+
+    def attempt() -> None:
+        started = time.monotonic()
+        try:
+            client.lock("k", ttl=5).acquire(timeout=1)
+            outcome.append(("returned", time.monotonic() - started))
+        except dblock.BackendError:
+            outcome.append(("BackendError", time.monotonic() - started))
+
+    try:
+        with client.lock("warm", ttl=5):
+            pass
+        ensemble.kill_all()
+        down = time.monotonic()
+        waiter = threading.Thread(target=attempt, daemon=True)
+        waiter.start()
+        waiter.join(12.0)  # the ensemble stays down meanwhile
+        assert outcome and outcome[0][0] == "BackendError", outcome
+        assert outcome[0][1] < 4 * session, outcome
+        time.sleep(max(0.0, 14.0 - (time.monotonic() - down)))
+        ensemble.start_all()
+        back = time.monotonic()
+        lock = client.lock("k", ttl=5)
+        assert lock.acquire(timeout=30)
+        lock.release()
+        # one reconnection pause (at most 1 s) and a new session, not a doubled pause
+        assert time.monotonic() - back < 5.0, time.monotonic() - back
+    finally:
+        ensemble.start_all()
+        client.close()

@@ -52,7 +52,7 @@ from ... import _forksafe
 from ..._contract import Subscription
 from ..._errors import DBLockError
 from ..._runtime import Event
-from ..._timing import HEAD_POLL, Backoff, head_backoff
+from ..._timing import HEAD_POLL, Backoff, TurnPacer, head_backoff
 from .._watchdog import Watchdog
 
 #: the longest one GET_LOCK sleeps before its waiter polls the table once, seconds
@@ -300,6 +300,9 @@ class Doorbell(Subscription):
         self._head: Backoff | None = None
         #: pauses before asking for the bell again after passing it on (None: not passing)
         self._passing: Backoff | None = None
+        #: how long to stay away from the bell after passing it on far back in the queue
+        self._paced: float | None = None
+        self._pacer = TurnPacer(RING_WAIT)
         self._sleep = sleep
 
     def wait(self, timeout: float) -> bool:
@@ -313,7 +316,8 @@ class Doorbell(Subscription):
             return False
         if self._passing is not None:
             # the lock was handed to a waiter behind us at the bell: let it get there first
-            pause = min(timeout, self._passing.next())
+            pause = min(timeout, self._paced or self._passing.next())
+            self._paced = None
             self._sleep.wait(pause)
             timeout -= pause
             if timeout <= 0:
@@ -362,6 +366,12 @@ class Doorbell(Subscription):
             self.has_bell = False
             if self._passing is None:
                 self._passing = Backoff(PASS_PAUSE, self._bells.max_poll)
+            ahead = int(row[2] or 0)
+            if ahead > 1:
+                # Far back: stay away from the bell until our turn is near. Asking again at
+                # once would queue us at the bell behind waiters that come after us in the
+                # queue, and each hand-off would pass the bell along a line of them.
+                self._paced = self._pacer.pause(ahead)
             return False
         self._passing = None
         if row is not None and row[0] == 1 and durable:

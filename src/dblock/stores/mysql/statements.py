@@ -656,12 +656,15 @@ class MysqlStatements(HolderStatements):
         # if it was handed to another, or it is free but a waiter ahead of owner in the queue
         # has waited slack_us or longer (both: the bell is passed on); (0, 0) if it is held, or
         # free but a lock_many waiter is ahead of owner (which takes it without the bell: owner
-        # keeps the bell and looks again); no row if it is free
+        # keeps the bell and looks again); no row if it is free.
+        # A third column: the live waiters ahead of owner (in the second part, those that
+        # waited slack_us or longer), for a waiter that passes the bell on to pace its return.
         held_row = f"lock_key = %(key)s AND owner IS NOT NULL AND expires_at > {NOW}"
+        ahead = f"(SELECT count(*) FROM {holders} w WHERE {self.waiter_ahead})"
         self.granted = (
-            f"(SELECT owner = %(owner)s, IF(owner = %(owner)s, token, note IS NOT NULL) FROM {t} "
-            f"WHERE {held_row} LOCK IN SHARE MODE) UNION ALL (SELECT 0, "
-            f"MIN(COALESCE(w.bell, -1) <> {MANY_BELL}) FROM {holders} w WHERE "
+            f"(SELECT owner = %(owner)s, IF(owner = %(owner)s, token, note IS NOT NULL), "
+            f"{ahead} FROM {t} WHERE {held_row} LOCK IN SHARE MODE) UNION ALL (SELECT 0, "
+            f"MIN(COALESCE(w.bell, -1) <> {MANY_BELL}), COUNT(*) FROM {holders} w WHERE "
             f"NOT EXISTS (SELECT 1 FROM {t} WHERE {held_row}) AND {self.waiter_ahead} AND "
             f"(w.acquired_at < {NOW} - {slack} OR {MANY_AHEAD}) HAVING COUNT(*) > 0)"
         )

@@ -426,7 +426,7 @@ class PostgresStore(
         return {**super()._queue_params(keys, owner, ttl), "channel": self._own_channel()}
 
     def subscribe_many(self, keys: Sequence[str], owner: str) -> Subscription | None:
-        return self._listening().subscribe_many(keys, owner)
+        return self._with_listener(lambda listener: listener.subscribe_many(keys, owner))
 
     def _extend_all(
         self,
@@ -694,6 +694,8 @@ class _Listener(Listener):
                 while not self._stopped.is_set():
                     for note in conn.notifies(timeout=0.5, stop_after=64):
                         self._heard(note.payload)
+                    if self._idle_out():
+                        break
             except psycopg.Error as exc:
                 self._ready.clear()
                 if not self._stopped.is_set():

@@ -69,6 +69,7 @@ class _ChangeWatch(Subscription):
     live = True
     targeted = False
     latched = False
+    broadcast = True
     granted: int | None = None
     interval = 0.002
 

@@ -66,6 +66,7 @@ from kazoo.exceptions import (
 )
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.protocol.states import KazooState, ZnodeStat
+from kazoo.retry import KazooRetry
 
 from ... import _forksafe
 from ..._contract import (
@@ -111,6 +112,11 @@ STATE_NAME = {v: k for k, v in STATE.items()}
 _PARAMS = ("session_timeout", "connect_timeout")
 #: seconds to reach a server of the ensemble (kazoo tries them in turn until then)
 CONNECT_TIMEOUT = 5.0
+#: a request waits for its answer at most this many session timeouts (an operation retries a
+#: lost connection for as long), then fails: the ensemble is out of reach
+ANSWER_BOUND = 1.5
+#: the longest pause between two reconnection attempts (s)
+RECONNECT_MAX_PAUSE = 1.0
 _TRANSIENT = (
     ConnectionLoss,
     ConnectionClosedError,
@@ -578,10 +584,16 @@ class ZookeeperStore(
                 self._losses.clear()
                 self._leader_watches.clear()
             if self._zk is None:
+                handler = PollHandler(answer_bound=ANSWER_BOUND * self.session_timeout)
                 zk = KazooClient(
                     hosts=self.hosts,
                     timeout=self.session_timeout,
-                    handler=PollHandler(),
+                    handler=handler,
+                    # kazoo's default doubles its pause between reconnections up to an hour:
+                    # after a 40 s outage it came back 20 s after the ensemble did
+                    connection_retry=KazooRetry(
+                        max_tries=-1, max_delay=RECONNECT_MAX_PAUSE, sleep_func=handler.sleep_func
+                    ),
                     logger=self._log,
                     **self.security.kazoo,
                 )
@@ -635,13 +647,14 @@ class ZookeeperStore(
         def attempt() -> T:
             return fn(self._client(), *args)
 
-        deadline = time.monotonic() + 1.5 * self.session_timeout
+        deadline = time.monotonic() + ANSWER_BOUND * self.session_timeout
         pause = 0.05
         while True:
             try:
                 return self.rt.offload(attempt) if self.offloads else attempt()
             except _TRANSIENT as exc:
                 if time.monotonic() + pause > deadline:
+                    self._end_unreachable_session()
                     raise self._failed(what, exc) from exc
             except NoAuthError as exc:
                 where = f"{self.safe_url} (table {self.table})"
@@ -650,6 +663,22 @@ class ZookeeperStore(
                 raise self._failed(what, exc) from exc
             self.rt.sleep(pause)
             pause = min(1.0, pause * 2)
+
+    def _end_unreachable_session(self) -> None:
+        """A request outlived its bound and the ensemble is still out of reach: end this
+        client's session here, as Curator reports a session lost after its timeout without a
+        connection. Requests kazoo still queues for it are then never sent (an acquire sent on
+        reconnection would create a node nobody waits for), and every hold of the session is
+        reported lost; the next operation opens a new session."""
+        with self._lock:
+            zk = self._zk
+            if zk is None or zk.connected or self._pid != _forksafe.pid():
+                return
+            self._zk = None
+            zk.remove_listener(self._state_changed)  # its stop would report LOST as well
+        stop_behind(zk)
+        log.debug("dblock: ZooKeeper session given up after its requests' bound")
+        self._state_changed(KazooState.LOST)
 
     def _failed(self, what: str, exc: BaseException) -> BackendError:
         return BackendError(
