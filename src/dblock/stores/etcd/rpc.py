@@ -26,6 +26,7 @@ import grpc
 from pyetcd import etcdrpc
 from pyetcd.client import Endpoint, MultiEndpointEtcd3Client
 
+from ... import _forksafe
 from ..._errors import BackendError, ConfigurationError
 from ..._runtime import THREADS, Runtime
 from ..._url import MAX_URL_TIMEOUT, DatabaseURL, scrub, scrub_exception, url_number
@@ -127,6 +128,7 @@ class Rpc:
         self.table = table
         self._secrets = secrets
         self._client: Any = None
+        self._pid = _forksafe.pid()
         self._closed = False
         self.rt: Runtime = THREADS
 
@@ -134,6 +136,11 @@ class Rpc:
     def client(self) -> Any:
         if self._closed:
             raise BackendError(f"the client of {self.safe_url} (table {self.table}) is closed")
+        if self._pid != _forksafe.pid():
+            # a forked child: gRPC closes the parent's connections in it ("Stream removed
+            # (Closed on fork)" on a call that raced the reconnection). Start afresh, without
+            # closing the parent's client: that could speak on the parent's sockets.
+            self._client, self._pid = None, _forksafe.pid()
         if self._client is None:
             self._client = self._connect()
         return self._client
