@@ -18,6 +18,8 @@ import json
 import os
 import shutil
 import signal
+import socket
+import ssl
 import subprocess
 import time
 from dataclasses import dataclass
@@ -158,8 +160,27 @@ def _start(root: Path) -> SecureZk:
             )
         time.sleep(0.1)
     server = SecureZk(root, port, tls_port, pid)
+    _warm_tls(server, deadline)
     (root / "server.json").write_text(json.dumps({"port": port, "tls_port": tls_port, "pid": pid}))
     return server
+
+
+def _warm_tls(server: SecureZk, deadline: float) -> None:
+    """One TLS handshake done: the JVM's first one loads and compiles its TLS classes, which
+    on a loaded machine outlasted a test's 4 s connect timeout (its refusal never came)."""
+    context = ssl.create_default_context(cafile=str(server.root / "ca.crt"))
+    context.load_cert_chain(server.root / "client.crt", server.root / "client.key")
+    while True:
+        try:
+            with (
+                socket.create_connection(("127.0.0.1", server.tls_port), timeout=30) as raw,
+                context.wrap_socket(raw, server_hostname="127.0.0.1"),
+            ):
+                return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
 
 
 def shared(base: Path) -> SecureZk:
