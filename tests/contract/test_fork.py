@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 import dblock
+from tests._forked import wait_for, wrong_in_child
 from tests._internals import store_of
 from tests.providers import Provider
 
@@ -51,19 +52,6 @@ def test_auto_renew_and_waiting_work_in_a_forked_child(
     os.close(write)
     problem = {2: "the child lost its hold", 3: "another client took it"}
     assert os.WEXITSTATUS(status) == 0, problem.get(os.WEXITSTATUS(status))
-
-
-def _wait_for(pid: int, seconds: float) -> int | None:
-    """The exit status of child ``pid``, or None (after killing it) if it ran too long."""
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            return os.WEXITSTATUS(status) if os.WIFEXITED(status) else -1
-        time.sleep(0.02)
-    os.kill(pid, signal.SIGKILL)
-    os.waitpid(pid, 0)
-    return None
 
 
 def _internal_locks(client: dblock.Client) -> list[Any]:
@@ -113,7 +101,7 @@ def test_a_child_forked_while_another_thread_holds_a_client_lock_does_not_hang(
     finally:
         go.set()
         thread.join()
-    assert _wait_for(pid, 30) == 0
+    assert wait_for(pid, 30) == 0
 
 
 def test_a_forked_child_does_not_renew_its_parents_leases(
@@ -166,23 +154,9 @@ def _child_keeps_off(lock: dblock.Lock, key: str, provider: Provider, table: str
 def test_a_hold_inherited_by_a_forked_child_stays_the_parents(
     provider: Provider, client: dblock.Client, key: str, table: str
 ) -> None:
-    read, write = os.pipe()
     with client.lock(key, ttl=30, auto_renew=True) as lock:
         token = lock.token
-        pid = os.fork()
-        if pid == 0:
-            wrong = "the child failed"
-            try:
-                wrong = _child_keeps_off(lock, key, provider, table)
-            except BaseException as exc:  # reported to the parent, which fails the test
-                wrong = f"the child raised {type(exc).__name__}: {exc}"
-            finally:
-                os.write(write, wrong.encode()[:4000] or b"-")
-                os._exit(0)
-        os.close(write)
-        assert _wait_for(pid, 30) == 0
-        assert os.read(read, 4096) == b"-"
-        os.close(read)
+        assert wrong_in_child(lambda: _child_keeps_off(lock, key, provider, table)) == ""
         assert lock.held and lock.token == token
         with provider.connect(table=table) as other:
             assert not other.lock(key).acquire(blocking=False), "the parent lost its lock"

@@ -7,6 +7,7 @@ import os
 import pytest
 
 import dblock
+from tests._forked import wrong_in_child
 from tests._internals import store_of
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")
@@ -18,29 +19,17 @@ def test_a_forked_child_makes_its_own_grpc_client(url: str, table: str) -> None:
     with dblock.connect(url, table=table) as client, client.lock("k", ttl=30) as lock:
         rpc = store_of(client).rpc
         parents = rpc.client()
-        read, write = os.pipe()
-        pid = os.fork()
-        if pid == 0:
-            wrong = "the child failed"
-            try:
-                own = rpc.client()
-                if own is parents:
-                    wrong = "the child called through the parent's client"
-                elif client.lock("k").acquire(blocking=False):
-                    wrong = "the child took the parent's lock"
-                elif rpc.client() is not own:
-                    wrong = "the child's client was replaced again"
-                else:
-                    wrong = ""
-            except BaseException as exc:  # reported to the parent, which fails the test
-                wrong = f"the child raised {type(exc).__name__}: {exc}"
-            finally:
-                os.write(write, wrong.encode()[:2000] or b"-")
-                os._exit(0)
-        os.close(write)
-        os.waitpid(pid, 0)
-        said = os.read(read, 4096)
-        os.close(read)
-        assert said == b"-"
+
+        def in_child() -> str:
+            own = rpc.client()
+            if own is parents:
+                return "the child called through the parent's client"
+            if client.lock("k").acquire(blocking=False):
+                return "the child took the parent's lock"
+            if rpc.client() is not own:
+                return "the child's client was replaced again"
+            return ""
+
+        assert wrong_in_child(in_child) == ""
         assert rpc.client() is parents  # the parent's own client lives on, its hold too
         assert lock.held and client.lock("k").locked()
