@@ -54,7 +54,6 @@ from bench.crowd_servers import (
 from dblock.bench import exclusion, new_counter, percentile, read_counter, read_modify_write
 from dblock.stores._listener import Listener
 
-STORES = ("sqlite", "postgresql", "mysql", "redis", "etcd", "zookeeper")
 CROWD = 200
 CONTENDERS = 8
 CELLS = ("alone", "crowd", "floor", "waited", "idled")
@@ -357,8 +356,7 @@ def scenario_clients(
             summarise(cells[cell], _FIELDS)
         cells["crowd_size"] = crowd
 
-    stores = [s for s in STORES if s in backends]
-    return each_store("clients", t, stores, tmp, table, measure)
+    return each_store("clients", t, backends, tmp, table, measure)
 
 
 def markdown(res: dict[str, Any]) -> list[str]:

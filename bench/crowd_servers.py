@@ -38,6 +38,8 @@ from urllib.parse import urlsplit
 from bench import servers
 from bench.contenders import Targets
 
+#: the stores the crowd scenarios (clients, waiters) run on, in their order
+STORES = ("sqlite", "postgresql", "mysql", "redis", "etcd", "zookeeper")
 CONNECTIONS = 1200
 TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -247,13 +249,15 @@ def log(msg: str) -> None:
 def each_store(
     scenario: str,
     t: Targets,
-    stores: list[str],
+    backends: list[str],
     tmp: str,
     table: str,
     measure: Callable[[Targets, str, dict[str, Any]], None],
 ) -> dict[str, Any]:
-    """Per store (on the crowd's servers): its table made, then ``measure(targets, store,
-    cells)`` fills the store's cells; a store that fails reports its error instead."""
+    """Per store of ``backends`` (on the crowd's servers, in :data:`STORES`' order): its table
+    made, then ``measure(targets, store, cells)`` fills the store's cells; a store that fails
+    reports its error instead."""
+    stores = [s for s in STORES if s in backends]
     out: dict[str, Any] = {}
     if not stores:
         return out

@@ -49,7 +49,6 @@ from bench.crowd_servers import (
 )
 from dblock.bench import exclusion, new_counter, percentile, read_counter, read_modify_write
 
-STORES = ("sqlite", "postgresql", "mysql", "redis", "etcd", "zookeeper")
 #: (processes, tasks per process)
 CELLS = ((8, 1), (8, 8), (64, 8))
 #: seconds per cell: long enough that every task gets several turns (with one or two each,
@@ -209,8 +208,7 @@ def scenario_waiters(
             summarise(v, _FIELDS)
             v["min_max"] = " ".join(x.get("min_max", "") for x in v["repeats"])
 
-    stores = [s for s in STORES if s in backends]
-    return each_store("waiters", t, stores, tmp, table, measure)
+    return each_store("waiters", t, backends, tmp, table, measure)
 
 
 def markdown(res: dict[str, Any]) -> list[str]:
