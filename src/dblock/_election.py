@@ -337,10 +337,16 @@ class Election:
             return LeaderWatch(event, OBSERVE_SAFETY_POLL, unwatch)
         return LeaderWatch(event, OBSERVE_POLL, None)
 
-    def next_change(self, last: object, watch: LeaderWatch) -> LeaderInfo | None:
-        """Wait until the leader differs from ``last``; the new one."""
+    def next_change(
+        self, last: object, watch: LeaderWatch, until: Callable[[], bool] | None = None
+    ) -> LeaderInfo | None:
+        """Wait until the leader differs from ``last``; the new one. ``until``: checked at
+        each wake-up (whoever makes it true sets ``watch.event``); once true, return None
+        without waiting for a change."""
         pause = OBSERVE_POLL
         while True:
+            if until is not None and until():
+                return None
             watch.event.clear()  # before the read: a change after it wakes the wait
             try:
                 now = self.leader()

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 CHILD = str(Path(__file__).with_name("_child.py"))
+SIGNAL_AT = str(Path(__file__).with_name("_signal_at.py"))
 #: generous bound on anything the tests wait for (never a timing assertion)
 WAIT = 30.0
 
@@ -39,6 +40,7 @@ class Dblock:
         self.env["PYTHONFAULTHANDLER"] = "1"  # a stack dump on SIGABRT (see finish)
         self._started: list[subprocess.Popen[bytes]] = []
         self.stderr_of: dict[int, Path] = {}
+        self._signum: int = signal.SIGINT  # start_signalled's
 
     def argv(self, *args: str) -> list[str]:
         return [sys.executable, "-m", "dblock", "--url", self.url, "--table", self.table, *args]
@@ -56,11 +58,34 @@ class Dblock:
 
     def start(self, *args: str) -> subprocess.Popen[bytes]:
         """Start dblock; its stderr goes to a file, readable while it runs (:meth:`stderr`)."""
+        return self._start(self.argv(*args))
+
+    def start_signalled(self, signum: int, *args: str) -> subprocess.Popen[bytes]:
+        """Start dblock as :meth:`start` does; once :meth:`arm` is called, its next wait on a
+        condition gets ``signum`` at the worst moment (see _signal_at.py)."""
+        argv = self.argv(*args)
+        self._signum = signum
+        return self._start([argv[0], SIGNAL_AT, str(self.work / "arm"), str(signum), *argv[3:]])
+
+    def arm(self, proc: subprocess.Popen[bytes]) -> None:
+        """Arm the signal of :meth:`start_signalled`. A wait that does not sleep on a
+        condition in the main thread (a poll with plain sleeps) gets it in the usual way
+        after a few seconds."""
+        arm = self.work / "arm"
+        arm.touch()
+        deadline = time.monotonic() + 5.0
+        while not arm.with_suffix(".sent").exists() and proc.poll() is None:
+            if time.monotonic() > deadline:
+                proc.send_signal(self._signum)
+                return
+            time.sleep(0.02)
+
+    def _start(self, argv: list[str]) -> subprocess.Popen[bytes]:
         path = self.work / f"stderr.{len(self._started)}"
         out_path = path.with_name(path.name.replace("err", "out"))
         with path.open("w") as err, out_path.open("w") as out:
             proc = subprocess.Popen(
-                self.argv(*args),
+                argv,
                 stdout=out,
                 stderr=err,
                 stdin=subprocess.DEVNULL,

@@ -19,7 +19,7 @@ from . import exit_codes
 from .context import CliError, Settings, common_options, misconfigured, unavailable
 from .logs import Logging
 from .output import EscapingStream
-from .supervisor import Interrupted
+from .supervisor import Interrupted, interrupted_by
 
 log = logging.getLogger("dblock")
 
@@ -129,27 +129,33 @@ def run_main(
         except click.Abort:
             click.echo("", err=True)
             return exit_codes.SIGNAL_BASE + 2  # interrupted (SIGINT) while click handled it
-        except dblock.DBLockError as exc:
-            if settings.debug:
-                traceback.print_exc()
-            error = _failure(exc, settings)
-            error.show()
-            return error.exit_code
-        except BrokenPipeError:
-            # e.g. `dblock list | head`: the reader has gone; nothing more to say, and no
-            # "Exception ignored" when Python flushes stdout at exit
-            with contextlib.suppress(OSError, ValueError):
-                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-            return exit_codes.FAILURE
-        except Exception as exc:  # noqa: BLE001 - any other failure: one line, no traceback
-            if settings.debug:
-                traceback.print_exc()
-            hint = "" if settings.debug else " (run with --debug for the traceback)"
-            CliError(f"{type(exc).__name__}: {_one_line(exc)}{hint}").show()
-            return exit_codes.FAILURE
+        except Exception as exc:  # noqa: BLE001 - every failure: one line, an exit status
+            interrupted = interrupted_by(exc)
+            if interrupted is None:
+                return _failed(exc, settings)
+            return exit_codes.SIGNAL_BASE + interrupted.signum  # the signal's doing
         return result if isinstance(result, int) else exit_codes.OK
     finally:
         Logging.uninstall()
+
+
+def _failed(exc: Exception, settings: Settings) -> int:
+    """Report ``exc`` on one line (its traceback too under --debug); the exit status."""
+    if isinstance(exc, BrokenPipeError):
+        # e.g. `dblock list | head`: the reader has gone; nothing more to say, and no
+        # "Exception ignored" when Python flushes stdout at exit
+        with contextlib.suppress(OSError, ValueError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return exit_codes.FAILURE
+    if settings.debug:
+        traceback.print_exception(exc)
+    if isinstance(exc, dblock.DBLockError):
+        error = _failure(exc, settings)
+    else:  # any other failure: one line, no traceback
+        hint = "" if settings.debug else " (run with --debug for the traceback)"
+        error = CliError(f"{type(exc).__name__}: {_one_line(exc)}{hint}")
+    error.show()
+    return error.exit_code
 
 
 __all__ = ["COMMANDS", "cli", "command_of", "run_main"]

@@ -18,6 +18,7 @@ from .cmd_run import Guard, kill_grace_for, kill_grace_option, say
 from .context import LEASE, CliError, common_options, open_client, open_reader, validate_key
 from .output import duration, iso, now_utc, printable
 from .status_line import HolderStatus
+from .stop_signals import StopSignals
 from .supervisor import Alarm, CannotStart, Child, Interrupted, SignalRelay
 
 log = logging.getLogger("dblock")
@@ -185,11 +186,24 @@ def leader_command(ctx: click.Context, name: str, watch: bool, as_json: bool) ->
             return exit_codes.FAILURE
         click.echo(_line(name, leader, as_json))
         return exit_codes.OK
-    client = open_client(ctx)
-    with SignalRelay(), suppress(Interrupted):
-        for leader in client.election(name).observe():
-            click.echo(_line(name, leader, as_json))
+    election = open_client(ctx).election(name)
+    changes = election.watch()
+    try:
+        # signals only end the loop (see stop_signals: a raise could land anywhere)
+        with StopSignals(wake=changes.event.set) as stop:
+            last: object = _NOT_YET  # differs from any reading: the first is shown
+            while True:
+                leader = election.next_change(last, changes, stop.stopped)
+                if stop.stopped():
+                    break
+                click.echo(_line(name, leader, as_json))
+                last = leader
+    finally:
+        changes.close()
     return exit_codes.OK
+
+
+_NOT_YET = object()
 
 
 def _line(name: str, leader: dblock.LeaderInfo | None, as_json: bool) -> str:

@@ -85,6 +85,24 @@ class Interrupted(BaseException):
         self.signum = signum
 
 
+def interrupted_by(exc: BaseException) -> Interrupted | None:
+    """The :class:`Interrupted` that ``exc`` is, or was raised while handling, if any.
+
+    The handler raises wherever the main thread happens to be, within a library's ``with
+    lock:`` too: just after a condition's wait let go of the lock, the ``with`` then fails to
+    release it (``RuntimeError``), and that error, or one a driver made of it, is what comes
+    up, with the signal behind it. Still the signal's doing, and reported as such.
+    """
+    seen: set[int] = set()
+    found: BaseException | None = exc
+    while found is not None and id(found) not in seen:
+        if isinstance(found, Interrupted):
+            return found
+        seen.add(id(found))
+        found = found.__cause__ if found.__cause__ is not None else found.__context__
+    return None
+
+
 class CannotStart(Exception):
     """CMD could not be started; ``exit_code`` is 127 (not found) or 126 (not executable)."""
 

@@ -126,6 +126,20 @@ def test_leader_watch_follows_changes(cli: Dblock, key: str) -> None:
     assert values == [None, "a", None, "b", None], seen
 
 
+def test_leader_watch_ends_cleanly_on_a_signal_at_the_worst_moment(cli: Dblock, key: str) -> None:
+    # the signal lands as the watch's wait has let go of its condition's lock and not yet
+    # set up to take it back: a handler that raised there made the wait's `with` release a
+    # lock it no longer held (CI: "RuntimeError: release unlocked lock", exit 1)
+    watch = cli.start_signalled(signal.SIGINT, "leader", key, "--watch", "--json")
+    try:
+        wait_for(lambda: cli.stdout(watch).strip() != "", what="the watch's first line")
+        cli.arm(watch)
+    finally:
+        status, out, err = finish(cli, watch)
+    assert (status, err) == (0, "")
+    assert [json.loads(line) for line in out.splitlines()] == [None]
+
+
 def test_lead_refuses_bad_input_before_connecting(cli: Dblock, key: str) -> None:
     too_long = cli.run("lead", key, "--value", "x" * 1025, "--", "true")
     assert too_long.returncode == 2 and "1024" in too_long.stderr

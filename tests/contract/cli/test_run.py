@@ -89,6 +89,24 @@ def test_signal_while_waiting_ends_the_wait(cli: Dblock, key: str) -> None:
     assert len(cli.runs()) == 1  # the waiter never ran CMD
 
 
+def test_signal_while_waiting_at_the_worst_moment_ends_the_wait(cli: Dblock, key: str) -> None:
+    # as in test_lead's: the signal lands inside a wait on a condition, between letting go of
+    # its lock and setting up to take it back
+    holder = cli.start("run", key, *cli.child("wait"))
+    wait_for(cli.ready_pids, what="CMD to start")
+    waiter = cli.start_signalled(signal.SIGINT, "--debug", "run", key, *cli.child("exit:0"))
+    wait_for(lambda: "waiting for" in cli.stderr(waiter), what="the waiter to wait")
+    cli.arm(waiter)
+    status, _, err = finish(cli, waiter)
+    assert status == 128 + signal.SIGINT, err
+    assert "Traceback" not in err
+    cli.stop_children()
+    assert finish(cli, holder)[0] == 0
+    assert len(cli.runs()) == 1  # the waiter never ran CMD
+    again = cli.run("run", "--no-wait", key, "--", "true")
+    assert again.returncode == 0, again.stderr  # and left nothing behind
+
+
 def test_status_line_only_on_a_terminal(cli: Dblock, key: str) -> None:
     holder = cli.start("run", key, *cli.child("wait"))
     wait_for(cli.ready_pids, what="CMD to start")
