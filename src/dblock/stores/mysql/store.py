@@ -84,6 +84,9 @@ _REFUSALS = {
 }
 _UNKNOWN_THREAD = 1094  # KILL of a session that has already ended
 _SESSION_ALIVE = "SELECT 1 FROM information_schema.PROCESSLIST WHERE ID = %s"
+#: how long a KILLed session may take to end before dblock goes on without it, seconds
+#: (within ABANDONED_WAIT, with the connection that kills it)
+_KILL_WAIT = 3.0
 #: keys this client remembers having found busy (forgotten all at once beyond this many)
 _BUSY_KEYS = 1024
 #: a queue mark seen this much longer than a new entry needs is left alone (clock drift,
@@ -409,9 +412,15 @@ class MysqlStore(
                 if not exc.args or exc.args[0] != _UNKNOWN_THREAD:
                     raise
                 return  # already gone
-            for _ in range(100):  # a killed statement ends at its next check, within ms
+            # a killed statement ends at its next check, within ms; on a loaded server one took
+            # over a second, and the row lock it then got let it commit a grant (CI)
+            give_up = time.monotonic() + _KILL_WAIT
+            while True:
                 cur.execute(_SESSION_ALIVE, (session,))
                 if cur.fetchone() is None:
+                    return
+                if time.monotonic() > give_up:
+                    log.warning("session %s was killed but has not ended yet", session)
                     return
                 sleep(0.01)
 
