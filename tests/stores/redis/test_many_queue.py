@@ -107,6 +107,7 @@ def test_a_later_arrival_queues_behind_even_after_the_servers_clock_stepped_back
         hour = 3_600_000_000
         prefix = f"dblock:{{{table}}}:"
         raw.hset(f"{prefix}h:a", "early", f"1 lock 0 {now + hour} {now + 30_000_000} - ")
+        raw.zadd(f"{prefix}q:a", {"early": now + hour})  # the queue's index (scripts.py)
         raw.hset(f"{prefix}meta", "queued", str(now + hour))
     finally:
         raw.close()

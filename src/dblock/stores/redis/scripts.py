@@ -14,6 +14,9 @@ in one cluster slot, so a script may touch several):
   (``w`` 0) and wait-queue entries (``w`` 1), each with its own lease, as the SQL stores'
   holders table. A queue entry's ``acq`` is its place, the table's arrival stamp (see
   ``arrival``); queue order is (``acq``, owner);
+- ``<p>q:<key>``: sorted set, the key's lock-queue entries by place (owner scored by
+  ``acq``): the index that finds the head, and those ahead of a waiter, without reading the
+  whole holders hash (``walk``);
 - ``<p>meta``: hash, ``token``: the last fencing token issued in the table; ``queued``: the
   last arrival stamp.
 
@@ -21,10 +24,10 @@ Scripts read ``TIME`` and then write: Redis must replicate them by their effects
 since 5.0 (always, from 7.0); a server set to ``lua-replicate-commands no`` refuses the write
 with an error instead.
 
-Every script gets KEYS = (record, holders, meta) of one key and ARGV = (key, the table's
-channel, then its own arguments), except the batch scripts of ``list`` and ``purge`` and the
-``*_many`` scripts of several keys (see MANY). Time is ``TIME`` read in the script, never the
-client's clock; durations come in microseconds.
+Every script gets KEYS = (record, holders, meta, queue index) of one key and ARGV = (key, the
+table's channel, then its own arguments), except the batch scripts of ``list`` and ``purge``
+and the ``*_many`` scripts of several keys (see MANY). Time is ``TIME`` read in the script,
+never the client's clock; durations come in microseconds.
 
 Tokens: ``max(last token + 1, TIME in microseconds, the record's token + 1)``. A Redis that
 keeps nothing on disk forgets the last token on a restart; the clock then still puts every new
@@ -43,7 +46,7 @@ like a key's record (``<p>r:<key>``), which only its observers (LeaderPush) list
 from __future__ import annotations
 
 PREAMBLE = r"""
-local R, H, META = KEYS[1], KEYS[2], KEYS[3]
+local R, H, META, Q = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local KEY, CHANNEL = ARGV[1], ARGV[2]
 local clock = redis.call('TIME')
 local NOW = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
@@ -96,9 +99,17 @@ local function entry(owner)
   return parse(v)
 end
 
+-- a lock-queue entry is also put in the key's queue index (see `head`)
 local function put(owner, e)
   redis.call('HSET', H, owner, table.concat({e.w and '1' or '0', e.kind, num(e.token),
     num(e.acq), num(e.exp), e.lease and num(e.lease) or '-', e.chan or ''}, ' '))
+  if e.w and e.kind == 'lock' then redis.call('ZADD', Q, num(e.acq), owner) end
+end
+
+-- owner's entry (a shared hold or a queue entry) is removed, from the index too
+local function unqueue(owner)
+  redis.call('HDEL', H, owner)
+  redis.call('ZREM', Q, owner)
 end
 
 -- the token issued after `last` (the table's last token) to a key whose record is r
@@ -141,27 +152,53 @@ end
 
 local function in_lock_queue(e) return e.w and e.kind == 'lock' and e.exp > NOW end
 
--- live lock-queue entries ahead of owner's (all but owner's own if it has none; all if nil)
-local function ahead(hs, owner)
-  local mine = owner and hs[owner]
+-- The key's queue index Q (a sorted set: owner scored by its entry's place, `acq`) lists the
+-- lock-queue entries in queue order, (acq, owner), the order `before` defines: the head and
+-- the waiters ahead of one are read from its start, not by parsing every entry of H (a
+-- release with 512 waiters queued took 60 times as long). H stays the truth: a member whose
+-- entry is gone, expired or no longer a lock-queue entry is dropped from Q when a walk meets
+-- it. `walk(visit)` calls visit(owner, entry) for each live entry in order until it returns
+-- true; it returns that owner and entry.
+local function walk(visit)
+  local start = 0
+  while true do
+    local batch = redis.call('ZRANGE', Q, start, start + 15)
+    if #batch == 0 then return nil end
+    local dead = {}
+    for _, o in ipairs(batch) do
+      local e = entry(o)
+      if e ~= nil and in_lock_queue(e) then
+        if visit(o, e) then
+          if #dead > 0 then redis.call('ZREM', Q, unpack(dead)) end
+          return o, e
+        end
+        start = start + 1
+      else
+        dead[#dead + 1] = o
+      end
+    end
+    if #dead > 0 then redis.call('ZREM', Q, unpack(dead)) end
+  end
+end
+
+-- live lock-queue entries ahead of owner's (all but owner's own if it has none; all if nil),
+-- counted up to `limit` (nil: all)
+local function ahead(owner, limit)
+  local mine = owner and entry(owner)
   if mine and not mine.w then mine = nil end
   local n = 0
-  for o, e in pairs(hs) do
-    if in_lock_queue(e) and o ~= owner and (not mine or before(o, e, owner, mine)) then
-      n = n + 1
-    end
-  end
+  walk(function(o, e)
+    if o == owner then return false end
+    if mine and not before(o, e, owner, mine) then return true end  -- the rest come after
+    n = n + 1
+    return limit ~= nil and n >= limit
+  end)
   return n
 end
 
-local function head(hs, besides)
-  local ho, he = nil, nil
-  for o, e in pairs(hs) do
-    if in_lock_queue(e) and o ~= besides and (he == nil or before(o, e, ho, he)) then
-      ho, he = o, e
-    end
-  end
-  return ho, he
+-- the first live lock-queue entry other than `besides`: its owner and entry, or nil
+local function head(besides)
+  return walk(function(o) return o ~= besides end)
 end
 
 -- an ownerless record's lease covers the live shared holds again
@@ -175,7 +212,7 @@ end
 local function ring(owner) redis.call('PUBLISH', CHANNEL, (owner or '') .. ' ' .. KEY) end
 
 -- wake the head of the lock queue, or everyone if nobody queues for the lock
-local function ring_next() ring((head(holders(H)))) end
+local function ring_next() ring((head())) end
 
 local function free(r, ended)
   redis.call('HDEL', R, 'owner')
@@ -190,13 +227,13 @@ end
 -- a lease of its own ttl but no longer than its queue entry's), told on its client's channel;
 -- else it is freed and the head (or everyone) is rung
 local function hand_on(r, ended)
-  local ho, he = head(holders(H))
+  local ho, he = head()
   if ho and he.lease then
     local tok = next_token(r)
     redis.call('HSET', R, 'kind', 'lock', 'owner', ho, 'token', num(tok), 'acq', num(NOW),
       'exp', num(math.min(NOW + he.lease, he.exp)), 'ended', num(ended))
     if r.state or r.note then redis.call('HDEL', R, 'state', 'note') end
-    redis.call('HDEL', H, ho)
+    unqueue(ho)
     local chan = CHANNEL
     if he.chan ~= '' then chan = he.chan end
     redis.call('PUBLISH', chan, '=' .. num(tok) .. ' ' .. ho .. ' ' .. KEY)
@@ -209,7 +246,7 @@ end
 
 local function leave_queue(owner)
   local e = entry(owner)
-  if e and e.w then redis.call('HDEL', H, owner) end
+  if e and e.w then unqueue(owner) end
 end
 
 local function waiting(e) return e ~= nil and e.w and e.exp > NOW end
@@ -241,9 +278,9 @@ end
 local function quit(owner, r)
   local e = entry(owner)
   if not (e and e.w) then return false end
-  redis.call('HDEL', H, owner)
+  unqueue(owner)
   if r == nil or r.owner == nil or r.exp <= NOW then
-    local ho = head(holders(H))
+    local ho = head()
     if ho then ring(ho) end
   end
   return true
@@ -338,7 +375,7 @@ for o, e in pairs(hs) do
 end
 if freed == 1 then
   recover(r, hs)
-  ring((head(hs)))
+  ring((head()))
 end
 return freed
 """
@@ -368,19 +405,36 @@ end
 return count
 """
 
-# KEYS: holders of n keys; older_than -> holds and queue entries deleted (ended that long ago)
+# KEYS: holders of n keys, then their queue indexes; older_than -> holds and queue entries
+# deleted (ended that long ago)
 PURGE_HOLDERS = r"""
+local n = #KEYS / 2
 local cut = NOW - tonumber(ARGV[1])
 local count = 0
-for i = 1, #KEYS do
+for i = 1, n do
   for o, e in pairs(holders(KEYS[i])) do
     if e.exp <= cut then
       redis.call('HDEL', KEYS[i], o)
+      redis.call('ZREM', KEYS[n + i], o)
       count = count + 1
     end
   end
 end
 return count
+"""
+
+# KEYS: queue indexes of n keys, then their holders -> 0; members without a lock-queue entry
+# leave (an index left behind by entries deleted with their hash)
+PURGE_QUEUES = r"""
+local n = #KEYS / 2
+for i = 1, n do
+  for _, o in ipairs(redis.call('ZRANGE', KEYS[i], 0, -1)) do
+    local v = redis.call('HGET', KEYS[n + i], o)
+    local e = v and parse(v)
+    if not (e and e.w and e.kind == 'lock') then redis.call('ZREM', KEYS[i], o) end
+  end
+end
+return 0
 """
 
 # -- leader values (LeaderValues) --------------------------------------------------------------
@@ -410,14 +464,13 @@ return {v[2], v[3], v[4], v[5], v[1], v[6] or ''}
 ACQUIRE_FAIR = r"""
 local owner = ARGV[3]
 local r = record(R)
-local hs = holders(H)
 local mine = held(r) and r.owner == owner
 local queued = nil
 if ARGV[5] == '1' then queued = owner end
-if not mine and ahead(hs, queued) > 0 then return false end
+if not mine and ahead(queued, 1) > 0 then return false end
 if not takeable(r, owner) then return false end
 local tok = take(r, 'lock', owner, tonumber(ARGV[4]))
-if hs[owner] and hs[owner].w then redis.call('HDEL', H, owner) end
+leave_queue(owner)
 return tok
 """
 
@@ -426,7 +479,7 @@ PROBE = r"""
 local r = record(R)
 local free = 0
 if r == nil or r.exp <= NOW then free = 1 end
-return {free, ahead(holders(H), ARGV[3])}
+return {free, ahead(ARGV[3])}
 """
 
 # owner kind ttl lease channel -> makes or refreshes owner's queue entry (a live one keeps its
@@ -463,14 +516,13 @@ return 0
 ACQUIRE_OR_ENQUEUE = r"""
 local owner, ttl = ARGV[3], tonumber(ARGV[4])
 local r = record(R)
-local hs = holders(H)
 local mine = held(r) and r.owner == owner
-if (mine or ahead(hs, nil) == 0) and takeable(r, owner) then
+if (mine or ahead(nil, 1) == 0) and takeable(r, owner) then
   local tok = take(r, 'lock', owner, ttl)
-  if hs[owner] and hs[owner].w then redis.call('HDEL', H, owner) end
+  leave_queue(owner)
   return tok
 end
-put(owner, {w = true, kind = 'lock', token = 0, acq = place(hs[owner]),
+put(owner, {w = true, kind = 'lock', token = 0, acq = place(entry(owner)),
             exp = NOW + tonumber(ARGV[5]), lease = ttl, chan = ARGV[6]})
 return false
 """
@@ -709,26 +761,31 @@ return ended
 """
 
 # -- several keys at once (ManyKeys, FairManyKeys) ---------------------------------------------
-# KEYS: (record, holders) of each of n keys, then meta; ARGV: ('', channel, owner, ttl or retry,
-# the n keys, then n tokens for renew and release). The preamble's R, H, KEY (upvalues of its
-# functions) are pointed at each key in turn, so every key is handled by the single-key code.
+# KEYS: (record, holders, queue index) of each of n keys, then meta; ARGV: ('', channel, owner,
+# ttl or retry, the n keys, then n tokens for renew and release). The preamble's R, H, Q, KEY
+# (upvalues of its functions) are pointed at each key in turn, so every key is handled by the
+# single-key code.
 # One script, one TIME: the whole step is atomic on the server and sees one instant.
 
 #: the *_MANY scripts' preamble (after PREAMBLE's)
 MANY = r"""
-local n = (#KEYS - 1) / 2
+local n = (#KEYS - 1) / 3
 META = KEYS[#KEYS]
-local function at(i) R, H, KEY = KEYS[2 * i - 1], KEYS[2 * i], ARGV[4 + i] end
+local function at(i) R, H, Q, KEY = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i], ARGV[4 + i] end
 
 -- True if no key has a holders hash (nobody queues, no shared holds: most takes and releases
--- of a set), and then `holders` reads none for the rest of the script (one EXISTS instead of
--- a HGETALL per key, for the fairness check and the head to hand on to). Only for a script
--- that makes no holders entry, so none can appear while it runs.
+-- of a set), and then no queue is read for the rest of the script (one EXISTS instead of a
+-- walk of each key's queue index, for the fairness check and the head to hand on to; a
+-- member an index may keep has no entry). Only for a script that makes no holders entry, so
+-- none can appear while it runs.
 local function no_holders()
   local hk = {}
-  for i = 1, n do hk[i] = KEYS[2 * i] end
+  for i = 1, n do hk[i] = KEYS[3 * i - 1] end
   if redis.call('EXISTS', unpack(hk)) > 0 then return false end
   holders = function() return {} end
+  head = function() return nil end
+  ahead = function() return 0 end
+  entry = function() return nil end
   return true
 end
 
@@ -747,13 +804,13 @@ end
 TAKE_MANY = r"""
 local owner, ttl = ARGV[3], tonumber(ARGV[4])
 no_holders()
-local rs, hss = {}, {}
+local rs = {}
 for i = 1, n do
   at(i)
-  local r, hs = lock_record(R), holders(H)
+  local r = lock_record(R)
   local mine = held(r) and r.owner == owner
-  if not takeable(r, owner) or (not mine and ahead(hs, queued) > 0) then return false end
-  rs[i], hss[i] = r, hs
+  if not takeable(r, owner) or (not mine and ahead(queued, 1) > 0) then return false end
+  rs[i] = r
 end
 -- each key taken as `take` takes it, with the tokens `next_token` would issue one after the
 -- other; but the table's last token is read and written once and the times formatted once
@@ -768,7 +825,7 @@ for i = 1, n do
   if r ~= nil and (r.state or r.note) then redis.call('HDEL', R, 'state', 'note') end
   redis.call('HSET', R, 'kind', 'lock', 'owner', owner, 'token', tok, 'acq', acq, 'exp', exp)
   told()
-  if hss[i][owner] and hss[i][owner].w then redis.call('HDEL', H, owner) end
+  leave_queue(owner)
   out[i] = last
 end
 redis.call('HSET', META, 'token', num(last))
@@ -869,6 +926,7 @@ SCRIPTS: dict[str, str] = {
         "FORCE_RELEASE": FORCE_RELEASE,
         "PURGE_RECORDS": PURGE_RECORDS,
         "PURGE_HOLDERS": PURGE_HOLDERS,
+        "PURGE_QUEUES": PURGE_QUEUES,
         "ACQUIRE_FAIR": ACQUIRE_FAIR,
         "PROBE": PROBE,
         "ENQUEUE": ENQUEUE,

@@ -366,7 +366,7 @@ class RedisStore(
 
     # -- running scripts --------------------------------------------------------------------
     def _keys(self, key: str) -> list[str]:
-        return [self._record(key), f"{self.prefix}h:{key}", self._meta]
+        return [self._record(key), f"{self.prefix}h:{key}", self._meta, f"{self.prefix}q:{key}"]
 
     def _record(self, key: str) -> str:
         """The name of ``key``'s record; as a channel, where its grants and proclaims are
@@ -452,9 +452,15 @@ class RedisStore(
             return [int(_eval(conn, run, [*keys, *holders], older, int(include_once)))]
 
         def holders(conn: Any, keys: Keys) -> Any:
-            return [int(_eval(conn, _scripts()["purge_holders"], keys, older))]
+            queues = [f"{self.prefix}q:{k[start:]}" for k in keys]
+            return [int(_eval(conn, _scripts()["purge_holders"], [*keys, *queues], older))]
+
+        def queues(conn: Any, keys: Keys) -> Any:
+            holders = [f"{self.prefix}h:{k[start:]}" for k in keys]
+            return [int(_eval(conn, _scripts()["purge_queues"], [*keys, *holders]))]
 
         found = self._scan("purge", "r:", "", records) + self._scan("purge", "h:", "", holders)
+        self._scan("purge", "q:", "", queues)  # members whose entries went with their hash
         return int(sum(found))
 
     def _scan(self, what: str, kind: str, prefix: str, batch: Callable[[Any, Keys], Any]) -> Any:
@@ -586,7 +592,8 @@ class RedisStore(
                 f"{len(keys)} keys in one step: the Redis store takes at most {self.max_keys}"
             )
         run = _scripts()[script]
-        names = [n for k in keys for n in (f"{self.prefix}r:{k}", f"{self.prefix}h:{k}")]
+        p = self.prefix
+        names = [n for k in keys for n in (f"{p}r:{k}", f"{p}h:{k}", f"{p}q:{k}")]
         names.append(self._meta)
         calls = 0
 
