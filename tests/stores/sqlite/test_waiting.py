@@ -12,7 +12,10 @@ from typing import Any
 import dblock
 from tests._internals import store_of
 
-WAITERS = 6
+#: the last has 9 ahead: it looks about every 45 ms (TurnPacer), the head at every commit, and
+#: the head's looks stay at least twice the last's on a machine 2-3 times slower than usual
+#: (with 6 waiters and a factor 3, such a run saw 74 against 33)
+WAITERS = 10
 CHURN_S = 1.0
 
 
@@ -63,10 +66,10 @@ def test_waiters_behind_the_next_in_line_do_not_look_at_every_commit(tmp_path: P
             thread.join(30)
         assert order == list(range(WAITERS)), "served in arrival order"
         head, last = looks[0], looks[-1]
-        # the head looks at (nearly) every commit; the last, five behind it, by the pace of
+        # the head looks at (nearly) every commit; the last, nine behind it, by the pace of
         # its queue (a wrong waiter looks as often as the head)
         assert head >= 20, looks
-        assert last * 3 <= head, looks
+        assert last * 2 <= head, looks
     finally:
         for client in clients:
             client.close()
