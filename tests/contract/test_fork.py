@@ -35,10 +35,11 @@ def test_auto_renew_and_waiting_work_in_a_forked_child(
     if pid == 0:  # child: no pytest machinery, report through the exit status
         status = 1
         try:
-            # a ttl that the child's first grant (a new connection) beats on a loaded machine
-            lock = client.lock(key, ttl=1.0, auto_renew=True)
+            # a ttl that the child's first grant (a new connection) beats on a loaded
+            # machine, and that its renewals keep there (1 s ran out on a quorum: CI)
+            lock = client.lock(key, ttl=2.0, auto_renew=True)
             lock.acquire()
-            time.sleep(2.0)  # renewed by a renewal thread of the child's own
+            time.sleep(3.0)  # renewed by a renewal thread of the child's own
             with provider.connect(table=table) as other:
                 taken = other.lock(key).acquire(blocking=False)
             status = 3 if taken else 0 if lock.held else 2

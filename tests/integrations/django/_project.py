@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -30,6 +31,8 @@ class Site:
     tmp: Path
     dblock: dict[str, Any] | None = None
     extra_env: dict[str, str] = field(default_factory=dict)
+    #: what :meth:`popen` started, until :meth:`end_started`
+    started: list[subprocess.Popen[str]] = field(default_factory=list)
 
     def env(self) -> dict[str, str]:
         env = {**os.environ, "SHOP_DATABASES": json.dumps(self.databases), **self.extra_env}
@@ -39,7 +42,7 @@ class Site:
         return env
 
     def popen(self, *args: str) -> subprocess.Popen[str]:
-        return subprocess.Popen(
+        proc = subprocess.Popen(
             [sys.executable, "manage.py", *args],
             cwd=PROJECT,
             env=self.env(),
@@ -47,6 +50,18 @@ class Site:
             stderr=subprocess.PIPE,
             text=True,
         )
+        self.started.append(proc)
+        return proc
+
+    def end_started(self) -> None:
+        """End what a test started and left running (a failed test does not wait for it),
+        and close its pipes: not left for the site's next test to find."""
+        for proc in self.started:
+            if proc.poll() is None:
+                proc.kill()
+            with contextlib.suppress(ValueError, OSError):  # already communicated
+                proc.communicate(timeout=30)
+        self.started.clear()
 
     def run(self, *args: str, status: int | None = 0) -> subprocess.CompletedProcess[str]:
         done = subprocess.run(

@@ -8,6 +8,13 @@ import pytest
 from ._project import Site, postgres_database, sqlite_site
 
 
+@pytest.fixture(autouse=True)
+def _started_processes_end(request: pytest.FixtureRequest) -> Iterator[None]:
+    yield
+    if "site" in request.fixturenames:
+        request.getfixturevalue("site").end_started()
+
+
 @pytest.fixture(scope="module", params=["sqlite", "postgresql"])
 def site(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
