@@ -782,7 +782,6 @@ local function no_holders()
   local hk = {}
   for i = 1, n do hk[i] = KEYS[3 * i - 1] end
   if redis.call('EXISTS', unpack(hk)) > 0 then return false end
-  holders = function() return {} end
   head = function() return nil end
   ahead = function() return 0 end
   entry = function() return nil end
