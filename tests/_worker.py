@@ -149,6 +149,23 @@ def fair(url: str, table: str, key: str, idx: str, timeout: str) -> None:
         lock.release()
 
 
+def turn(url: str, table: str, key: str, idx: str, hold: str, stay: str = "0") -> None:
+    """Print "queued" once waiting for ``key``; then, once had and held ``hold`` s,
+    "<idx> <token> <acquired> <released>" (epoch s); keep the client open ``stay`` s more."""
+    with connect(url, table=table) as client:
+        lock = client.lock(key, ttl=30)
+        if not lock.acquire(blocking=False):
+            print("queued", flush=True)
+            lock.acquire(timeout=120)
+        acquired = time.time()
+        time.sleep(float(hold))
+        token = lock.token
+        released = time.time()
+        lock.release()
+        print(idx, token, acquired, released, flush=True)
+        time.sleep(float(stay))
+
+
 def bell_passes(url: str, table: str, key: str, n: str, start_at: str) -> None:
     """From ``start_at`` (epoch s), take and release ``key`` n times (MySQL); print how many
     times this process passed the key's doorbell on, woken out of its queue's order."""
@@ -390,6 +407,7 @@ if __name__ == "__main__":
         "once_crash": once_crash,
         "scheduled": scheduled,
         "fair": fair,
+        "turn": turn,
         "rw": rw,
         "bell_passes": bell_passes,
         "sem": sem,

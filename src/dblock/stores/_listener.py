@@ -22,6 +22,12 @@ seconds closes its connection, and the client makes a new one when it next needs
 listening connection costs its server on every message of the table's channel, and
 PostgreSQL signals every LISTENing backend of the database at every NOTIFY, whatever its
 channel: a fleet of clients that once waited must not keep that cost.
+
+Where listening is that dear (``Listener.dear``), a listener listens only while something is
+registered with it, and ``Listener.linger`` seconds after: it stops listening then, and starts
+again (``_ready`` set once it listens) when the next registration comes; ``_use_changed`` tells
+``_run`` at once. A client that waited once is no longer signalled at every NOTIFY of its
+database a moment later, not ``idle_close`` seconds later.
 """
 
 from __future__ import annotations
@@ -98,6 +104,12 @@ class Listener(ABC):
 
     #: seconds without a waiter, watch or observer before the listener closes
     idle_close = 10.0
+    #: listening costs the server at every notification, whoever it is for: listen only while
+    #: something is registered (see the module)
+    dear = False
+    #: a dear listener listens on this long after its last registration went: a client that
+    #: waits again at once (it took the lock, and wants it again) subscribes for free
+    linger = 0.1
 
     def __init__(self, rt: Runtime, channel: str) -> None:
         #: a thread for the blocking client, a task for the async one
@@ -115,6 +127,8 @@ class Listener(ABC):
         #: it closed for want of use: nothing registers with it any more (under ``_lock``)
         self._retired = False
         self._ready = rt.event()
+        #: a dear listener listens until then with nothing registered (under ``_lock``)
+        self._linger_until = 0.0
         #: where ``_run`` runs (it waits on ``_stopped`` there)
         self._worker_rt = self._runs_on()
         self._stopped = self._worker_rt.event()
@@ -141,37 +155,80 @@ class Listener(ABC):
         # Wait (briefly) until listening is live, so no release after our next try is missed.
         if self._retired:  # (checked again below, under the lock)
             raise Retired
-        live = self._ready.wait(2.0)
+        live = False if self.dear else self._ready.wait(2.0)
         sub = PushedSubscription(self, keys, owner, live, grants=grants)
         with self._lock:
             if self._retired:
                 raise Retired
+            first = not self._registered()
             for key in keys:
                 self._subs.setdefault(key, set()).add(sub)
+        if self.dear:  # registered first: _run listens for it (see _listen_wanted)
+            if first and not self._ready.is_set():
+                self._use_changed()
+            sub.live = self._ready.wait(2.0)
         return sub
+
+    def _registered(self) -> bool:
+        """Under ``_lock``: a waiter, watch or observer is registered."""
+        return bool(self._subs or self._watches or self._leaders)
+
+    def _listen_wanted(self) -> tuple[bool, float]:
+        """For a dear listener's ``_run``: whether to listen now, and for how long at most
+        before it asks again (a linger's end). When not, ``_ready`` is cleared in the same step
+        as the answer (under ``_lock``), so a registration that comes after it waits for the
+        next LISTEN rather than trust the one about to end."""
+        with self._lock:
+            if self._registered():
+                return True, 0.5
+            left = self._linger_until - time.monotonic()
+            if left > 0:
+                return True, left
+            self._ready.clear()
+        return False, 0.5
+
+    def _unregistered(self) -> None:
+        """Under ``_lock``: the last registration went."""
+        self._linger_until = time.monotonic() + self.linger
+
+    def _use_changed(self) -> None:  # noqa: B027 - only a dear listener needs to hear of it
+        """The first registration came while it did not listen: a dear listener's ``_run``
+        starts listening now, not at its next periodic wake-up. (It stops at a wake-up after
+        the linger: a client that waits again within it costs no wake-up at all.)"""
 
     def watch(self, key: str, owner: str, heard: Callable[[], None]) -> Callable[[], None]:
         with self._lock:
             self._in_use()
+            first = not self._registered()
             self._watches[key, owner] = heard
+        if first and not self._ready.is_set():
+            self._use_changed()
 
         def unwatch() -> None:
             with self._lock:
                 if self._watches.get((key, owner)) is heard:
                     del self._watches[key, owner]
+                if not self._registered():
+                    self._unregistered()
 
         return unwatch
 
     def watch_leader(self, key: str, heard: Callable[[], None]) -> Callable[[], None]:
         """Call ``heard`` at each message about ``key`` and whenever the listener (re)connects
         (a message may have been lost); returns the call that stops it."""
-        self._ready.wait(2.0)  # as a subscription does: what comes after it is heard
+        if not self.dear:
+            self._ready.wait(2.0)  # as a subscription does: what comes after it is heard
         serial = next(self._serials)
         with self._lock:
             self._in_use()
+            used = self._registered()
             watchers = self._leaders.setdefault(key, {})
             watchers[serial] = heard
             first = len(watchers) == 1
+        if self.dear:
+            if not used and not self._ready.is_set():
+                self._use_changed()
+            self._ready.wait(2.0)
         if first:
             self._observed(key)
 
@@ -182,6 +239,8 @@ class Listener(ABC):
                 last = last and not watchers
                 if last:
                     del self._leaders[key]
+                if not self._registered():
+                    self._unregistered()
             if last:
                 self._unobserved(key)
 
@@ -205,7 +264,7 @@ class Listener(ABC):
         (``_run`` calls it between messages, and then ends)."""
         now = time.monotonic()
         with self._lock:
-            if self._subs or self._watches or self._leaders:
+            if self._registered():
                 self._idle_since = None
                 return False
             if self._idle_since is None:
@@ -242,12 +301,15 @@ class Listener(ABC):
 
     def unsubscribe(self, sub: PushedSubscription) -> None:
         with self._lock:
+            had = self._registered()
             for key in sub.keys:
                 subs = self._subs.get(key)
                 if subs is not None:
                     subs.discard(sub)
                     if not subs:
                         del self._subs[key]
+            if had and not self._registered():
+                self._unregistered()
 
     def _wake(self, key: str | None, owner: str = "", granted: int | None = None) -> None:
         """Wake ``owner``'s subscription to ``key`` (everyone's if no owner; all if no key),
@@ -337,7 +399,8 @@ class PushedWakeups:
         return listener.channel if listener is not None and listener.alive() else none
 
     def joining(self) -> bool:
-        """True if this client's listener is up (subscribing costs nothing then)."""
+        """True if this client's listener is up and listening (subscribing costs nothing
+        then; a dear listener that stopped listening is not used to take a free lock)."""
         listener = self._listener
         return listener is not None and listener.alive() and listener.ready()
 

@@ -8,6 +8,7 @@ offered: ``execute`` and its cursor's results, ``transaction``, ``pipeline``, ``
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from contextlib import AbstractAsyncContextManager, AbstractContextManager, contextmanager
 from typing import Any
@@ -73,7 +74,9 @@ class GreenConnection:
     def pipeline(self) -> AbstractContextManager[None]:
         return _entered(self._conn.pipeline())
 
-    def notifies(self, *, timeout: float, stop_after: int) -> Iterator[psycopg.Notify]:
+    def notifies(
+        self, *, timeout: float, stop_after: int | None = None
+    ) -> Iterator[psycopg.Notify]:
         stream = self._conn.notifies(timeout=timeout, stop_after=stop_after)
         while True:
             try:
@@ -81,8 +84,39 @@ class GreenConnection:
             except StopAsyncIteration:
                 return
 
+    def wait_readable(self, wake: int, timeout: float) -> tuple[bool, bool]:
+        """Wait up to ``timeout`` s until the connection's socket or ``wake`` has input:
+        whether each has."""
+        sock = self._conn.pgconn.socket
+        fired = await_(_readable((sock, wake), timeout))
+        return sock in fired, wake in fired
+
     def close(self) -> None:
         await_(self._conn.close())
+
+
+async def _readable(fds: tuple[int, ...], timeout: float) -> set[int]:
+    """The ones of ``fds`` that have input, once one has (empty after ``timeout`` s)."""
+    loop = asyncio.get_running_loop()
+    ready: asyncio.Future[None] = loop.create_future()
+    fired: set[int] = set()
+
+    def done(fd: int | None = None) -> None:
+        if fd is not None:
+            fired.add(fd)
+        if not ready.done():
+            ready.set_result(None)
+
+    for fd in fds:
+        loop.add_reader(fd, done, fd)
+    timer = loop.call_later(timeout, done)
+    try:
+        await ready
+    finally:
+        timer.cancel()
+        for fd in fds:
+            loop.remove_reader(fd)
+    return fired
 
 
 @contextmanager

@@ -620,6 +620,9 @@ class PostgresStatements(OperationStatements):
         """A client's listener hears the table's channel and its own."""
         return f'LISTEN "{self.channel}"; LISTEN "{own_channel}"'
 
+    #: a listener with nothing registered stops listening (every NOTIFY would signal it)
+    unlisten = "UNLISTEN *"
+
     def later(self, name: str) -> str:
         return f"{NOW} + make_interval(secs => %({name})s)"
 

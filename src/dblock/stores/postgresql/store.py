@@ -27,6 +27,7 @@ import logging
 import os
 import re
 import secrets
+import select
 import socket
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -668,7 +669,14 @@ class PostgresStore(
 
 class _Listener(Listener):
     """The client's LISTEN connection (see stores/_listener.py); for the async client
-    psycopg's AsyncConnection, its notifications an async iterator."""
+    psycopg's AsyncConnection, its notifications an async iterator.
+
+    Dear: PostgreSQL signals every listening backend of the database at every NOTIFY, and
+    each runs a transaction to read it, so the connection listens only while a waiter, watch
+    or observer is registered. Its wait for a message also watches a pipe that
+    ``_use_changed`` writes to, so it starts or stops listening at once."""
+
+    dear = True
 
     def __init__(self, backend: PostgresStore) -> None:
         self._backend = backend
@@ -676,10 +684,33 @@ class _Listener(Listener):
         #: held while ``_conn`` is set or cleared, and while ``_interrupt`` shuts its socket
         #: down: never a descriptor the connection has closed (and another may have reused)
         self._conn_lock = _forksafe.lock()
+        #: the wake-up pair (read end, write end; sockets, which select takes everywhere);
+        #: None once closed, under ``_conn_lock``
+        self._pipe: tuple[socket.socket, socket.socket] | None = socket.socketpair()
+        for end in self._pipe:
+            end.setblocking(False)
         super().__init__(backend.rt, f"dblock_{secrets.token_hex(8)}")
 
+    def _use_changed(self) -> None:
+        with self._conn_lock:
+            if self._pipe is not None:
+                with contextlib.suppress(BlockingIOError):  # full: a wake-up is pending
+                    self._pipe[1].send(b"\0")
+
     def _run(self) -> None:
+        try:
+            self._serve()
+        finally:
+            with self._conn_lock:
+                pipe, self._pipe = self._pipe, None
+            if pipe is not None:
+                for end in pipe:
+                    end.close()
+
+    def _serve(self) -> None:
         pause = 0.1
+        sql = self._backend.sql
+        lost = False  # a connection was lost: its messages may be, too
         while not self._stopped.is_set():
             try:
                 # a connection of its own (not a statement connection, which may be borrowed
@@ -687,17 +718,28 @@ class _Listener(Listener):
                 conn = self._backend._open_connection()
                 with self._conn_lock:
                     self._conn = conn
-                conn.execute(self._backend.sql.listen(self.channel))
-                self._ready.set()
-                self._wake(None)  # anything released while we were away: look again
-                pause = 0.1
+                listening, heard = False, True
                 while not self._stopped.is_set():
-                    for note in conn.notifies(timeout=0.5, stop_after=64):
-                        self._heard(note.payload)
+                    wanted, recheck = self._listen_wanted()
+                    lost = lost and wanted  # (with nobody registered, nobody to tell)
+                    if wanted != listening:
+                        conn.execute(sql.listen(self.channel) if wanted else sql.unlisten)
+                        listening, heard = wanted, True
+                        if wanted:
+                            self._ready.set()
+                            pause = 0.1
+                        if wanted and lost:  # what was released meanwhile: look again
+                            lost = False
+                            self._wake(None)
+                    if heard:  # (or kept by psycopg from the reply to a statement)
+                        for note in conn.notifies(timeout=0.0):
+                            self._heard(note.payload)
                     if self._idle_out():
                         break
+                    heard = self._await_input(conn, recheck)
             except psycopg.Error as exc:
                 self._ready.clear()
+                lost = True
                 if not self._stopped.is_set():
                     log.debug("dblock listener reconnecting after: %s", exc)
                     self._wake(None)
@@ -708,6 +750,26 @@ class _Listener(Listener):
                     conn_, self._conn = self._conn, None
                 if conn_ is not None:
                     self._backend._close_connection(conn_)
+
+    def _await_input(self, conn: psycopg.Connection[Any], timeout: float) -> bool:
+        """Wait up to ``timeout`` s for a message or a wake-up (then empty the pipe): whether
+        the connection has input."""
+        pipe = self._pipe
+        if pipe is None:
+            return True
+        wait = getattr(conn, "wait_readable", None)  # the async client's connection
+        wake = pipe[0].fileno()
+        if wait is not None:
+            heard, woken = wait(wake, timeout)
+        else:
+            sock = conn.pgconn.socket
+            fired = select.select([sock, wake], [], [], timeout)[0]
+            heard, woken = sock in fired, wake in fired
+        if woken:
+            with self._conn_lock, contextlib.suppress(BlockingIOError):
+                if self._pipe is not None:
+                    self._pipe[0].recv(4096)
+        return bool(heard)
 
     def _interrupt(self) -> None:
         # the wait for notifications fails at once on a socket shut down; _run, stopped, ends
