@@ -202,10 +202,26 @@ def rw(url: str, table: str, key: str, mode: str, hold: str, count: str, log: st
             out.flush()
 
 
-def sem(url: str, table: str, key: str, permits: str, hold: str, count: str, log: str) -> None:
-    """Take a permit ``count`` times for ``hold`` s; log "<start> <end>"."""
+def sem(
+    url: str,
+    table: str,
+    key: str,
+    permits: str,
+    hold: str,
+    count: str,
+    log: str,
+    meet: str = "",
+    workers: str = "0",
+) -> None:
+    """Take a permit ``count`` times for ``hold`` s; log "<start> <end>". With ``meet``, start
+    once ``workers`` processes have connected (each leaves a file in that directory), so a
+    loaded machine's slow starts do not spread them out."""
     with connect(url, table=table) as client, open(log, "a") as out:
         semaphore = client.semaphore(key, int(permits), ttl=30, timeout=120)
+        if meet:
+            rendezvous = Path(meet)
+            (rendezvous / f"ready.{os.getpid()}").touch()
+            _wait_for(lambda: len(list(rendezvous.glob("ready.*"))) >= int(workers))
         for _ in range(int(count)):
             with semaphore:
                 start = time.monotonic_ns()

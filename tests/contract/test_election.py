@@ -186,9 +186,10 @@ def test_a_killed_leader_is_replaced_soon_after_its_ttl(
                 took = time.monotonic() - killed
                 assert term.token > token
             # the lease, the candidates' recheck (0.5 s) and a loaded 2-core machine's
-            # scheduling (a CI run at 1.7x this suite's usual time took 3.2 s); a candidate
-            # that did not recheck would wait for its backoff, up to 5 s past the lease
-            assert took <= ttl + 2.0, took
+            # scheduling (CI runs at 1.7x and 2.5x this suite's usual time took 3.2 s and
+            # 4.03 s, on a quorum); a candidate that did not recheck would wait for its
+            # backoff, up to 5 s past the lease
+            assert took <= ttl + 3.0, took
 
 
 def test_a_paused_leader_is_deposed_and_told_on_resume_and_its_writes_are_refused(

@@ -232,8 +232,10 @@ def test_semaphore_of_three_with_six_processes(
     provider: Provider, db_url: str, table: str, key: str, tmp_path: Path
 ) -> None:
     provider.connect(table=table).close()
-    log = tmp_path / "log"
-    finish([spawn("sem", db_url, table, key, "3", "0.3", "3", str(log)) for _ in range(6)])
+    log, meet = tmp_path / "log", tmp_path / "meet"
+    meet.mkdir()
+    args = ("3", "0.3", "3", str(log), str(meet), "6")  # the 6 start together
+    finish([spawn("sem", db_url, table, key, *args) for _ in range(6)])
     holds = [tuple(map(int, line.split())) for line in log.read_text().splitlines()]
     assert len(holds) == 18
     assert overlaps(holds) == 3  # never more, and the limit is reached
