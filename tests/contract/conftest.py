@@ -25,13 +25,19 @@ import dblock
 from tests.providers import CLIENT_MODES, PROVIDERS, Provider, bind, fresh_table
 
 
+@pytest.hookimpl(tryfirst=True)  # before -m picks the serial ones
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Leave out each provider's runs in a client mode it does not run in (Entry.modes)."""
+    """Leave out each provider's runs in a client mode it does not run in (Entry.modes);
+    mark ``serial`` the runs of a ``serial_where(*capabilities)`` test on a provider with one
+    of those harness capabilities."""
     kept, left_out = [], []
     for item in items:
         params = getattr(item, "callspec", None)
         entry = params.params.get("provider") if params is not None else None
         mode = params.params.get("client_mode") if params is not None else None
+        for marker in item.iter_markers("serial_where"):
+            if entry is not None and entry.markers & set(marker.args):
+                item.add_marker(pytest.mark.serial)
         if entry is not None and mode is not None and mode not in entry.modes:
             left_out.append(item)
         else:

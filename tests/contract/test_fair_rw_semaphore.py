@@ -64,9 +64,10 @@ def overlaps(intervals: list[tuple[int, int]]) -> int:
 
 
 # -- fair ---------------------------------------------------------------------------------
-# serial: on MySQL a waiter whose wait at the doorbell outlasts RING_WAIT lines up again behind
-# later arrivals (docs/stores/mysql.md), so a loaded machine reorders them
-@pytest.mark.serial
+# serial where waiters wait at a doorbell: on MySQL a waiter whose wait at the bell outlasts
+# RING_WAIT lines up again behind later arrivals (docs/stores/mysql.md), so a loaded machine
+# reorders them
+@pytest.mark.serial_where("bell")
 @pytest.mark.needs("FairQueue", "processes", "sql")
 def test_fair_waiters_acquire_in_the_order_they_started_waiting(
     provider: Provider, db_url: str, table: str, key: str
@@ -86,9 +87,10 @@ def test_fair_waiters_acquire_in_the_order_they_started_waiting(
     assert order == [0, 1, 2, 3, 4]
 
 
-# serial, as the test above: its waiters wait at MySQL's doorbell past the dead head's
-# entry (up to 9 s), and a loaded machine reordered them on mysql-async in two of five CI runs
-@pytest.mark.serial
+# serial where waiters wait at a doorbell, as the test above: there they wait past the dead
+# head's entry (up to 9 s), and a loaded machine reordered them on mysql-async in two of five
+# CI runs
+@pytest.mark.serial_where("bell")
 @pytest.mark.needs("FairQueue", "processes", "sql")
 def test_a_killed_waiter_does_not_stall_the_queue(
     provider: Provider, db_url: str, table: str, key: str

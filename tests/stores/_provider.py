@@ -99,6 +99,9 @@ HARNESS_CAPABILITIES = frozenset(
         "asyncio",
         "exact_ttl",
         "demo",
+        # its waiters wait in the server's own queue (MySQL's doorbell), which reorders them
+        # when a loaded machine delays one past a wait's bound: their order is checked alone
+        "bell",
     }
 )
 #: the client modes of every contract test: ``provider.connect`` gives a blocking client, or

@@ -47,7 +47,7 @@ PROVIDERS = (
     Entry(
         name="mysql",
         store="dblock.stores.mysql.store:MysqlStore",
-        markers=SQL_STORE | SERVER | {"advisory"},
+        markers=SQL_STORE | SERVER | {"advisory", "bell"},
         dialect="mysql",
         url=lambda _tmp: MYSQL_URL,
         default_port=3306,
