@@ -95,4 +95,6 @@ def test_zookeeper_unreachable_by_default_is_one_line_within_five_seconds() -> N
     took_1s, done_1s = _timed_list("zookeeper://127.0.0.1:1/app?connect_timeout=1")
     assert done_1s.returncode == 69, done_1s.stderr
     assert took > 4.5
-    assert 3.0 < took - took_1s < 6.0, (took, took_1s)
+    # 4 s and the difference in the two starts: up to 2.6 s in CI runs on a loaded machine
+    # (8.1 s against 1.6 s); a command that waited its default twice would take 8 s more
+    assert 3.0 < took - took_1s < 8.0, (took, took_1s)
