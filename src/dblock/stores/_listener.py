@@ -164,8 +164,7 @@ class Listener(ABC):
             for key in keys:
                 self._subs.setdefault(key, set()).add(sub)
         if self.dear:  # registered first: _run listens for it (see _listen_wanted)
-            if first and not self._ready.is_set():
-                self._use_changed()
+            self._first_came(first)
             sub.live = self._ready.wait(2.0)
         return sub
 
@@ -187,9 +186,16 @@ class Listener(ABC):
             self._ready.clear()
         return False, 0.5
 
-    def _unregistered(self) -> None:
-        """Under ``_lock``: the last registration went."""
-        self._linger_until = time.monotonic() + self.linger
+    def _first_came(self, first: bool) -> None:
+        """After a registration (``first``: nothing was registered before it): a dear
+        listener that does not listen starts to."""
+        if first and not self._ready.is_set():
+            self._use_changed()
+
+    def _went(self) -> None:
+        """Under ``_lock``, after a registration went: if it was the last, the linger starts."""
+        if not self._registered():
+            self._linger_until = time.monotonic() + self.linger
 
     def _use_changed(self) -> None:  # noqa: B027 - only a dear listener needs to hear of it
         """The first registration came while it did not listen: a dear listener's ``_run``
@@ -201,15 +207,13 @@ class Listener(ABC):
             self._in_use()
             first = not self._registered()
             self._watches[key, owner] = heard
-        if first and not self._ready.is_set():
-            self._use_changed()
+        self._first_came(first)
 
         def unwatch() -> None:
             with self._lock:
                 if self._watches.get((key, owner)) is heard:
                     del self._watches[key, owner]
-                if not self._registered():
-                    self._unregistered()
+                self._went()
 
         return unwatch
 
@@ -226,8 +230,7 @@ class Listener(ABC):
             watchers[serial] = heard
             first = len(watchers) == 1
         if self.dear:
-            if not used and not self._ready.is_set():
-                self._use_changed()
+            self._first_came(not used)
             self._ready.wait(2.0)
         if first:
             self._observed(key)
@@ -239,8 +242,7 @@ class Listener(ABC):
                 last = last and not watchers
                 if last:
                     del self._leaders[key]
-                if not self._registered():
-                    self._unregistered()
+                self._went()
             if last:
                 self._unobserved(key)
 
@@ -308,8 +310,8 @@ class Listener(ABC):
                     subs.discard(sub)
                     if not subs:
                         del self._subs[key]
-            if had and not self._registered():
-                self._unregistered()
+            if had:
+                self._went()
 
     def _wake(self, key: str | None, owner: str = "", granted: int | None = None) -> None:
         """Wake ``owner``'s subscription to ``key`` (everyone's if no owner; all if no key),

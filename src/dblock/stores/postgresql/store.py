@@ -673,8 +673,8 @@ class _Listener(Listener):
 
     Dear: PostgreSQL signals every listening backend of the database at every NOTIFY, and
     each runs a transaction to read it, so the connection listens only while a waiter, watch
-    or observer is registered. Its wait for a message also watches a pipe that
-    ``_use_changed`` writes to, so it starts or stops listening at once."""
+    or observer is registered (and the linger after). Its wait for a message also watches a
+    socket pair that ``_use_changed`` writes to, so it starts listening at once."""
 
     dear = True
 
