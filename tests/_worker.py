@@ -100,8 +100,7 @@ def once(url: str, table: str, key: str, meet: str, workers: str) -> None:
     however slowly the machine starts them (at most 60 s)."""
     rendezvous = Path(meet)
     with connect(url, table=table) as client:
-        (rendezvous / f"ready.{os.getpid()}").touch()
-        _wait_for(lambda: len(list(rendezvous.glob("ready.*"))) >= int(workers))
+        _meet(rendezvous, int(workers))
         try:
             with client.once(key, ttl=90):
                 print("ran", flush=True)
@@ -109,6 +108,13 @@ def once(url: str, table: str, key: str, meet: str, workers: str) -> None:
         except (dblock.InProgress, dblock.AlreadyDone) as exc:
             (rendezvous / "seen").touch()
             print(type(exc).__name__, flush=True)
+
+
+def _meet(rendezvous: Path, workers: int) -> None:
+    """Leave this process's file in the directory ``rendezvous``; return once ``workers``
+    processes have (at most 60 s)."""
+    (rendezvous / f"ready.{os.getpid()}").touch()
+    _wait_for(lambda: len(list(rendezvous.glob("ready.*"))) >= workers)
 
 
 def _wait_for(done: Callable[[], bool], bound: float = 60.0) -> None:
@@ -219,9 +225,7 @@ def sem(
     with connect(url, table=table) as client, open(log, "a") as out:
         semaphore = client.semaphore(key, int(permits), ttl=30, timeout=120)
         if meet:
-            rendezvous = Path(meet)
-            (rendezvous / f"ready.{os.getpid()}").touch()
-            _wait_for(lambda: len(list(rendezvous.glob("ready.*"))) >= int(workers))
+            _meet(Path(meet), int(workers))
         for _ in range(int(count)):
             with semaphore:
                 start = time.monotonic_ns()

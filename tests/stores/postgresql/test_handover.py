@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import pytest
@@ -19,24 +18,10 @@ import pytest
 import dblock
 from dblock.stores.postgresql.store import PostgresStore
 from tests._internals import store_of
-from tests._servers import POSTGRESQL_URL, drop_tables, raw_connect, require_server
+from tests._servers import POSTGRESQL_URL, raw_connect
 
 QUEUE_TTL = 9.0
 T = TypeVar("T")
-
-
-@pytest.fixture
-def pg() -> Iterator[tuple[dblock.Client, PostgresStore]]:
-    require_server("postgresql", POSTGRESQL_URL)
-    table = "t_" + uuid.uuid4().hex[:16]
-    client = dblock.connect(POSTGRESQL_URL, table=table)
-    backend = store_of(client)
-    assert isinstance(backend, PostgresStore)
-    try:
-        yield client, backend
-    finally:
-        client.close()
-        drop_tables(POSTGRESQL_URL, table)
 
 
 def _owner(client: dblock.Client, key: str) -> str | None:

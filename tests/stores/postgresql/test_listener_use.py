@@ -8,9 +8,7 @@ the next NOTIFY, though their connections stay open until the listener's idle cl
 from __future__ import annotations
 
 import itertools
-import time
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -18,24 +16,10 @@ import pytest
 import dblock
 from dblock.stores.postgresql.store import PostgresStore
 from tests import _worker
-from tests._internals import store_of
-from tests._servers import POSTGRESQL_URL, drop_tables, raw_connect, require_server
+from tests._servers import POSTGRESQL_URL, raw_connect
+from tests._waiting import until
 
 WAITERS = 6
-
-
-@pytest.fixture
-def pg() -> Iterator[tuple[dblock.Client, PostgresStore, str]]:
-    require_server("postgresql", POSTGRESQL_URL)
-    table = "t_" + uuid.uuid4().hex[:16]
-    client = dblock.connect(POSTGRESQL_URL, table=table)
-    backend = store_of(client)
-    assert isinstance(backend, PostgresStore)
-    try:
-        yield client, backend, table
-    finally:
-        client.close()
-        drop_tables(POSTGRESQL_URL, table)
 
 
 def _listening(inspect: Any, backend: PostgresStore) -> int:
@@ -49,18 +33,11 @@ def _listening(inspect: Any, backend: PostgresStore) -> int:
     return int(row[0])
 
 
-def _until(done: Any, bound: float) -> None:
-    end = time.monotonic() + bound
-    while not done():
-        assert time.monotonic() < end, f"not within {bound} s"
-        time.sleep(0.02)
-
-
 @pytest.mark.parametrize("client_kind", ["sync", "async"])
 def test_clients_that_waited_once_stop_listening_at_once_and_were_served_in_order(
-    pg: tuple[dblock.Client, PostgresStore, str], client_kind: str, monkeypatch: Any
+    pg_store: tuple[dblock.Client, PostgresStore, str], client_kind: str, monkeypatch: Any
 ) -> None:
-    client, backend, table = pg
+    client, backend, table = pg_store
     if client_kind == "async":
         monkeypatch.setenv("DBLOCK_TEST_CLIENT", "async")
     key = "k-" + uuid.uuid4().hex
@@ -74,7 +51,7 @@ def test_clients_that_waited_once_stop_listening_at_once_and_were_served_in_orde
             workers.append(w)
             assert w.stdout is not None
             assert w.stdout.readline().strip() == "queued"
-            _until(lambda n=idx + 1: len(backend.waiters(key)) == n, 30.0)
+            until(lambda n=idx + 1: len(backend.waiters(key)) == n, f"{idx + 1} waiters queue", 30)
         assert _listening(inspect, backend) == WAITERS  # each waiting client listens
         holder.release()
         turns = []
@@ -84,7 +61,7 @@ def test_clients_that_waited_once_stop_listening_at_once_and_were_served_in_orde
             turns.append((int(idx), int(token), float(acquired), float(released)))
         # every client is still open (for 30 s), none waits: none listens any more (before,
         # each listened on until its listener's idle close, 10 s after its last wait)
-        _until(lambda: _listening(inspect, backend) == 0, 3.0)
+        until(lambda: _listening(inspect, backend) == 0, "none listens", 3.0)
         assert all(w.poll() is None for w in workers)
     finally:
         for w in workers:
@@ -99,16 +76,16 @@ def test_clients_that_waited_once_stop_listening_at_once_and_were_served_in_orde
 
 
 def test_a_listener_stops_listening_when_its_last_waiter_goes_and_listens_again_for_the_next(
-    pg: tuple[dblock.Client, PostgresStore, str],
+    pg_store: tuple[dblock.Client, PostgresStore, str],
 ) -> None:
-    _client, backend, _table = pg
+    _client, backend, _table = pg_store
     inspect = raw_connect(POSTGRESQL_URL)
     try:
         sub = backend.subscribe("k1", "owner-1")
         assert sub.live
         assert _listening(inspect, backend) == 1
         sub.close()
-        _until(lambda: _listening(inspect, backend) == 0, 3.0)
+        until(lambda: _listening(inspect, backend) == 0, "it stops listening", 3.0)
         again = backend.subscribe("k1", "owner-2")
         assert again.live
         assert _listening(inspect, backend) == 1
