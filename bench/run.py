@@ -1105,6 +1105,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-ops", type=int, help="cap on operations per process and measurement")
     p.add_argument("--workers", type=int, help="processes in (b) and waiters in (e) (default 8)")
     p.add_argument("--hold", type=float, help="(e): seconds the holder sits on the lock")
+    p.add_argument(
+        "--settle", type=float, help="(e): seconds the waiters wait before counting (default 6)"
+    )
     p.add_argument("--many-keys", help="(d): held-key counts, e.g. 10,1000,100000")
     p.add_argument("--backends", help=f"comma list of {', '.join(BACKENDS)} (default: all)")
     p.add_argument(
@@ -1147,6 +1150,8 @@ def main(argv: list[str] | None = None) -> int:
         budget.workers = max(2, args.workers)
     if args.hold is not None:
         budget.hold = max(0.5, args.hold)
+    if args.settle is not None:
+        budget.settle = max(0.0, args.settle)
     if args.section_pause is not None:
         budget.pause = max(0.0, args.section_pause)
     if args.async_tasks is not None:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -32,6 +34,25 @@ def start(*args: str, stdin: int | None = None, stderr: int | None = None) -> su
         stderr=stderr,
         text=True,
     )
+
+
+def freeze(pid: int, seconds: float = 15.0) -> None:
+    """SIGSTOP ``pid`` and return once every thread of it has stopped. ``kill`` returns before
+    that: on a loaded machine the thread that must start the stop can wait for a CPU while
+    another (an asyncio client's event loop) runs on, and acts on a message sent after the
+    ``kill`` (Linux: /proc)."""
+    os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + seconds
+    tasks = Path(f"/proc/{pid}/task")
+    while True:
+        states = []
+        for task in tasks.iterdir():
+            with contextlib.suppress(FileNotFoundError):  # a thread that ended meanwhile
+                states.append(task.joinpath("stat").read_text().rsplit(")", 1)[1].split()[0])
+        if states and all(state in ("T", "t") for state in states):
+            return
+        assert time.monotonic() < deadline, f"process {pid} did not stop: {states}"
+        time.sleep(0.005)
 
 
 def count(url: str, table: str, key: str, n: str, counter: str, log: str) -> None:

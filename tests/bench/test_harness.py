@@ -101,6 +101,8 @@ def test_waiting_cost_counts_queries(server_db_url: str, tmp_path: Path) -> None
         "2",
         "--hold",
         "1",
+        "--settle",
+        "0.5",  # (the count is not judged here: how the harness takes it is)
     )
     assert code == 0
     e = report["results"]["e"][f"{backend}/dblock"]

@@ -255,3 +255,55 @@ def test_only_a_waiter_far_back_on_a_broadcast_watch_paces_itself_instead_of_lis
             while len(left) < 5:
                 left.append(_name(steps.send(None)))
         assert len(left) < 5, left
+
+
+def _drain(steps: Any, ops: list[object]) -> None:
+    """Answer every op with None until the steps end (here: by raising)."""
+    while True:
+        ops.append(steps.send(None))
+
+
+@pytest.mark.parametrize(
+    "error",
+    [KeyboardInterrupt(), RuntimeError("release unlocked lock")],
+    ids=["interrupted", "interrupted-surfacing-as-RuntimeError"],
+)
+def test_an_enqueue_cut_short_is_left_before_the_error_propagates(error: BaseException) -> None:
+    """The enqueue may have gone through as it was cut short: leaving the queue removes the
+    entry. An interruption landing in a condition's wait (a quorum's wait for its members'
+    answers) surfaces as ``RuntimeError: release unlocked lock``; it counts as one."""
+    steps = _engine.Acquisition(_traits(), Spec("k", 30.0), "me", blocking=True, timeout=5).run()
+    ops = [steps.send(None), steps.send(None), steps.send(_Sub())]
+    assert [_name(op) for op in ops] == ["acquire_fair", "Subscribe", "enqueue"]
+    cleanup = [steps.throw(error)]
+    with pytest.raises(type(error)):
+        _drain(steps, cleanup)
+    assert [_name(op) for op in cleanup] == ["Unsubscribe", "dequeue"]
+
+
+def test_an_enqueue_that_failed_in_the_store_is_not_left() -> None:
+    """A BackendError is the store's report once it retried the statement: the database cannot
+    be reached, so no dequeue is sent after it (the entry's own lease ends any)."""
+    from dblock._errors import BackendError
+
+    steps = _engine.Acquisition(_traits(), Spec("k", 30.0), "me", blocking=True, timeout=5).run()
+    steps.send(None)
+    steps.send(None)
+    steps.send(_Sub())  # enqueue
+    cleanup = [steps.throw(BackendError("down"))]
+    with pytest.raises(BackendError):
+        _drain(steps, cleanup)
+    assert [_name(op) for op in cleanup] == ["Unsubscribe"]
+
+
+def test_a_grant_cut_short_by_an_interruption_that_surfaced_as_another_error_is_ended() -> None:
+    """Ctrl-C landing in a condition's wait surfaces as ``RuntimeError: release unlocked
+    lock``: the store may have granted the hold, so it is looked for and ended."""
+    from dblock._types import LockInfo
+
+    ours = LockInfo("k", "me", 7, None, None, "lock")  # type: ignore[arg-type]
+    calls = _grant_interrupted(RuntimeError("release unlocked lock"), [ours])
+    assert [(c.method, c.args) for c in calls] == [
+        ("list_holds", ("k",)),
+        ("release", ("k", "me", 7)),
+    ]

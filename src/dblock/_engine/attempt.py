@@ -9,7 +9,7 @@ import time
 from abc import ABC, abstractmethod
 from typing import Any, Generic, TypeVar
 
-from .._errors import BackendError
+from .._errors import BackendError, DBLockError
 from .hold import Hold
 from .kinds import Spec
 from .ops import Call, Steps
@@ -33,6 +33,16 @@ LATE_RENEWALS = 2
 #: (MySQL's doorbell)
 RECORD_CHECK = 1.0
 RECORD_CHECK_CAP = 16.0
+
+
+def cut_short(exc: BaseException) -> bool:
+    """Whether the store may have done what a call that raised ``exc`` asked: the call was
+    interrupted in flight (an asyncio cancellation, Ctrl-C, a signal handler's exception), or
+    failed with anything but the store's own report of a failure (a DBLockError, raised once
+    the store knows what became of the statement). An interruption can surface as another
+    error: landing in a condition's wait between letting go of its lock and taking it back,
+    it makes the ``with`` around the wait raise ``RuntimeError: release unlocked lock``."""
+    return not isinstance(exc, DBLockError)
 
 
 class Attempt(ABC, Generic[G]):
@@ -91,7 +101,7 @@ class Attempt(ABC, Generic[G]):
         """End whatever this owner holds of the keys (a grant interrupted in flight)."""
 
     def _granting(self, call: Call) -> Steps[Any]:
-        """Run a statement that may grant the hold. If it is interrupted in flight (an asyncio
+        """Run a statement that may grant the hold. If it is cut short (``cut_short``: an asyncio
         cancellation, a timeout around the acquire, Ctrl-C), or aborted past its deadline on
         a server that then ended it (BackendError ``_settled``), the store may have granted
         it anyway: that hold is ended before the error propagates, so none is left for only
@@ -100,7 +110,7 @@ class Attempt(ABC, Generic[G]):
         try:
             result = yield call
         except BaseException as exc:
-            if not isinstance(exc, Exception) or (isinstance(exc, BackendError) and exc._settled):
+            if cut_short(exc) or (isinstance(exc, BackendError) and exc._settled):
                 yield from self._disown()
             raise
         return result

@@ -26,7 +26,7 @@ from typing import Any
 from .._contract import FairManyKeys, ManyKeys, OnceRecords, Store, Subscription, provides
 from .._errors import BackendError, ConfigurationError
 from .._timing import Backoff, reset_deadline, set_deadline
-from .attempt import ROW_LOCKED_PAUSE, Attempt
+from .attempt import ROW_LOCKED_PAUSE, Attempt, cut_short
 from .hold import Hold
 from .kinds import Spec
 from .ops import Call, Sleep, Steps, Unsubscribe, Wait
@@ -184,7 +184,7 @@ class ManyAcquisition(Attempt[dict[str, int]]):
         try:
             result = yield call
         except BaseException as exc:
-            if not isinstance(exc, Exception):
+            if cut_short(exc):
                 self._entries_made = True
             raise
         self._entries_made = True

@@ -15,7 +15,7 @@ from typing import Any
 from .._contract import FairQueue, OnceRecords, QueueJoin, Store, Subscription
 from .._errors import BackendError, ConfigurationError
 from .._timing import Backoff, TurnPacer, reset_deadline, set_deadline
-from .attempt import ROW_LOCKED_PAUSE, Attempt
+from .attempt import ROW_LOCKED_PAUSE, Attempt, cut_short
 from .hold import Hold
 from .kinds import Spec
 from .ops import Call, Sleep, Steps, Subscribe, Unsubscribe, Wait
@@ -206,13 +206,13 @@ class Acquisition(Attempt[int]):
 
     # -- queue upkeep -------------------------------------------------------------------------
     def _queueing(self, call: Call) -> Steps[Any]:
-        """Run a statement that makes or refreshes our queue entry. Interrupted in flight (an
+        """Run a statement that makes or refreshes our queue entry. Cut short (``cut_short``: an
         asyncio cancellation, Ctrl-C), it may have made the entry anyway: it counts as made,
         so leaving the queue removes it rather than leave it for its lease to end."""
         try:
             result = yield call
         except BaseException as exc:
-            if not isinstance(exc, Exception):
+            if cut_short(exc):
                 self.entry.made = True
             raise
         return result
@@ -279,7 +279,7 @@ class Acquisition(Attempt[int]):
                 Call(QueueJoin.acquire_or_enqueue, spec.key, self.owner, spec.ttl, QUEUE_TTL)
             )
         except BaseException as exc:
-            if not isinstance(exc, Exception):
+            if cut_short(exc):
                 self.entry.made = True  # it may have queued us: leaving removes the entry
             yield Unsubscribe(subscription)
             raise

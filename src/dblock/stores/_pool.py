@@ -3,7 +3,9 @@
 Retry policy: a statement that fails because its pooled connection was
 dropped (server restart, ``pg_terminate_backend``, MariaDB ``KILL``) is run once more on a
 fresh connection (the idle pool is emptied too: a restart kills every pooled connection); a
-deadlock or serialization failure is retried a few times with backoff. Both are safe because
+deadlock or serialization failure is retried with jittered backoff for up to ``STATEMENT_DEADLINE``
+(within the caller's deadline): InnoDB reports deadlocks between transactions that insert new
+keys even when every transaction takes its rows in the same order. Both are safe because
 every lock operation is idempotent for the same owner (see the backend SQL). Anything else
 becomes :class:`BackendError` at once.
 
@@ -407,12 +409,13 @@ class PooledStore(Store, Generic[C]):
                 self._checkin(conn)
             return result
 
-    #: keep retrying transient failures for this long (beyond the first few attempts)
-    _transient_for = 0.0
+    #: keep retrying transient failures for this long (beyond the first few attempts): a
+    #: deadlock victim did nothing, and InnoDB may choose the same transaction again and again
+    _transient_for = STATEMENT_DEADLINE
 
     def _transient_pause(self, attempt: int) -> float:
         """Sleep before retrying a deadlock or serialization failure."""
-        return random.uniform(0.001, 0.01 * attempt)
+        return random.uniform(0.001, min(0.01 * attempt, 0.1))
 
     def _reset_or_discard(self, conn: C) -> None:
         try:

@@ -12,11 +12,13 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 import dblock
 import dblock.fencing
+from tests._internals import store_of
 from tests._worker import start
 from tests.stores.etcd._cluster import Cluster
 
@@ -155,3 +157,62 @@ def test_node_stopped_and_back_no_overlap(cluster: Cluster, tmp_path: Path) -> N
 
 
 pytestmark = pytest.mark.timeout(180)
+
+
+def test_far_waiters_are_served_when_the_member_they_talk_to_is_killed(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Fourteen waiters on one key, five of them far back (each watching one entry ahead, not
+    the key's range); the member the last one's client talks to is killed while they wait:
+    their watch streams break, they look again through the others, and every one is still
+    served, once, alone, with rising tokens."""
+    from dblock.stores.etcd import watch as _etcd_watch
+
+    broken: list[bool] = []
+    heard = _etcd_watch.EtcdSubscription._heard
+
+    def counted(self: Any, response: Any) -> None:
+        if response is None or isinstance(response, BaseException):
+            broken.append(self._watched is not None)
+        heard(self, response)
+
+    monkeypatch.setattr(_etcd_watch.EtcdSubscription, "_heard", counted)
+    holder = dblock.connect(cluster.url, table="t_far")
+    lock = holder.lock("k", ttl=30)
+    assert lock.acquire(timeout=10)
+    clients = [dblock.connect(cluster.url, table="t_far") for _ in range(14)]
+    served: list[tuple[int, int]] = []
+    inside = [0]
+    overlaps: list[int] = []
+
+    def wait_for_it(i: int, client: dblock.Client) -> None:
+        with client.lock("k", ttl=30, timeout=90) as mine:
+            inside[0] += 1
+            if inside[0] > 1:
+                overlaps.append(i)
+            served.append((i, mine.token or 0))
+            time.sleep(0.05)
+            inside[0] -= 1
+
+    threads = [threading.Thread(target=wait_for_it, args=(i, c)) for i, c in enumerate(clients)]
+    for t in threads:
+        t.start()
+        time.sleep(0.15)  # they queue in this order
+    time.sleep(1.0)
+    # the member the last waiter's client talks to (the first listed, unless a call of that
+    # client found it slow to answer: a loaded machine) is the one whose death breaks a far
+    # waiter's watch
+    in_use = store_of(clients[-1]).rpc.client().endpoint_in_use.netloc
+    (member,) = (n for n in cluster.nodes if in_use == f"127.0.0.1:{n.client_port}")
+    member.kill()
+    time.sleep(1.0)
+    lock.release()
+    for t in threads:
+        t.join(120)
+    assert any(broken), "no far waiter's watch broke: the member killed was not theirs"
+    assert overlaps == []
+    assert sorted(i for i, _ in served) == list(range(14))
+    tokens = [tok for _, tok in served]
+    assert tokens == sorted(tokens) and len(set(tokens)) == 14
+    for c in (holder, *clients):
+        c.close()

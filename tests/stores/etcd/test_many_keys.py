@@ -10,6 +10,7 @@ import sys
 import time
 from collections.abc import Iterator
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -138,16 +139,17 @@ def test_lost_replies_to_acquire_many_and_release_many_are_recognised(
 
 
 _WORKER = """
-import json, random, sys, time
+import json, os, random, sys, time
 import dblock
 from dblock.stores.etcd.rpc import get
-url, table, role, seed, seconds = sys.argv[1:6]
+url, table, role, seed, seconds, stop = sys.argv[1:7]
 rng = random.Random(int(seed))
 keys = [f"k{i}" for i in range(8)]
 with dblock.connect(url, table=table) as c:
     s = c._core.store
     end, done, seen = time.monotonic() + float(seconds), 0, 0
-    while time.monotonic() < end:
+    # a taker: for `seconds` and until it has taken 4 sets; an observer: until `stop` exists
+    while (done < 4 or time.monotonic() < end) if role == "take" else not os.path.exists(stop):
         if role == "take":
             mine = sorted(rng.sample(keys, rng.randint(2, 5)))
             owner = f"{seed}-{done}:" + "+".join(mine)
@@ -171,13 +173,14 @@ print(json.dumps({"done": done, "seen": seen}))
 
 
 def test_no_process_sees_some_of_one_acquire_many_taken(
-    mine: dblock.Client, url: str, table: str
+    mine: dblock.Client, url: str, table: str, tmp_path: Path
 ) -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     roles = ["take"] * 4 + ["observe"] * 2
+    stop = tmp_path / "stop"
     procs = [
         subprocess.Popen(
-            [sys.executable, "-c", _WORKER, url, table, role, str(i), "4"],
+            [sys.executable, "-c", _WORKER, url, table, role, str(i), "4", str(stop)],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -186,9 +189,18 @@ def test_no_process_sees_some_of_one_acquire_many_taken(
         for i, role in enumerate(roles)
     ]
     results = []
-    for p in procs:
-        out, err = p.communicate(timeout=60)
-        assert p.returncode == 0, err[-2000:]
-        results.append(json.loads(out))
-    assert sum(r["done"] for r in results[:4]) > 10
+    try:
+        for n, p in enumerate(procs):
+            if n == 4:  # every taker is done: the observers stop
+                stop.touch()
+            out, err = p.communicate(timeout=90)
+            assert p.returncode == 0, err[-2000:]
+            results.append(json.loads(out))
+    finally:
+        stop.touch()
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+    assert sum(r["done"] for r in results[:4]) >= 16
     assert all(r["seen"] > 0 for r in results[4:])

@@ -1,17 +1,22 @@
 """Waiting on etcd: a release wakes the head of the queue only (each waiter acts on its
-predecessor leaving, nothing else), waiters never poll, and a waiter keeps one watch."""
+predecessor leaving, nothing else), waiters never poll, a waiter keeps one watch while it is
+near the head, and a hand-off reaches only the nearest waiters' watches."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections import Counter
+from collections.abc import Collection
 from typing import Any
 
 import pytest
 
 import dblock
 from dblock.stores.etcd.store import EtcdStore
+from tests._internals import store_of
+from tests._waiting import until
 
 
 def test_a_release_wakes_only_the_head(
@@ -38,11 +43,8 @@ def test_a_release_wakes_only_the_head(
             order.append(i)
             release.wait(30)
 
-    threads = []
-    for i, c in enumerate(waiters):
-        threads.append(threading.Thread(target=wait, args=(i, c)))
-        threads[-1].start()
-        time.sleep(0.3)  # they queue in this order
+    threads = [threading.Thread(target=wait, args=(i, c)) for i, c in enumerate(waiters)]
+    _start_in_turn(threads, store_of(holder))
     time.sleep(1.0)
     calls.clear()
     lock.release()
@@ -68,13 +70,13 @@ def test_a_queued_waiter_keeps_one_watch_while_the_queue_moves(
     from dblock.stores.etcd import watch as _etcd_watch
 
     made: list[str] = []
-    original = _etcd_watch.EtcdSubscription._start
+    original = _etcd_watch.EtcdSubscription._add
 
-    def counted(self: Any, *args: Any) -> bool:
+    def counted(self: Any, *args: Any) -> int | None:
         made.append(threading.current_thread().name)
-        return bool(original(self, *args))
+        return original(self, *args)  # type: ignore[no-any-return]
 
-    monkeypatch.setattr(_etcd_watch.EtcdSubscription, "_start", counted)
+    monkeypatch.setattr(_etcd_watch.EtcdSubscription, "_add", counted)
     holder = dblock.connect(url, table=table)
     waiters = [dblock.connect(url, table=table) for _ in range(4)]
     lock = holder.lock("k", ttl=30)
@@ -87,9 +89,7 @@ def test_a_queued_waiter_keeps_one_watch_while_the_queue_moves(
             time.sleep(0.05)
 
     threads = [threading.Thread(target=wait, args=(i, c)) for i, c in enumerate(waiters)]
-    for t in threads:
-        t.start()
-        time.sleep(0.3)  # they queue in this order
+    _start_in_turn(threads, store_of(holder))
     time.sleep(0.5)
     assert len(made) == 4  # one watch per waiter
     lock.release()
@@ -98,4 +98,96 @@ def test_a_queued_waiter_keeps_one_watch_while_the_queue_moves(
     assert order == [0, 1, 2, 3]
     assert len(made) == 4, "a waiter made a new watch when its predecessor left"
     for c in (holder, *waiters):
+        c.close()
+
+
+def _queue_up(
+    url: str, table: str, n: int, holds: dict[int, float], timeouts: dict[int, float] | None = None
+) -> tuple[list[dblock.Client], list[threading.Thread], list[tuple[int, float]]]:
+    """``n`` clients that wait for "k" in this order, each in a thread, and hold it 0.05 s
+    (waiter i: ``holds[i]`` s) once they get it (waiter i gives up after ``timeouts[i]`` s);
+    the (waiter, time) they got it. Each starts once the one before it has queued (a start
+    0.15 s after it was not enough on a loaded machine: waiters 3 and 4 queued swapped)."""
+    clients = [dblock.connect(url, table=table) for _ in range(n)]
+    got: list[tuple[int, float]] = []
+
+    def wait(i: int, client: dblock.Client) -> None:
+        with contextlib.suppress(dblock.LockTimeout):
+            with client.lock("k", ttl=30, timeout=(timeouts or {}).get(i, 60)):
+                got.append((i, time.monotonic()))
+                time.sleep(holds.get(i, 0.05))
+
+    threads = [threading.Thread(target=wait, args=(i, c)) for i, c in enumerate(clients)]
+    _start_in_turn(threads, store_of(clients[0]), tuple(timeouts or {}))
+    return clients, threads, got
+
+
+def _start_in_turn(
+    threads: list[threading.Thread], look: Any, quitters: Collection[int] = ()
+) -> None:
+    """Start the waiters' threads in order, each once the store (``look``) shows the one
+    before it queued ("k"): they queue in this order. A waiter in ``quitters`` gives up and
+    may have left already: it is not counted."""
+    for i, thread in enumerate(threads):
+        thread.start()
+        gone = sum(1 for j in quitters if j < i)
+        until(lambda i=i, gone=gone: look.probe("k", "nobody")[1] >= i + 1 - gone, "queued", 30)
+
+
+def test_a_hand_off_reaches_only_the_nearest_waiters_watches(
+    url: str, table: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With many waiters, a release and the grant that follows it reach the watches of the
+    NEAR nearest waiters and of one far waiter: a watch of the key's whole range in each of
+    them would hear every deletion (24 waiters: about 47 responses for one hand-off)."""
+    from dblock.stores.etcd import watch as _etcd_watch
+
+    heard: list[int] = []
+    original = _etcd_watch.EtcdSubscription._heard
+
+    def counted(self: Any, response: Any) -> None:
+        heard.append(id(self))
+        original(self, response)
+
+    monkeypatch.setattr(_etcd_watch.EtcdSubscription, "_heard", counted)
+    holder = dblock.connect(url, table=table)
+    lock = holder.lock("k", ttl=30)
+    assert lock.acquire()
+    clients, threads, got = _queue_up(url, table, 24, {0: 1.0})
+    time.sleep(0.5)
+    heard.clear()
+    lock.release()
+    until(lambda: bool(got), "the first waiter got the lock")
+    time.sleep(0.3)  # (the first holds 1 s: nothing else moves meanwhile)
+    one_hand_off = len(heard)
+    assert [i for i, _ in got] == [0]
+    for t in threads:
+        t.join(60)
+    assert [i for i, _ in got] == list(range(24))
+    assert one_hand_off <= 2 * (_etcd_watch.NEAR + 1) + 2, one_hand_off
+    for c in (holder, *clients):
+        c.close()
+
+
+def test_a_far_waiter_hears_of_a_predecessor_that_left_while_it_was_far(
+    url: str, table: str
+) -> None:
+    """Waiter 12 is far (12 ahead) and watches only its sentinel (waiter 3); its predecessor,
+    waiter 11, gives up just after waiter 12 looked. When the sentinel leaves, waiter 12
+    watches the range from that look on, so it hears that waiter 11 is gone and goes right
+    after waiter 10: a watch from the sentinel's leaving on would wait for a deletion that
+    came before it, until the wait's poll (3.75 s at least) ends."""
+    holder = dblock.connect(url, table=table)
+    lock = holder.lock("k", ttl=30)
+    assert lock.acquire()
+    clients, threads, got = _queue_up(url, table, 13, {}, timeouts={11: 0.3})
+    time.sleep(0.3)  # waiter 11 has given up
+    lock.release()
+    for t in threads:
+        t.join(60)
+    order = [i for i, _ in got]
+    assert order == [*range(11), 12]
+    gap = got[-1][1] - got[-2][1]
+    assert gap < 1.5, f"waiter 12 got the lock {gap:.2f} s after waiter 10"
+    for c in (holder, *clients):
         c.close()

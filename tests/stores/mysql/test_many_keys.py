@@ -4,6 +4,7 @@ waiter for several keys beside the doorbell's hand-over."""
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 from typing import Any
 
@@ -162,3 +163,87 @@ def test_a_take_of_keys_with_rows_is_one_round_trip_and_a_partial_one_takes_none
     for key in keys[:2] + keys[3:]:
         assert client.info(key) is None  # none of them kept
     assert store.release_many(other, "o3")
+
+
+def test_an_acquire_many_chosen_as_a_deadlocks_victim_again_and_again_still_goes_through(
+    many: tuple[dblock.Client, Any], many_table: str
+) -> None:
+    """A deadlock victim's transaction did nothing, so it is retried, for as long as a
+    statement may take (under load one acquire_many was the victim 5 times running and
+    failed). Here two other transactions, in turn, hold the second key's row while the
+    acquire holds the first and waits for the second, then ask for the first: InnoDB picks
+    the acquire as the victim (it changed fewer rows), 8 times; then the acquire goes
+    through."""
+    _, store = many
+    keys = _keys(2)
+    for key in keys:  # both rows exist, free
+        token = store.acquire(key, "x", TTL, "lock")
+        assert token is not None and store.release(key, "x", token)
+    ballast = f"{many_table}_ballast"
+    conns = [raw_connect(MYSQL_URL) for _ in range(3)]
+    look, *others = (conn.cursor() for conn in conns)
+    result: list[Any] = []
+    taker = threading.Thread(
+        target=lambda: result.append(store.acquire_many(keys, "m", TTL)), daemon=True
+    )
+
+    def waiting(n: int) -> bool:
+        # the server refreshes INNODB_TRX only when it was last read 0.1 s ago or more
+        time.sleep(0.12)
+        look.execute(  # (other tests' transactions on the server are not counted)
+            "SELECT COUNT(*) FROM information_schema.INNODB_TRX WHERE trx_state = 'LOCK WAIT' "
+            "AND trx_query LIKE %s",
+            (f"%{many_table}%",),
+        )
+        return bool(look.fetchone()[0] == n) or not taker.is_alive()
+
+    def take(cur: Any, key: str) -> threading.Thread:
+        """Ask for ``key``'s row in the background (it may have to wait)."""
+        sql = f"SELECT 1 FROM {many_table} WHERE lock_key = %s FOR UPDATE"
+        asking = threading.Thread(target=cur.execute, args=(sql, (key,)), daemon=True)
+        asking.start()
+        return asking
+
+    def begin(i: int) -> None:
+        """Start a transaction of ``others[i]`` that changed 200 rows (the acquire changes one),
+        apart from the other's rows and the row after them that its scan locks too."""
+        others[i].execute("BEGIN")
+        others[i].execute(
+            f"UPDATE {ballast} SET v = v + 1 WHERE id BETWEEN %s AND %s",
+            (i * 300 + 1, i * 300 + 200),
+        )
+
+    victims = 0
+    try:
+        look.execute(f"CREATE TABLE {ballast} (id INT PRIMARY KEY, v INT) ENGINE=InnoDB")
+        look.executemany(f"INSERT INTO {ballast} VALUES (%s, 0)", [(i,) for i in range(1, 601)])
+        for cur in others:
+            cur.execute("SET SESSION innodb_lock_wait_timeout = 20")
+        begin(0)
+        take(others[0], keys[1]).join()
+        taker.start()
+        for n in range(8):
+            holder, next_one = others[n % 2], n % 2 ^ 1
+            until(lambda: waiting(1), "the acquire waits for the second row", 10)
+            if not taker.is_alive():
+                break
+            # the holder asks for the first row: a deadlock, whose victim is the acquire
+            take(holder, keys[0]).join()
+            victims += 1
+            # the acquire tries again, and waits for the first row; the next one queues for
+            # the second; the holder lets both go, to the acquire and to the next one
+            begin(next_one)
+            asking = take(others[next_one], keys[1])
+            until(lambda: waiting(2), "the acquire and the next one wait", 10)
+            holder.execute("ROLLBACK")
+            asking.join(10)
+        for cur in others:
+            cur.execute("ROLLBACK")
+        taker.join(15)
+    finally:
+        look.execute(f"DROP TABLE IF EXISTS {ballast}")
+        for conn in conns:
+            conn.close()
+    assert victims == 8
+    assert not taker.is_alive() and result and result[0] is not None, result
+    assert sorted(result[0]) == keys

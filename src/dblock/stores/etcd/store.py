@@ -40,7 +40,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta, timezone
-from typing import Any
+from typing import Any, TypeVar
 
 from pyetcd import etcdrpc
 
@@ -83,8 +83,11 @@ _OPTIMISTIC_TRIES = 20
 _HISTORY_STEPS = 8
 #: tokens remembered as unsure (an ending call failed), at most
 _UNSURE_KEPT = 4096
-#: keys whose busy revision is remembered for a waiter's watch, at most
+#: keys remembered for waiters' watches (a busy revision; a queue joined far back), at most,
+#: per memory
 _BUSY_KEYS = 4096
+
+T = TypeVar("T")
 
 
 def _value(owner: str, kind: str) -> bytes:
@@ -134,6 +137,14 @@ def _carry_value(value: bytes, token: int, lease: int) -> Any:
     return Req(request_txn=etcdrpc.TxnRequest(compare=[written], success=[move]))
 
 
+def _remember(memory: dict[str, T], key: str, value: T) -> None:
+    """``memory[key] = value``, in a memory of at most ``_BUSY_KEYS`` keys: a full one is
+    forgotten (keys of tries that never waited, of clients that never came back)."""
+    if key not in memory and len(memory) >= _BUSY_KEYS:
+        memory.clear()
+    memory[key] = value
+
+
 class EtcdStore(
     Store,
     FairQueue,
@@ -174,6 +185,9 @@ class EtcdStore(
         #: key -> the revision at which this client last found it busy: a watch from there
         #: on hears every release since that try
         self._busy_at: dict[str, int] = {}
+        #: keys at which this client's last queued waiter joined far back (watch.NEAR): its
+        #: next waiter there makes its watch after its first look, not before
+        self._far_keys: dict[str, None] = {}
         #: tokens of acquire_many's holds: their lease is shared, so it being alive does not
         #: say that one of them is (force_release deletes such a hold alone)
         self._many: dict[int, None] = {}
@@ -265,9 +279,20 @@ class EtcdStore(
 
     def _saw(self, key: str, revision: int) -> None:
         with self._mutex:
-            if len(self._busy_at) >= _BUSY_KEYS:  # tries that never waited: forget them
-                self._busy_at.clear()
-            self._busy_at[key] = revision
+            _remember(self._busy_at, key, revision)
+
+    def _joined_far(self, key: str, far: bool) -> None:
+        """This client's waiter joined ``key``'s queue far back (True) or near the head."""
+        with self._mutex:
+            if far:
+                _remember(self._far_keys, key, None)
+            else:
+                self._far_keys.pop(key, None)
+
+    def _far_back(self, key: str) -> bool:
+        """Whether this client's last waiter at ``key`` joined its queue far back."""
+        with self._mutex:
+            return key in self._far_keys
 
     def _exclusive(self, key: str) -> list[Any]:
         """No once-record and no shared hold."""

@@ -14,6 +14,16 @@ write just before the watch is registered makes that revision past). A waiter th
 its watch each time its predecessor left would hear of its turn up to 100 ms late now and
 then. A watch whose stream broke (its node died) is made again through another endpoint, and
 the waiter looks again meanwhile.
+
+But a watch on the range hears every deletion in it, and with hundreds of waiters each
+hand-off woke every waiting process (512 waiters in 64 processes: hand-offs 3 times slower than
+with 8). So a waiter with more than ``NEAR`` entries ahead of it (a far waiter) watches one
+key instead: the entry ``NEAR`` places ahead of its predecessor (its sentinel), whose leaving
+means at most ``NEAR`` are left ahead. It then watches the range again, from the revision of
+the look that chose the sentinel, so that a predecessor that left meanwhile is heard too; by
+the time its predecessor leaves, ``NEAR - 1`` hand-offs later, that watch has been caught up.
+A hand-off thus wakes the ``NEAR`` nearest waiters' processes and one far one, however many
+wait.
 """
 
 from __future__ import annotations
@@ -32,6 +42,8 @@ from ..._contract import Subscription
 from ..._errors import BackendError
 
 _NOPUT = [etcdrpc.WatchCreateRequest.NOPUT]
+#: a queued waiter with more entries than this ahead of it watches only its sentinel's entry
+NEAR = 8
 log = logging.getLogger("dblock")
 
 
@@ -47,39 +59,71 @@ class EtcdSubscription(Subscription):
         self._owner = queued_owner
         self._event = store.rt.event()
         self._watch: int | None = None
-        #: what a queued waiter waits for: the key suffix of its predecessor's entry, or None
-        #: (it is at the head: the holds ending); and the revision it was last looked up at
+        #: what a queued waiter waits for: the key suffix of its predecessor's entry (a far
+        #: waiter: its sentinel's), or None (it is at the head: the holds ending); and the
+        #: revision it was last looked up at
         self._target: bytes | None = None
         self._looked_at = 0
+        #: a far waiter's predecessor as of its last look (None: a near waiter); its watch
+        #: is then on its sentinel's entry alone
+        self._predecessor: bytes | None = None
+        #: the entry (key suffix) the watch covers alone, or None (the key's range)
+        self._watched: bytes | None = None
         #: (key suffix, revision) of deletions heard and not yet looked at (a queued waiter)
         self._heard_deletions: deque[tuple[bytes, int]] = deque()
-        # a queued waiter looks before it waits, so its watch need not start in the past
         self.latched = since is not None
         self.targeted = queued_owner is not None
-        self.live = self._start(None if self.targeted else since)
+        # A queued waiter looks before it waits, so its watch need not start in the past: it
+        # is made now (from the current revision, so etcd rarely puts it among its unsynced
+        # watchers, which hear of a release up to 100 ms late), unless this client's last
+        # waiter at this key was far back: then after the first look, which says what to
+        # watch (a watch made and cancelled saved)
+        far = self.targeted and store._far_back(key)
+        self.live = far or self._start(None if self.targeted else since)
 
     # -- the watch -------------------------------------------------------------------------
     def _start(self, since: int | None) -> bool:
+        """Watch the key's range (after revision ``since``); False if no node answers now."""
+        self._watch, self._watched = self._add(since, None), None
+        return self._watch is not None
+
+    def _add(self, since: int | None, entry: bytes | None) -> int | None:
+        """A new watch of the key's range, or of its ``entry`` alone (a key suffix), for the
+        deletions after revision ``since``; None if no node answers now."""
         callback: Callable[[Any], None] = self._heard
         extra: dict[str, Any] = {"filters": _NOPUT}
         if since is not None:
             extra["start_revision"] = since + 1
 
         def add(client: Any, _a: tuple[Any, ...]) -> int:
+            if entry is not None:
+                return int(client.add_watch_callback(self._base + entry, callback, **extra))
             return int(client.add_watch_prefix_callback(self._base, callback, **extra))
 
         try:
-            self._watch = self._store.rpc.call("subscribing", add, self._key)
+            return int(self._store.rpc.call("subscribing", add, self._key))
         except BackendError:
-            self._watch = None
-            return False
-        return True
+            return None
 
-    def _stop(self) -> None:
-        watch, self._watch = self._watch, None
+    def _cancel(self, watch: int | None) -> None:
         if watch is not None:
             with contextlib.suppress(Exception):
                 self._store.rpc.call("unsubscribing", lambda c, _a: c.cancel_watch(watch))
+
+    def _stop(self) -> None:
+        watch, self._watch = self._watch, None
+        self._cancel(watch)
+
+    def _swap(self, since: int, entry: bytes | None) -> bool:
+        """Watch ``entry`` alone (a far waiter's sentinel), or the range (None), instead of
+        what the watch covers now, from after revision ``since``; False (the old watch
+        kept) if no node answers now."""
+        watch = self._add(since, entry)
+        if watch is None:
+            return False
+        old, self._watch, self._watched = self._watch, watch, entry
+        self._cancel(old)
+        return True
 
     def _heard(self, response: Any) -> None:
         """pyetcd's watch thread: a response, or the stream's end (None or an exception)."""
@@ -109,14 +153,38 @@ class EtcdSubscription(Subscription):
         line = queue + b"lock/"
         revision, kvs = self._store._read("waiting", self._key)
         ahead = [kv for kv in kvs if bytes(kv.key).startswith(line) and kv.create_revision < mine]
+        if not self._looked_at:  # where it joined the queue: where the next will, likely
+            self._store._joined_far(self._key, len(ahead) > NEAR)
         self._looked_at = revision
         if ahead:
-            self._target = bytes(max(ahead, key=lambda kv: kv.create_revision).key)[
-                len(self._base) :
-            ]
+            cut = len(self._base)
+            parts = [bytes(kv.key)[cut:] for kv in sorted(ahead, key=lambda kv: kv.create_revision)]
+            far = len(parts) > NEAR
+            self._target = parts[-NEAR - 1] if far else parts[-1]
+            self._predecessor = parts[-1] if far else None
             return False
-        self._target = None
+        self._target = self._predecessor = None
         return not any(bytes(kv.key) == hold or bytes(kv.key).startswith(shared) for kv in kvs)
+
+    def _fit_watch(self) -> None:
+        """After a look: watch the far waiter's sentinel alone, or a near waiter's range,
+        from the look on. If no node answers now, a range watch is kept (it hears every
+        deletion); any other is given up, and the range watched again, then looked at."""
+        wanted = self._target if self._predecessor is not None else None
+        fits = self._watch is not None and wanted == self._watched
+        if not fits and not self._swap(self._looked_at, wanted) and self._watched is not None:
+            self._stop()
+
+    def _come_near(self) -> bool:
+        """A far waiter's sentinel left: wait for its predecessor on a watch of the range
+        from the look that found them (it hears the predecessor if that left since); False
+        (a look is due) if no node answers now."""
+        predecessor, self._predecessor = self._predecessor, None
+        self._target = predecessor  # before the watch: its first deletions are judged by it
+        if self._swap(self._looked_at, None):
+            return True
+        self._predecessor = predecessor
+        return False
 
     def _matters(self, part: bytes, revision: int) -> bool:
         """Whether the deletion of ``part`` (a key suffix) at ``revision`` can make this
@@ -143,13 +211,18 @@ class EtcdSubscription(Subscription):
         return False
 
     def _wait_queued(self, end: float) -> bool:
+        look = True
         while True:
-            if self._unwatchable(end):
+            # (a far waiter has no watch before its first look: _fit_watch makes it)
+            if self._looked_at and self._unwatchable(end):
                 return True
-            self._event.clear()
-            self._heard_deletions.clear()  # the look below sees what they did
-            if self._look():
-                return True
+            if look:
+                self._event.clear()
+                self._heard_deletions.clear()  # the look below sees what they did
+                if self._look():
+                    return True
+                self._fit_watch()
+            look = True
             # what was heard during the look is judged against what it found
             while not self._concerns_us():
                 if self._watch is None:
@@ -160,7 +233,9 @@ class EtcdSubscription(Subscription):
             else:
                 if self._target is None:
                     return True  # a hold ended: our turn
-                # our predecessor left: look who is next
+                if self._watched is not None and self._come_near():
+                    look = False  # the sentinel left: wait for the predecessor
+                # else our predecessor left: look who is next
 
     # -- Subscription ----------------------------------------------------------------------
     def wait(self, timeout: float) -> bool:
@@ -174,6 +249,12 @@ class EtcdSubscription(Subscription):
             if queued:
                 return self._wait_queued(end)
         self._heard_deletions.clear()  # (a queued waiter's, between its places in the queue)
+        if self._owner is not None and (self._watch is None or self._watched is not None):
+            # a queued waiter out of the queue, without a watch of the range: it makes one,
+            # then tries (a release before it was not heard)
+            self._stop()
+            self._unwatchable(end)
+            return True
         if self._event.is_set():
             self._event.clear()
             return True

@@ -184,13 +184,15 @@ class MysqlStatements(HolderStatements):
         digest = hashlib.sha1(t.encode(), usedforsecurity=False).hexdigest()[:16]
         self.ddl_lock_name = f"dblock_ddl_{digest}"
         # schema table meta holders sessions sequence -> (table, column, the server is MySQL
-        # 8) of each of the tables (or the sequence) that exists
+        # 8) of each of the tables (or the sequence) that exists; every one has columns. The
+        # columns view alone, not joined to the tables view: MariaDB then opens only this
+        # schema's tables, where the join read every table of every database (14 ms at 300
+        # tables, on each connect)
         self.find_tables = (
-            "SELECT t.table_name, c.column_name, VERSION() NOT LIKE '%%MariaDB%%' "
-            "FROM information_schema.tables t LEFT JOIN information_schema.columns c "
-            "ON c.table_schema = t.table_schema AND c.table_name = t.table_name "
-            "WHERE t.table_schema = COALESCE(%s, DATABASE()) "
-            "AND t.table_name IN (%s, %s, %s, %s, %s)"
+            "SELECT c.table_name, c.column_name, VERSION() NOT LIKE '%%MariaDB%%' "
+            "FROM information_schema.columns c "
+            "WHERE c.table_schema = COALESCE(%s, DATABASE()) "
+            "AND c.table_name IN (%s, %s, %s, %s, %s)"
         )
         self.is_mysql8 = "SELECT VERSION() NOT LIKE '%MariaDB%'"
         # name -> one process creates the schema at a time

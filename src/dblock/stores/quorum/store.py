@@ -22,7 +22,7 @@ import random
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor
+from concurrent.futures import ALL_COMPLETED, FIRST_EXCEPTION, Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 from typing import Any, TypeVar
 
@@ -239,12 +239,17 @@ class QuorumStore(Store, ScheduledRuns, FairQueue, Wakeups, FairManyKeys, Leader
         finally:
             _handing_over.active = False
         deadline = time.monotonic() + within
-        pending = set(futures)
-        while pending:  # until all answered, or the time is up
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            _done, pending = wait_futures(pending, timeout=left, return_when=FIRST_EXCEPTION)
+        try:
+            _wait_until(futures, deadline, FIRST_EXCEPTION)  # all answered, or the time is up
+        except BaseException:
+            # Interrupted (Ctrl-C, a signal handler's exception): the calls go on and reach
+            # the stores anyway. The caller's cleanup (leaving a queue the call may have
+            # joined, ending a grant it may have made) must come after them, not race them.
+            # An error in this wait (the interruption landing again) ends it; a second
+            # interruption propagates.
+            with contextlib.suppress(Exception):
+                _wait_until(futures, deadline, ALL_COMPLETED)
+            raise
         out: list[T | Fault] = []
         for i, future in enumerate(futures):
             if not future.done():
@@ -720,6 +725,17 @@ def _inline(job: Callable[[], T]) -> T | Fault:
 
 def _safe(member: Member) -> str:
     return member.store.safe_url if member.store is not None else member.url
+
+
+def _wait_until(futures: Sequence[Future[Any]], deadline: float, when: str) -> None:
+    """Wait for ``futures`` until every one is done or ``deadline`` passes (``when``: how
+    often ``concurrent.futures.wait`` returns on the way)."""
+    pending = set(futures)
+    while pending:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return
+        _done, pending = wait_futures(pending, timeout=left, return_when=when)
 
 
 def _late_for(

@@ -64,7 +64,7 @@ from ..._runtime import THREADS, Runtime
 from ..._types import Kind, LockInfo
 from ..._url import MAX_URL_TIMEOUT, DatabaseURL, url_number
 from .._listener import Listener, PushedWakeups
-from .._pool import MAINTENANCE_DEADLINE, STATEMENT_DEADLINE, Failure, PooledStore
+from .._pool import MAINTENANCE_DEADLINE, Failure, PooledStore
 from .._schema import MissingTable
 from .scripts import SCRIPTS
 from .waiter import ListenedMany, OwnChannel, OwnChannels, OwnSubscription
@@ -361,8 +361,6 @@ class RedisStore(
         if isinstance(sock, socket.socket):
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
-
-    _transient_for = STATEMENT_DEADLINE
 
     # -- running scripts --------------------------------------------------------------------
     def _keys(self, key: str) -> list[str]:
