@@ -28,7 +28,13 @@ def command() -> NoReturn:
     handlers run (logging's flush among them) and the standard streams are flushed. While a
     thread that is not a daemon still runs, or if a stream cannot be flushed (a closed pipe),
     Python exits as usual, as it would have.
+
+    Before anything, the process's own settings are made (``environment``): they are this
+    executable's alone, never those of a program that runs :func:`main` inside itself.
     """
+    from .environment import set_up_own_process
+
+    set_up_own_process()
     status = main()
     _exit_now(status)
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from contextlib import suppress
 from typing import Any
 
@@ -13,7 +12,7 @@ import click
 import dblock
 from dblock.tools import Term, check_leader_value
 
-from . import exit_codes
+from . import environment, exit_codes
 from .cmd_run import Guard, kill_grace_for, kill_grace_option, say
 from .context import LEASE, CliError, common_options, open_client, open_reader, validate_key
 from .output import duration, iso, now_utc, printable
@@ -57,7 +56,7 @@ def _check_value(ctx: click.Context, param: click.Parameter, value: str | None) 
 
 def _child_env(term: Term) -> dict[str, str]:
     """CMD's environment: the election, the term's token and the leader's value."""
-    env = dict(os.environ)
+    env = environment.for_cmd()
     env["DBLOCK_ELECTION"] = term.name
     env["DBLOCK_TOKEN"] = str(term.token)
     env["DBLOCK_LEADER_VALUE"] = term.value or ""

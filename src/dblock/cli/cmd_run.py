@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import time
 from collections.abc import Callable
 from contextlib import suppress
@@ -17,7 +16,7 @@ import click
 import dblock
 from dblock.tools import check_key
 
-from . import exit_codes
+from . import environment, exit_codes
 from .context import (
     LEASE,
     WAIT,
@@ -58,7 +57,7 @@ def say(message: str) -> None:
 
 def _child_env(keys: tuple[str, ...], lock: dblock.Lock) -> dict[str, str]:
     """CMD's environment: the key and its token (one key), or every key and its token."""
-    env = dict(os.environ)
+    env = environment.for_cmd()
     env["DBLOCK_OWNER"] = lock.owner
     tokens = getattr(lock, "tokens", None)
     if len(keys) == 1:

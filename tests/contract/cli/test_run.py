@@ -61,6 +61,18 @@ def test_exit_status_of_cmd(cli: Dblock, key: str) -> None:
     assert cli.run("info", key).returncode == 1
 
 
+def test_cmd_gets_the_environment_dblock_was_given(cli: Dblock, key: str) -> None:
+    # and nothing set in dblock's process for itself (gRPC's settings, on etcd)
+    for name in ("GRPC_VERBOSITY", "GRPC_ENABLE_FORK_SUPPORT"):  # this process's, if any
+        cli.env.pop(name, None)
+    done = cli.run("run", key, "--", "env", "-0")
+    assert done.returncode == 0, done.stderr
+    given = dict(line.split("=", 1) for line in done.stdout.split("\0") if line)
+    added = {name for name in given if name.startswith("DBLOCK_")}
+    assert {"DBLOCK_KEY", "DBLOCK_OWNER"} <= added <= {"DBLOCK_KEY", "DBLOCK_OWNER", "DBLOCK_TOKEN"}
+    assert {k: v for k, v in given.items() if k not in added} == cli.env
+
+
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
 def test_signal_reaches_cmd_and_lock_is_released(
     cli: Dblock, key: str, signum: signal.Signals
