@@ -1,7 +1,21 @@
 # CI's PostgreSQL server, sourced by .ci/run: postgresql_up says whether it answers,
-# postgresql_start starts it (the stores' servers are found by their test folders' server.sh).
+# postgresql_start starts it, postgresql_prepare sets it up for the suite (the stores' servers
+# are found by their test folders' server.sh).
 postgresql_up() { pg_isready -q -h 127.0.0.1 -p 5432; }
 postgresql_start() {
   echo "ci: starting PostgreSQL"
   pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | head -n1)" main start || true
+}
+# 8 test workers at once, each with clients, listeners and session connections, reached the
+# default 100 connections in one CI run ("too many clients already"): the suite gets 300
+postgresql_prepare() {
+  local n
+  n=$(psql -h 127.0.0.1 -U postgres -d postgres -Atc "SHOW max_connections")
+  [ "$n" -ge 300 ] && return 0
+  echo "ci: PostgreSQL max_connections $n -> 300 (a restart, before the suite)"
+  psql -h 127.0.0.1 -U postgres -d postgres -qc "ALTER SYSTEM SET max_connections = 300"
+  pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | head -n1)" main restart
+  for _ in $(seq 1 30); do postgresql_up && return 0; sleep 1; done
+  echo "ci: PostgreSQL did not come back"
+  return 1
 }
