@@ -37,6 +37,7 @@ IO_MODULES |= {"sqlite3", "greenlet"} | DRIVERS
 LAYERS: list[tuple[str, ...]] = [
     # what everything stands on: errors, types, timing, URLs, the runtimes
     (
+        "dblock._bounded",
         "dblock._errors",
         "dblock._types",
         "dblock._forksafe",

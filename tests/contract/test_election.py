@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 
 import dblock
+from tests._internals import store_call
+from tests._waiting import until
 from tests._worker import fenced_accepted, fenced_write, start
 from tests.providers import Provider
 
@@ -104,7 +106,12 @@ def test_candidates_lead_in_the_order_they_started_campaigning(
         for i in (1, 2, 3):
             threads.append(threading.Thread(target=candidate, args=(i,)))
             threads[-1].start()
-            time.sleep(0.4)  # its place in the queue is taken
+            # the next starts once this one's place in the queue is taken (a fixed sleep
+            # ran out on a loaded machine)
+            until(
+                lambda i=i: store_call(clients[0], "probe", name, "nobody")[1] == i,
+                f"candidate {i} queued",
+            )
         first.resign()
         for t in threads:
             t.join(60)

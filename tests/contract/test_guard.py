@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 
 import dblock
+from tests._worker import freeze
 from tests.contract._guard_kit import KINDS, App
 from tests.providers import Provider
 
@@ -285,7 +286,7 @@ app.begin()
 app.guard(lock)
 app.write(business, "first")
 print("guarded", flush=True)
-time.sleep(0.3)  # the test stops this process here, past the lease
+sys.stdin.readline()  # the test stops this process here, past the lease, then lets it go on
 print("committing", time.time(), flush=True)
 app.commit()
 try:
@@ -317,15 +318,16 @@ def test_a_holder_paused_inside_its_guarded_transaction_holds_off_the_next(
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'src'}"}
     proc = subprocess.Popen(
         [sys.executable, "-c", HOLDER, provider.url, table, business, kind],
+        stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
         cwd=ROOT,
         env=env,
     )
     try:
-        assert proc.stdout is not None
+        assert proc.stdout is not None and proc.stdin is not None
         assert proc.stdout.readline().strip() == "guarded"
-        os.kill(proc.pid, signal.SIGSTOP)
+        freeze(proc.pid)
         time.sleep(1.5)  # its lease is over; it still holds the row in its transaction
 
         def next_holder() -> float:
@@ -344,6 +346,8 @@ def test_a_holder_paused_inside_its_guarded_transaction_holds_off_the_next(
         assert t.is_alive(), f"the next holder did not wait for the paused transaction: {out}"
         assert not other.lock("g:paused", ttl=30).acquire(blocking=False)
         os.kill(proc.pid, signal.SIGCONT)
+        proc.stdin.write("\n")
+        proc.stdin.flush()
         committing = float(proc.stdout.readline().split()[1])
         t.join(60)
         assert len(out) == 1 and isinstance(out[0], float), out
@@ -355,8 +359,9 @@ def test_a_holder_paused_inside_its_guarded_transaction_holds_off_the_next(
             os.kill(proc.pid, signal.SIGCONT)
             proc.kill()
             proc.wait()
-        if proc.stdout is not None:
-            proc.stdout.close()
+        for stream in (proc.stdin, proc.stdout):
+            if stream is not None:
+                stream.close()
         app.drop(business)
         app.close()
 

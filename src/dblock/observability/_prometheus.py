@@ -21,6 +21,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from .._bounded import remember
 from .._errors import ConfigurationError
 from .._observe import LockEvent, Outcome
 from ._prefix import DEFAULT_MAX_PREFIXES, OTHER
@@ -131,9 +132,8 @@ class PrometheusMetrics:
         series = self._series.get(labels)
         if series is None:
             series = self._series.setdefault(labels, _Series(folded=prefix == OTHER))
-        if len(self._by_key) >= _KEYS_REMEMBERED:
-            self._by_key.clear()  # many keys: start over (the series stay)
-        self._by_key[(event.backend, event.key, event.kind)] = series
+        # many keys: the memory starts over (the series stay)
+        remember(self._by_key, (event.backend, event.key, event.kind), series, _KEYS_REMEMBERED)
         return series
 
     def _fold(self) -> None:

@@ -40,10 +40,11 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta, timezone
-from typing import Any, TypeVar
+from typing import Any
 
 from pyetcd import etcdrpc
 
+from ..._bounded import remember
 from ..._contract import (
     FairManyKeys,
     FairQueue,
@@ -86,8 +87,6 @@ _UNSURE_KEPT = 4096
 #: keys remembered for waiters' watches (a busy revision; a queue joined far back), at most,
 #: per memory
 _BUSY_KEYS = 4096
-
-T = TypeVar("T")
 
 
 def _value(owner: str, kind: str) -> bytes:
@@ -135,14 +134,6 @@ def _carry_value(value: bytes, token: int, lease: int) -> Any:
     )
     move = put(value, b"", lease, keep_value=True)
     return Req(request_txn=etcdrpc.TxnRequest(compare=[written], success=[move]))
-
-
-def _remember(memory: dict[str, T], key: str, value: T) -> None:
-    """``memory[key] = value``, in a memory of at most ``_BUSY_KEYS`` keys: a full one is
-    forgotten (keys of tries that never waited, of clients that never came back)."""
-    if key not in memory and len(memory) >= _BUSY_KEYS:
-        memory.clear()
-    memory[key] = value
 
 
 class EtcdStore(
@@ -279,13 +270,13 @@ class EtcdStore(
 
     def _saw(self, key: str, revision: int) -> None:
         with self._mutex:
-            _remember(self._busy_at, key, revision)
+            remember(self._busy_at, key, revision, _BUSY_KEYS)
 
     def _joined_far(self, key: str, far: bool) -> None:
         """This client's waiter joined ``key``'s queue far back (True) or near the head."""
         with self._mutex:
             if far:
-                _remember(self._far_keys, key, None)
+                remember(self._far_keys, key, None, _BUSY_KEYS)
             else:
                 self._far_keys.pop(key, None)
 

@@ -40,6 +40,7 @@ from typing import Any, ClassVar, Final
 import pymysql
 from pymysql.constants import CLIENT, CR
 
+from ..._bounded import remember
 from ..._contract import (
     CommitGuards,
     FairManyKeys,
@@ -621,9 +622,7 @@ class MysqlStore(
 
     def _note_busy(self, key: str, mark_ends: float) -> None:
         """Remember ``key`` as busy, its queue mark seen to hold until ``mark_ends``."""
-        if len(self._busy) >= _BUSY_KEYS and key not in self._busy:
-            self._busy.clear()
-        self._busy[key] = mark_ends
+        remember(self._busy, key, mark_ends, _BUSY_KEYS)
 
     def _look(self, key: str, owner: str) -> tuple[bool, int, float, bool, bool]:
         """Read-only: like probe(), the seconds left of the holder's lease (0 if free), whether

@@ -37,6 +37,7 @@ from typing import Any, Final, cast
 import psycopg
 
 from ... import _forksafe
+from ..._bounded import remember
 from ..._contract import (
     CommitGuards,
     FairManyKeys,
@@ -365,9 +366,7 @@ class PostgresStore(
         if not super().proclaim(key, owner, token, value):
             return False
         with self._quiet_lock:
-            if len(self._proclaimers) >= _QUIET_MEMORY:  # terms lost, never released
-                self._proclaimers.clear()
-            self._proclaimers[key, owner] = token
+            remember(self._proclaimers, (key, owner), token, _QUIET_MEMORY)
         return True
 
     # -- ManyKeys: the common case in one statement each ---------------------------------
@@ -522,9 +521,7 @@ class PostgresStore(
         if joins is None:
             return
         with self._quiet_lock:
-            if len(self._quiet) >= _QUIET_MEMORY:  # holds never released: forget them
-                self._quiet.clear()
-            self._quiet[key, owner] = joins
+            remember(self._quiet, (key, owner), joins, _QUIET_MEMORY)
 
     def _taken_quietly_many(self, rows: Sequence[Any], owner: str) -> None:
         """``_taken_quietly`` of each (key, token, joins, ...) row of a many-key take, under
