@@ -19,7 +19,7 @@ import pytest
 
 import dblock
 from tests._internals import store_call
-from tests._waiting import until
+from tests._waiting import start_in_turn
 from tests._worker import fenced_accepted, fenced_write, start
 from tests.providers import Provider
 
@@ -102,16 +102,8 @@ def test_candidates_lead_in_the_order_they_started_campaigning(
                 order.append(i)
                 time.sleep(0.05)
 
-        threads = []
-        for i in (1, 2, 3):
-            threads.append(threading.Thread(target=candidate, args=(i,)))
-            threads[-1].start()
-            # the next starts once this one's place in the queue is taken (a fixed sleep
-            # ran out on a loaded machine)
-            until(
-                lambda i=i: store_call(clients[0], "probe", name, "nobody")[1] == i,
-                f"candidate {i} queued",
-            )
+        threads = [threading.Thread(target=candidate, args=(i,)) for i in (1, 2, 3)]
+        start_in_turn(threads, lambda: store_call(clients[0], "probe", name, "nobody")[1])
         first.resign()
         for t in threads:
             t.join(60)

@@ -8,7 +8,6 @@ import contextlib
 import threading
 import time
 from collections import Counter
-from collections.abc import Collection
 from typing import Any
 
 import pytest
@@ -16,7 +15,7 @@ import pytest
 import dblock
 from dblock.stores.etcd.store import EtcdStore
 from tests._internals import store_of
-from tests._waiting import until
+from tests._waiting import start_in_turn, until
 
 
 def test_a_release_wakes_only_the_head(
@@ -44,7 +43,7 @@ def test_a_release_wakes_only_the_head(
             release.wait(30)
 
     threads = [threading.Thread(target=wait, args=(i, c)) for i, c in enumerate(waiters)]
-    _start_in_turn(threads, store_of(holder))
+    start_in_turn(threads, lambda: store_of(holder).probe("k", "nobody")[1])
     time.sleep(1.0)
     calls.clear()
     lock.release()
@@ -89,7 +88,7 @@ def test_a_queued_waiter_keeps_one_watch_while_the_queue_moves(
             time.sleep(0.05)
 
     threads = [threading.Thread(target=wait, args=(i, c)) for i, c in enumerate(waiters)]
-    _start_in_turn(threads, store_of(holder))
+    start_in_turn(threads, lambda: store_of(holder).probe("k", "nobody")[1])
     time.sleep(0.5)
     assert len(made) == 4  # one watch per waiter
     lock.release()
@@ -118,20 +117,10 @@ def _queue_up(
                 time.sleep(holds.get(i, 0.05))
 
     threads = [threading.Thread(target=wait, args=(i, c)) for i, c in enumerate(clients)]
-    _start_in_turn(threads, store_of(clients[0]), tuple(timeouts or {}))
+    start_in_turn(
+        threads, lambda: store_of(clients[0]).probe("k", "nobody")[1], tuple(timeouts or {})
+    )
     return clients, threads, got
-
-
-def _start_in_turn(
-    threads: list[threading.Thread], look: Any, quitters: Collection[int] = ()
-) -> None:
-    """Start the waiters' threads in order, each once the store (``look``) shows the one
-    before it queued ("k"): they queue in this order. A waiter in ``quitters`` gives up and
-    may have left already: it is not counted."""
-    for i, thread in enumerate(threads):
-        thread.start()
-        gone = sum(1 for j in quitters if j < i)
-        until(lambda i=i, gone=gone: look.probe("k", "nobody")[1] >= i + 1 - gone, "queued", 30)
 
 
 def test_a_hand_off_reaches_only_the_nearest_waiters_watches(

@@ -11,7 +11,7 @@ from typing import Any
 
 import dblock
 from tests._internals import store_of
-from tests._waiting import until
+from tests._waiting import start_in_turn
 
 #: the last has 9 ahead: it looks about every 45 ms (TurnPacer), the head at every commit, and
 #: the head's looks stay at least twice the last's on a machine 2-3 times slower than usual
@@ -54,9 +54,7 @@ def test_waiters_behind_the_next_in_line_do_not_look_at_every_commit(tmp_path: P
                 mine.release()
 
             threads.append(threading.Thread(target=wait, daemon=True))
-            threads[-1].start()
-            # queued in this order: each starts once the store shows the one before it queued
-            until(lambda n=i + 1: look.probe("job", "nobody")[1] >= n, f"waiter {i} queued")
+        start_in_turn(threads, lambda: look.probe("job", "nobody")[1])  # queued in this order
         before = [c[0] for c in counts]
         end = time.monotonic() + CHURN_S
         other = churner.lock("other", ttl=60)
