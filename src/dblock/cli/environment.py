@@ -3,7 +3,7 @@
 gRPC (the etcd store's driver) carries its threads over a fork by default: in the child that
 ``run``, ``once`` and ``lead`` fork for CMD it restarts its poller thread, and the close of
 every descriptor before exec can close the poller's own under it. The child then aborts
-(SIGABRT) before CMD starts, about once in a hundred forks. That child only execs, so
+(SIGABRT) before CMD starts: a few forks in a thousand on busy CPUs. That child only execs, so
 dblock's own process turns the carrying over off. CMD gets the environment dblock was given,
 without this setting or any other a driver makes for itself (``GRPC_VERBOSITY``).
 """
