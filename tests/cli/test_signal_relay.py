@@ -63,6 +63,28 @@ def test_no_signal_is_redelivered_after_the_relay_ends() -> None:
     assert got == []
 
 
+def _wait_then_clean_up(cleaned: list[str]) -> None:
+    try:
+        threading.Event().wait(5)
+    finally:
+        time.sleep(0.5)  # five redelivery intervals
+        cleaned.append("finally")
+
+
+def test_a_redelivery_never_cuts_the_interrupted_waits_cleanup_short() -> None:
+    # the wait's own cleanup (leaving the store's queue) runs while the first Interrupted
+    # goes up: a redelivery raising in it would leave it half done
+    cleaned: list[str] = []
+    with SignalRelay():
+        _signal_soon(signal.SIGTERM)
+        try:
+            _wait_then_clean_up(cleaned)
+        except Interrupted:
+            time.sleep(0.5)  # the caller's handling of it, still in the relay
+            cleaned.append("except")
+    assert cleaned == ["finally", "except"]
+
+
 def test_after_defer_signals_are_queued_not_raised() -> None:
     with SignalRelay() as relay:
         relay.defer()

@@ -51,7 +51,7 @@ _REAP_INTERVAL: Final = 0.01
 #: not signal, such as a command run as another user) before dblock reports them, seconds
 KILL_WAIT: Final = 5.0
 #: how often a signal that interrupted the wait is delivered again until the wait has ended,
-#: seconds: long enough that the wait's own cleanup (leaving the queue) is not cut short
+#: seconds (a swallowed one ends the wait this much later; see SignalRelay)
 REDELIVER_INTERVAL = 1.0
 
 
@@ -481,7 +481,10 @@ class SignalRelay:
     A driver may swallow the exception on its way up (kazoo turns any exception raised while
     it wakes its connection thread into ``ConnectionClosedError``, which the wait retries): so
     once raised, the signal is delivered again every :data:`REDELIVER_INTERVAL` seconds until
-    the wait has ended, and :meth:`defer` raises it if the lock was granted meanwhile.
+    the wait has ended, and :meth:`defer` raises it if the lock was granted meanwhile. Only the
+    first raises wherever it lands: a later one raises only where the main thread handles no
+    exception, so it never cuts short the ``finally`` and ``except`` blocks the first one runs
+    on its way up.
     """
 
     def __init__(self) -> None:
@@ -532,12 +535,17 @@ class SignalRelay:
             self._forwarded.append(signum)
         elif self._raise:
             with self._guard:
-                if self._pending is None:  # the first one: start redelivering it
+                first = self._pending is None
+                if first:  # start redelivering it
                     self._pending = signum
                     threading.Thread(
                         target=self._redeliver, name="dblock-signal-redelivery", daemon=True
                     ).start()
-            raise Interrupted(self._pending)
+            # a later one waits while the main thread handles an exception (the first
+            # Interrupted going up through the wait's cleanup, or its catcher): raising there
+            # would cut that cleanup short; once nothing is handled, a swallowed one is raised
+            if first or sys.exc_info()[1] is None:
+                raise Interrupted(self._pending)
         else:
             self._queued.append(signum)
 
