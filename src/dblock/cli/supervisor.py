@@ -536,16 +536,17 @@ class SignalRelay:
         elif self._raise:
             with self._guard:
                 first = self._pending is None
-                if first:  # start redelivering it
+                if self._pending is None:  # the first: start redelivering it
                     self._pending = signum
                     threading.Thread(
                         target=self._redeliver, name="dblock-signal-redelivery", daemon=True
                     ).start()
+                pending = self._pending
             # a later one waits while the main thread handles an exception (the first
             # Interrupted going up through the wait's cleanup, or its catcher): raising there
             # would cut that cleanup short; once nothing is handled, a swallowed one is raised
             if first or sys.exc_info()[1] is None:
-                raise Interrupted(self._pending)
+                raise Interrupted(pending)
         else:
             self._queued.append(signum)
 
