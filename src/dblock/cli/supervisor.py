@@ -535,13 +535,13 @@ class SignalRelay:
             self._forwarded.append(signum)
         elif self._raise:
             with self._guard:
-                first = self._pending is None
-                if self._pending is None:  # the first: start redelivering it
-                    self._pending = signum
+                pending = self._pending
+                first = pending is None
+                if pending is None:  # start redelivering it
+                    pending = self._pending = signum
                     threading.Thread(
                         target=self._redeliver, name="dblock-signal-redelivery", daemon=True
                     ).start()
-                pending = self._pending
             # a later one waits while the main thread handles an exception (the first
             # Interrupted going up through the wait's cleanup, or its catcher): raising there
             # would cut that cleanup short; once nothing is handled, a swallowed one is raised
