@@ -68,8 +68,13 @@ def client_mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch)
 
 @pytest.fixture(params=PROVIDERS, ids=[entry.name for entry in PROVIDERS])
 def provider(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, client_mode: str
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
+    monkeypatch: pytest.MonkeyPatch,
+    client_mode: str,
 ) -> Provider:
+    if request.param.tune is not None:
+        request.param.tune(monkeypatch)
     bound = bind(request.param, tmp_path_factory.mktemp("db"), client_mode)
     if client_mode == "async":
         bound.require("asyncio")

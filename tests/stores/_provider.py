@@ -160,6 +160,9 @@ class Entry:
     #: the client modes the contract suite runs it in: a mode whose code paths another
     #: provider already runs, store and client alike, is left out (the entry says why)
     modes: tuple[str, ...] = CLIENT_MODES
+    #: sets what the contract suite's tests change in this test's process for the store
+    #: (with pytest's monkeypatch, undone after the test); or None
+    tune: Callable[[pytest.MonkeyPatch], None] | None = None
 
     @property
     def capabilities(self) -> frozenset[str]:

@@ -53,6 +53,9 @@ print(json.dumps(statuses))
 """
 
 
+# alone: its hogs take every CPU for most of a minute, which the parallel part's tests of
+# timing (a quorum's answer window, a lease) would feel
+@pytest.mark.serial
 def test_the_executables_forks_for_cmd_survive_grpc(url: str, table: str) -> None:
     # gRPC's fork support restarted its poller in the child forked for CMD; the close of
     # every descriptor before exec then aborted it now and then (SIGABRT: 6 children in 1000
