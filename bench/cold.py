@@ -12,7 +12,10 @@ of t2 - t0 over the rounds, beside, in the same rounds:
 - the store's floor: ``python -c`` importing the store's driver, connecting, running one
   statement (``SELECT 1``; Redis ``PING``), then printing ``time.time_ns()``: what any Python
   program that touches the store pays before its first useful step (t1), and its exit (t2,
-  by ``os._exit`` after closing, as ``dblock`` ends).
+  by ``os._exit`` after closing, as ``dblock`` ends);
+- where the store's driver imports the OpenTelemetry SDK whenever it is installed (redis-py
+  8; dblock[dev] installs the SDK), its dblock and floor rows again as on a host without the
+  SDK (``NO_SDK``): a meta path finder run first makes its import fail as it fails there.
 
 The contenders alternate within every round (the order rotated each round); two rounds of
 warm-up come first, uncounted. dblock runs as ``python -m dblock`` on the bench's own
@@ -71,6 +74,35 @@ _FLOORS = {
     "redis": ("import redis, sys, time, os\nc = redis.Redis.from_url(sys.argv[1])\nc.ping()\n"),
 }
 _FLOOR_END = "print(time.time_ns(), flush=True)\nc.close()\nos._exit(0)\n"
+#: each floor's driver module
+_DRIVERS = {"sqlite": "sqlite3", "postgresql": "psycopg", "mysql": "pymysql", "redis": "redis"}
+
+#: the name's end of the rows run as on a host without the OpenTelemetry SDK
+NO_SDK = ", no OTel SDK"
+#: run first in those rows: the SDK cannot be imported (a driver that tries gets the
+#: ImportError it gets where the SDK is not installed)
+_HIDE_SDK = (
+    "import sys\n"
+    "class _NoSdk:\n"
+    "    def find_spec(self, name, path=None, target=None):\n"
+    "        if name == 'opentelemetry.sdk' or name.startswith('opentelemetry.sdk.'):\n"
+    "            raise ModuleNotFoundError(name)\n"
+    "sys.meta_path.insert(0, _NoSdk())\n"
+)
+_DBLOCK_MAIN = "import runpy\nrunpy.run_module('dblock', run_name='__main__', alter_sys=True)\n"
+
+
+def loads_sdk(store: str, env: dict[str, str]) -> bool:
+    """Importing ``store``'s driver imports the OpenTelemetry SDK (redis-py 8 does, at import,
+    wherever the SDK is installed: dblock[dev] installs it)."""
+    code = (
+        f"import sys, {_DRIVERS[store]}\n"
+        "print(any(m.startswith('opentelemetry.sdk') for m in sys.modules))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False
+    )
+    return done.stdout.strip() == "True"
 
 
 def log(msg: str) -> None:
@@ -86,34 +118,32 @@ def child_env(tmp: str) -> dict[str, str]:
 
 
 def sides(live: list[str], t: Targets, table: str, tmp: str) -> dict[str, list[str]]:
-    """Every contender's argv, by its row name."""
+    """Every contender's argv, by its row name. Where the store's driver imports the
+    OpenTelemetry SDK, its dblock and floor rows are also run without it (``NO_SDK``)."""
     key = f"bench-cold-{uuid.uuid4().hex[:8]}"
     out: dict[str, list[str]] = {}
     flock = shutil.which("flock")
     if flock:
         out["flock(1)"] = [flock, "-n", str(Path(tmp) / "cold.flock"), *CMD]
     out["python -c pass"] = [sys.executable, "-c", "pass"]
+    env = child_env(tmp)
     for store in STORES:
         if store not in live:
             continue
         url = t.url(store)
-        out[f"{store}/dblock"] = [
-            sys.executable,
-            "-m",
-            "dblock",
-            "--url",
-            url,
-            "--table",
-            table,
-            "run",
-            "--no-wait",
-            key,
-            "--",
-            *CMD,
-        ]
+        args = ["--url", url, "--table", table, "run", "--no-wait", key, "--", *CMD]
+        out[f"{store}/dblock"] = [sys.executable, "-m", "dblock", *args]
         if store in _FLOORS:
             code = _FLOORS[store] + _FLOOR_END
             out[f"{store}/floor"] = [sys.executable, "-c", code, url]
+            if loads_sdk(store, env):
+                out[f"{store}/dblock{NO_SDK}"] = [
+                    sys.executable,
+                    "-c",
+                    _HIDE_SDK + _DBLOCK_MAIN,
+                    *args,
+                ]
+                out[f"{store}/floor{NO_SDK}"] = [sys.executable, "-c", _HIDE_SDK + code, url]
     return out
 
 
@@ -192,10 +222,12 @@ def _cell(row: dict[str, Any], what: str) -> str:
     return "—" if v is None else f"{v['median_ms']:.0f} / {v['p90_ms']:.0f}"
 
 
-def gap(res: dict[str, Any], store: str) -> float | None:
-    """dblock's median to CMD's start less the store's floor's, ms."""
+def gap(res: dict[str, Any], store: str, variant: str = "") -> float | None:
+    """dblock's median to CMD's start less the store's floor's, ms (of the rows whose names
+    end in ``variant``)."""
     rows = res.get("rows", {})
-    mine, floor = rows.get(f"{store}/dblock", {}), rows.get(f"{store}/floor", {})
+    mine = rows.get(f"{store}/dblock{variant}", {})
+    floor = rows.get(f"{store}/floor{variant}", {})
     if "start" not in mine or "start" not in floor:
         return None
     return float(mine["start"]["median_ms"] - floor["start"]["median_ms"])
@@ -210,7 +242,9 @@ def markdown(res: dict[str, Any]) -> list[str]:
         "the rows alternating within each round. Floor: `python -c` importing the store's "
         "driver, connecting and running one statement (to its end, then to the exit). "
         f"Target (issue 52): to CMD's start, median ≤ {TARGET_MS:g} ms on PostgreSQL, "
-        "MariaDB/MySQL and Redis.",
+        f"MariaDB/MySQL and Redis. Rows ending `{NO_SDK}` run as on a host without the "
+        "OpenTelemetry SDK, which they cannot import: shown for a driver that imports it "
+        "wherever it is installed (redis-py 8; dblock[dev] installs it).",
         "",
         "| row | to CMD's start ms | to exit ms | target | dblock − floor ms |",
         "|---|---:|---:|---|---:|",
@@ -219,11 +253,11 @@ def markdown(res: dict[str, Any]) -> list[str]:
         store, _, side = name.partition("/")
         target = ""
         gap_ms = ""
-        if side == "dblock":
+        if side in ("dblock", f"dblock{NO_SDK}"):
             if store in TARGET_STORES and "start" in row:
                 met = row["start"]["median_ms"] <= TARGET_MS
                 target = f"≤ {TARGET_MS:g}: {'met' if met else 'not met'}"
-            g = gap(res, store)
+            g = gap(res, store, side.removeprefix("dblock"))
             gap_ms = "" if g is None else f"{g:+.0f}"
         if "error" in row:
             target = f"error: {row['error']}"
@@ -243,6 +277,13 @@ def targets(res: dict[str, Any]) -> list[dict[str, Any]]:
         med = row["start"]["median_ms"]
         floor = res["rows"].get(f"{store}/floor", {}).get("start")
         beside = f"; floor {floor['median_ms']:.0f} ms" if floor else ""
+        bare = res["rows"].get(f"{store}/dblock{NO_SDK}", {}).get("start")
+        bare_floor = res["rows"].get(f"{store}/floor{NO_SDK}", {}).get("start")
+        if bare and bare_floor:
+            beside += (
+                f"; without the OTel SDK {bare['median_ms']:.0f} ms, "
+                f"floor {bare_floor['median_ms']:.0f} ms"
+            )
         out.append(
             {
                 "target": f"(cold) {store}: exec to CMD's start median ≤ {TARGET_MS:g} ms",
