@@ -85,6 +85,18 @@ def test_a_redelivery_never_cuts_the_interrupted_waits_cleanup_short() -> None:
     assert cleaned == ["finally", "except"]
 
 
+def test_a_signal_sent_again_still_raises_in_the_cleanup() -> None:
+    # a second Ctrl-C is the user's: it ends a cleanup they will not wait for
+    with SignalRelay():
+        _signal_soon(signal.SIGINT)
+        try:
+            threading.Event().wait(5)
+        except Interrupted:
+            _signal_soon(signal.SIGINT)
+            with pytest.raises(Interrupted):
+                threading.Event().wait(5)
+
+
 def test_after_defer_signals_are_queued_not_raised() -> None:
     with SignalRelay() as relay:
         relay.defer()

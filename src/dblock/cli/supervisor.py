@@ -481,10 +481,10 @@ class SignalRelay:
     A driver may swallow the exception on its way up (kazoo turns any exception raised while
     it wakes its connection thread into ``ConnectionClosedError``, which the wait retries): so
     once raised, the signal is delivered again every :data:`REDELIVER_INTERVAL` seconds until
-    the wait has ended, and :meth:`defer` raises it if the lock was granted meanwhile. Only the
-    first raises wherever it lands: a later one raises only where the main thread handles no
-    exception, so it never cuts short the ``finally`` and ``except`` blocks the first one runs
-    on its way up.
+    the wait has ended, and :meth:`defer` raises it if the lock was granted meanwhile. A
+    redelivery raises only where the main thread handles no exception, so it never cuts short
+    the ``finally`` and ``except`` blocks the first one runs on its way up; a signal sent again
+    (a second Ctrl-C) raises wherever it lands, as the first did.
     """
 
     def __init__(self) -> None:
@@ -495,6 +495,8 @@ class SignalRelay:
         #: signals forwarded to the attached child (see rearm)
         self._forwarded: list[int] = []
         self._pending: int | None = None
+        #: a redelivery was sent and its handler has not run yet
+        self._redelivered = False
         self._installed = False
         self._guard = threading.RLock()  # the handler takes it too, in the main thread
 
@@ -536,16 +538,17 @@ class SignalRelay:
         elif self._raise:
             with self._guard:
                 pending = self._pending
-                first = pending is None
+                redelivered, self._redelivered = self._redelivered, False
                 if pending is None:  # start redelivering it
                     pending = self._pending = signum
                     threading.Thread(
                         target=self._redeliver, name="dblock-signal-redelivery", daemon=True
                     ).start()
-            # a later one waits while the main thread handles an exception (the first
+            # a redelivery waits while the main thread handles an exception (the first
             # Interrupted going up through the wait's cleanup, or its catcher): raising there
-            # would cut that cleanup short; once nothing is handled, a swallowed one is raised
-            if first or sys.exc_info()[1] is None:
+            # would cut that cleanup short; once nothing is handled, a swallowed one is raised.
+            # A signal sent again (a second Ctrl-C) raises wherever it lands, as the first.
+            if not redelivered or sys.exc_info()[1] is None:
                 raise Interrupted(pending)
         else:
             self._queued.append(signum)
@@ -557,6 +560,7 @@ class SignalRelay:
             with self._guard:  # __exit__ takes the guard before it restores the handlers
                 if not (self._installed and self._raise) or self._pending is None:
                     return
+                self._redelivered = True
                 signal.pthread_kill(main, self._pending)
 
     def __enter__(self) -> SignalRelay:
