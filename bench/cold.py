@@ -51,31 +51,33 @@ WARMUP = 2
 BOUND = 20.0
 CMD = ("date", "+%s%N")
 
-#: the floors: import the driver, connect, one statement, print the time; argv[1] is the URL
+#: each floor's driver module
+_DRIVERS = {"sqlite": "sqlite3", "postgresql": "psycopg", "mysql": "pymysql", "redis": "redis"}
+#: the floors, after the driver's import: connect, one statement; argv[1] is the URL
 _FLOORS = {
     "sqlite": (
-        "import sqlite3, sys, time, os\n"
         "c = sqlite3.connect(sys.argv[1].removeprefix('sqlite:///'))\n"
         "c.execute('SELECT 1').fetchone()\n"
     ),
     "postgresql": (
-        "import psycopg, sys, time, os\n"
-        "c = psycopg.connect(sys.argv[1], autocommit=True)\n"
-        "c.execute('SELECT 1').fetchone()\n"
+        "c = psycopg.connect(sys.argv[1], autocommit=True)\nc.execute('SELECT 1').fetchone()\n"
     ),
     "mysql": (
-        "import pymysql, sys, time, os\n"
         "from urllib.parse import urlsplit, unquote\n"
         "u = urlsplit(sys.argv[1])\n"
         "c = pymysql.connect(host=u.hostname, port=u.port or 3306, user=unquote(u.username or ''),"
         " password=unquote(u.password or ''), database=u.path.lstrip('/') or None)\n"
         "k = c.cursor(); k.execute('SELECT 1'); k.fetchone()\n"
     ),
-    "redis": ("import redis, sys, time, os\nc = redis.Redis.from_url(sys.argv[1])\nc.ping()\n"),
+    "redis": "c = redis.Redis.from_url(sys.argv[1])\nc.ping()\n",
 }
 _FLOOR_END = "print(time.time_ns(), flush=True)\nc.close()\nos._exit(0)\n"
-#: each floor's driver module
-_DRIVERS = {"sqlite": "sqlite3", "postgresql": "psycopg", "mysql": "pymysql", "redis": "redis"}
+
+
+def _floor(store: str) -> str:
+    """The floor's program: import the driver, connect, one statement, print the time."""
+    return f"import {_DRIVERS[store]}, sys, time, os\n" + _FLOORS[store] + _FLOOR_END
+
 
 #: the name's end of the rows run as on a host without the OpenTelemetry SDK
 NO_SDK = ", no OTel SDK"
@@ -134,7 +136,7 @@ def sides(live: list[str], t: Targets, table: str, tmp: str) -> dict[str, list[s
         args = ["--url", url, "--table", table, "run", "--no-wait", key, "--", *CMD]
         out[f"{store}/dblock"] = [sys.executable, "-m", "dblock", *args]
         if store in _FLOORS:
-            code = _FLOORS[store] + _FLOOR_END
+            code = _floor(store)
             out[f"{store}/floor"] = [sys.executable, "-c", code, url]
             if loads_sdk(store, env):
                 out[f"{store}/dblock{NO_SDK}"] = [
