@@ -317,3 +317,22 @@ def test_a_frozen_queue_keeper_neither_overruns_the_timeout_nor_stalls_every_cal
             assert time.monotonic() - start < 1.5 + 4.0
         finally:
             os.killpg(group, signal.SIGCONT)
+
+
+def test_every_call_waits_the_answer_window_the_module_has_then(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The contract suite's quorum runs widen ``ANSWER_WITHIN`` (tests/stores/quorum/
+    provider.py): each call must read it then, not the value it had at import."""
+    from dblock.stores.quorum import store
+
+    with dblock.connect(_sqlite_trio(tmp_path), table=fresh_table()) as client:
+        assert client.info("k") is None  # the stores answer within the usual window
+        monkeypatch.setattr(store, "ANSWER_WITHIN", 0.0)
+        unanswered = []
+        for _ in range(5):  # a store's answer may beat the look for it now and then
+            try:
+                client.info("k")
+            except dblock.BackendError as exc:
+                unanswered.append(str(exc))
+        assert any("no answer in time" in reason for reason in unanswered), unanswered

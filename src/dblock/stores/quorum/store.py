@@ -182,19 +182,20 @@ class QuorumStore(Store, ScheduledRuns, FairQueue, Wakeups, FairManyKeys, Leader
         what: str,
         call: Callable[[Any], T],
         *,
-        within: float = ANSWER_WITHIN,
+        within: float | None = None,
         members: Sequence[Member] | None = None,
         late: Callable[[Member, T], None] | None = None,
     ) -> list[T | Fault]:
         """``call(store)`` on every member at once; the answers in members' order, a Fault for
-        each that failed, was not asked (backing off) or did not answer ``within`` s (it is
-        then backed off from like a failed one). ``late`` gets the answers that came after
-        that.
+        each that failed, was not asked (backing off) or did not answer ``within`` s (default
+        :data:`ANSWER_WITHIN`, read at each call) (it is then backed off from like a failed
+        one). ``late`` gets the answers that came after that.
 
         It waits for every store that answers in time, though a majority would do for
         safety: a hold that stands on every store survives one of them restarting empty, one
         on a bare majority does not, and ``info`` right after a renewal agrees with it."""
         members = self.members if members is None else members
+        within = ANSWER_WITHIN if within is None else within
         now = time.monotonic()
         out: list[T | Fault] = [Fault("backing off") for _ in members]
         asked = [i for i, m in enumerate(members) if m.askable(now)]
