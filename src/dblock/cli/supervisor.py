@@ -484,7 +484,8 @@ class SignalRelay:
     the wait has ended, and :meth:`defer` raises it if the lock was granted meanwhile. A
     redelivery raises only where the main thread handles no exception, so it never cuts short
     the ``finally`` and ``except`` blocks the first one runs on its way up; a signal sent again
-    (a second Ctrl-C) raises wherever it lands, as the first did.
+    (a second Ctrl-C) raises wherever it lands, as the first did, unless it lands while a
+    redelivery of it is on its way: the two make one handler call, taken for the redelivery.
     """
 
     def __init__(self) -> None:
