@@ -992,6 +992,7 @@ def evaluate_targets(res: dict[str, Any], contenders: list[Contender]) -> list[d
                 q <= 10 if backend == "postgresql" else None,
             )
     out += _session_targets(res)
+    out += _redis_floor_targets(res)
     if "obs" in res:
         out += observe.targets(res["obs"])
     if "scrape" in res:
@@ -1030,6 +1031,40 @@ def _contended_targets(label: str, v: dict[str, Any], fair: float) -> list[dict[
             "met": v["p99_over_ideal"] <= 2.0,
         },
     ]
+
+
+def _redis_floor_targets(res: dict[str, Any]) -> list[dict[str, Any]]:
+    """Issue 52's last steps to the floors on Redis: uncontended against redis-py's ``Lock``,
+    contended against the FIFO ticket floor (its throughput and p99 wait)."""
+    out: list[dict[str, Any]] = []
+    a, b = res.get("a", {}), res.get("b", {})
+    me, plain, fifo = "redis/dblock", "redis/redis-py Lock", "redis/floor: FIFO ticket lock"
+    rate, peer = a.get(me, {}).get("pairs_per_s"), a.get(plain, {}).get("pairs_per_s")
+    if rate and peer and not math.isnan(rate) and not math.isnan(peer):
+        out.append(
+            {
+                "target": "(a) redis: ≥ 0.95× redis-py Lock (issue 52)",
+                "measured": f"{rate / peer:.2f}×",
+                "met": rate / peer >= 0.95,
+            }
+        )
+    v, floor = b.get(me, {}), b.get(fifo, {})
+    if v.get("repeats") and floor.get("repeats") and floor.get("throughput"):
+        out.append(
+            {
+                "target": "(b) redis: ≥ 0.9× the FIFO ticket floor (issue 52)",
+                "measured": f"{v['throughput'] / floor['throughput']:.2f}×",
+                "met": v["throughput"] / floor["throughput"] >= 0.9,
+            }
+        )
+        out.append(
+            {
+                "target": "(b) redis: p99 wait ≤ 1.1× the FIFO ticket floor's (issue 52)",
+                "measured": f"{v['wait_p99_ms']:.1f} ms vs {floor['wait_p99_ms']:.1f} ms",
+                "met": v["wait_p99_ms"] <= 1.1 * floor["wait_p99_ms"],
+            }
+        )
+    return out
 
 
 #: the server's own lock, raw, per backend: what a session hold is measured against

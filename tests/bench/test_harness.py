@@ -150,6 +150,26 @@ def test_check_exclusion_on_synthetic_records() -> None:
     assert percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.0
 
 
+def test_redis_is_held_to_issue_52s_floors_on_synthetic_results() -> None:
+    def contended(throughput: float, p99: float) -> dict:
+        return {"repeats": [{}], "throughput": throughput, "wait_p99_ms": p99}
+
+    res = {
+        "a": {"redis/dblock": {"pairs_per_s": 950.0}, "redis/redis-py Lock": {"pairs_per_s": 1e3}},
+        "b": {
+            "redis/dblock": contended(900.0, 5.5),
+            "redis/floor: FIFO ticket lock": contended(1000.0, 5.0),
+        },
+    }
+    rows = run._redis_floor_targets(res)
+    assert [row["met"] for row in rows] == [True, True, True]
+    assert [row["measured"][:4] for row in rows[:2]] == ["0.95", "0.90"]
+    res["a"]["redis/dblock"]["pairs_per_s"] = 940.0
+    res["b"]["redis/dblock"] = contended(899.0, 5.6)
+    assert [row["met"] for row in run._redis_floor_targets(res)] == [False, False, False]
+    assert run._redis_floor_targets({"a": {}, "b": {}}) == []
+
+
 def _on_sqlite(tmp_path: Path, scenario: str) -> tuple[dict, str]:
     """Run ``scenario`` for dblock on SQLite: its results, and the markdown report."""
     code, report, md = _main(
