@@ -96,18 +96,25 @@ def test_candidates_lead_in_the_order_they_started_campaigning(
     try:
         first = clients[0].election(name, ttl=30).campaign(value="0")
         order: list[int] = []
+        t0 = time.monotonic()
+        # when each candidate started and led, from t0: a failure under load then says whether
+        # a waiter waited longer than its queue entry's lease (which its refresh may miss)
+        seen: dict[str, float] = {}
 
         def candidate(i: int) -> None:
+            seen[f"{i} started"] = round(time.monotonic() - t0, 2)
             with clients[i].election(name, ttl=30).campaign(value=str(i), timeout=60):
+                seen[f"{i} led"] = round(time.monotonic() - t0, 2)
                 order.append(i)
                 time.sleep(0.05)
 
         threads = [threading.Thread(target=candidate, args=(i,)) for i in (1, 2, 3)]
         start_in_turn(threads, lambda: store_call(clients[0], "probe", name, "nobody")[1])
+        seen["0 resigned"] = round(time.monotonic() - t0, 2)
         first.resign()
         for t in threads:
             t.join(60)
-        assert order == [1, 2, 3]
+        assert order == [1, 2, 3], seen
     finally:
         for c in clients:
             c.close()
