@@ -731,18 +731,23 @@ class Soak:
         return hung
 
     def dump_stack(self, pid: int) -> None:
-        """Best effort: py-spy, if installed, shows where a hung worker is."""
-        spy = shutil.which("py-spy")
-        if spy:
-            out = subprocess.run(
-                [spy, "dump", "--pid", str(pid)],
-                capture_output=True,
-                text=True,
-                timeout=30,
-                check=False,
-            )
-            with open(os.path.join(self.dir, f"hung-{pid}.txt"), "w", encoding="utf-8") as fh:
-                fh.write(out.stdout + out.stderr)
+        """Best effort: py-spy (the dev extra has it) shows where a hung process is. Printed
+        too: the run's directory goes at its end, and a hang seen once may not come back."""
+        spy = shutil.which("py-spy") or shutil.which("py-spy", path=Path(sys.executable).parent)
+        if not spy:
+            print("chaos: py-spy is not installed: no stack of it", flush=True)
+            return
+        out = subprocess.run(
+            [spy, "dump", "--pid", str(pid)],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+        stack = out.stdout + out.stderr
+        with open(os.path.join(self.dir, f"hung-{pid}.txt"), "w", encoding="utf-8") as fh:
+            fh.write(stack)
+        print(f"chaos: where {pid} is (py-spy dump):\n{stack[-3000:]}", flush=True)
 
     def cleanup(self) -> None:
         for pid, proc in [*self.procs.items(), *self.leads.items()]:
