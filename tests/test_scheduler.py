@@ -83,3 +83,27 @@ def test_session_holds_are_checked_when_due_until_discarded_and_a_failing_check_
         assert "later" in seen[count:], "a hold added after the job stopped was not checked"
     finally:
         scheduler.stop()
+
+
+# -- renewal jobs: on a grid, so that a busy client's cancelled ones wake the thread rarely ----
+def test_renewals_of_many_short_holds_fall_on_few_moments_never_after_a_third_of_the_lease() -> (
+    None
+):
+    # 300 holds handed over with a 9 s lease (shorter than their 30 s ttl: each is renewed in
+    # the background), one every 3 ms, as a contended key hands them out; each is released
+    # before its renewal, leaving a cancelled job. One job time per hold would wake the thread
+    # 300 times; on the grid it wakes at most once per 0.25 s.
+    start = 1000.0
+    dues = []
+    for i in range(300):
+        sent = start + i * 0.003
+        hold = Hold(Spec("k", 30.0), "owner", i + 1, 30.0, sent, lease=9.0)
+        due = hold.next_check(auto_renew=False, watched=False)
+        assert due is not None
+        assert sent + 9.0 / 4 <= due <= sent + 9.0 / 3
+        dues.append(due)
+    assert len(set(dues)) <= math.ceil(300 * 0.003 / 0.25) + 1
+    # a short lease keeps its margin: a grid step is at most a twelfth of it
+    short = Hold(Spec("k", 30.0), "owner", 1, 30.0, start + 0.1234, lease=0.3)
+    due = short.next_check(auto_renew=True, watched=False)
+    assert due is not None and start + 0.1234 + 0.3 / 4 <= due <= start + 0.1234 + 0.1

@@ -14,6 +14,10 @@ from .kinds import Spec
 #: how often a session hold's connection is checked (a cheap statement on it), seconds: with
 #: the store's deadline on that check it bounds how late a lost session is noticed
 SESSION_CHECK = 1.0
+#: renewals are due on a grid this fine (at most, and at most a twelfth of the lease): the
+#: cancelled renewal jobs of a busy client's short holds then end on a few moments, and cost
+#: its background thread a wake-up per moment instead of one per hold
+RENEW_GRID = 0.25
 
 
 class Cancellable(Protocol):
@@ -142,8 +146,8 @@ class Hold:
 
     def next_check(self, auto_renew: bool, watched: bool) -> float | None:
         """When the background job should next look at this hold (monotonic), or None: a
-        third of the lease in, to renew; at the lease's end, to report a watched loss; every
-        ``SESSION_CHECK`` s for a session hold."""
+        third of the lease in (rounded down to ``RENEW_GRID``), to renew; at the lease's end,
+        to report a watched loss; every ``SESSION_CHECK`` s for a session hold."""
         if self.spec.session:
             # on a grid of half checks, 0.5-1 check from now: the jobs of the many short holds
             # of a busy client end on a few moments, and their cancelled jobs cost the
@@ -151,7 +155,11 @@ class Hold:
             step = SESSION_CHECK / 2
             return (math.floor(time.monotonic() / step) + 2) * step
         if self.renews(auto_renew):
-            return self.expires_by - self.lease * 2 / 3
+            # a third of the lease in, rounded down to the grid: never later, and still a
+            # quarter of the lease in at the earliest
+            due = self.expires_by - self.lease * 2 / 3
+            step = min(RENEW_GRID, self.lease / 12)
+            return math.floor(due / step) * step if step > 0 else due
         if watched:
             return self.expires_by
         return None
