@@ -263,17 +263,20 @@ def _self_signed(root: Path) -> tuple[Path, Path]:
 
 
 @contextlib.contextmanager
-def private_redis(root: Path, *, tls: bool = False) -> Iterator[PrivateServer]:
+def private_redis(
+    root: Path, *, tls: bool = False, options: tuple[str, ...] = ()
+) -> Iterator[PrivateServer]:
     """A private redis-server in ``root`` that keeps nothing on disk (``--save ""
     --appendonly no``, as the machine's): a restart forgets every key. With ``tls`` it
-    listens only for TLS, on a self-signed certificate (its ``url`` names the CA file)."""
+    listens only for TLS, on a self-signed certificate (its ``url`` names the CA file);
+    ``options``: more of its command-line options."""
     server = _tool("redis-server", "/usr/bin")
     if server is None:
         _missing("redis-server")
     assert server is not None
     port = _free_port()
     command = [server, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
-    command += ["--dir", str(root), "--protected-mode", "no"]
+    command += ["--dir", str(root), "--protected-mode", "no", *options]
     if tls:
         key, cert = _self_signed(root)
         command += ["--port", "0", "--tls-port", str(port), "--tls-cert-file", str(cert)]

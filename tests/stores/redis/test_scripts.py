@@ -1,28 +1,40 @@
-"""Each operation is one script run by its SHA (EVALSHA), on the server's clock; list and purge
+"""Each operation is one function of dblock's library (FCALL), or its script (EVALSHA) where the
+server has no functions or the user may not use them, on the server's clock; list and purge
 walk the table's prefix with SCAN; tables do not collide."""
 
 from __future__ import annotations
 
 import time
 from datetime import datetime, timezone
+from pathlib import Path
 
 import pytest
 
 import dblock
-from tests._private_servers import PrivateServer
+from tests._private_servers import PrivateServer, private_redis
 from tests._servers import raw_redis
 from tests.stores.redis.conftest import command_calls
 
 
-def test_every_operation_is_one_evalsha_that_reads_the_servers_clock(
-    server: PrivateServer,
+@pytest.mark.parametrize(
+    ("denied", "sent"),
+    [("", "fcall"), ("-fcall", "evalsha"), ("-function", "evalsha")],
+    ids=["functions", "user-may-not-call-functions", "user-may-not-load-functions"],
+)
+def test_every_operation_is_one_call_that_reads_the_servers_clock(
+    server: PrivateServer, denied: str, sent: str
 ) -> None:
-    """The server's statistics count what the client sent (EVALSHA) and what the scripts ran
-    inside it: one TIME per script, nothing else from the client."""
+    """The server's statistics count what the client sent and what ran inside it: one TIME
+    per operation, nothing else from the client. The operation is its function (FCALL); its
+    script (EVALSHA) where the user may not call functions or load them."""
     raw = raw_redis(server.url)
-    with dblock.connect(server.url, table="ops") as client:
+    url = server.url
+    if denied:
+        raw.execute_command("ACL", "SETUSER", "app", "on", ">pw", "~*", "&*", "+@all", denied)
+        url = url.replace("redis://", "redis://app:pw@")
+    with dblock.connect(url, table="ops") as client:
         warm = client.lock("warm", ttl=5)
-        with warm:  # connects, and loads the scripts it uses (SCRIPT LOAD after NOSCRIPT)
+        with warm:  # connects, and loads what it calls (the library, or scripts after NOSCRIPT)
             warm.renew()
         raw.config_resetstat()
         lock = client.lock("k", ttl=5)
@@ -31,29 +43,61 @@ def test_every_operation_is_one_evalsha_that_reads_the_servers_clock(
             lock.renew()
             lock.release()
         calls = command_calls(raw)
+    functions = raw.execute_command("FUNCTION", "LIST")
     raw.close()
-    assert calls.pop("evalsha") == 30
+    assert calls.pop(sent) == 30
     assert calls.pop("time") == 30
     calls.pop("config|resetstat", None)
     calls.pop("info", None)
-    inside_scripts = {"hget", "hgetall", "hset", "hdel", "publish", "zrange"}
-    assert set(calls) <= inside_scripts, f"commands besides one EVALSHA per operation: {calls}"
+    inside = {"hget", "hgetall", "hset", "hdel", "publish", "zrange"}
+    assert set(calls) <= inside, f"commands besides one {sent.upper()} per operation: {calls}"
+    # the library is loaded only where its functions are called
+    assert len(functions) == (0 if denied else 1)
 
 
-def test_a_server_that_forgot_the_scripts_is_given_them_again(server: PrivateServer) -> None:
-    """SCRIPT FLUSH (as after a restart or a failover): the next EVALSHA's NOSCRIPT loads the
-    script, and the operation still runs once."""
+def test_a_server_without_functions_runs_every_operation_as_a_script(tmp_path: Path) -> None:
+    """As a server before Redis 7 answers FCALL (an unknown command): scripts, and the
+    contract holds."""
+    options = ("--rename-command", "FCALL", "", "--rename-command", "FUNCTION", "")
+    with private_redis(tmp_path, options=options) as server:
+        raw = raw_redis(server.url)
+        with (
+            dblock.connect(server.url, table="old") as client,
+            dblock.connect(server.url, table="old") as other,
+        ):
+            lock = client.lock("k", ttl=5)
+            raw.config_resetstat()
+            with lock:
+                assert not other.lock("k").acquire(blocking=False)
+                lock.renew()
+            assert other.lock("k").acquire(blocking=False)
+            calls = command_calls(raw)
+        raw.close()
+    assert calls.get("evalsha", 0) >= 4 and "fcall" not in calls
+
+
+def test_a_server_that_forgot_the_functions_or_scripts_is_given_them_again(
+    server: PrivateServer,
+) -> None:
+    """FUNCTION FLUSH or SCRIPT FLUSH (as after a restart): the next call loads the library
+    (or the script), and the operation still runs once."""
     raw = raw_redis(server.url)
     with dblock.connect(server.url, table="flush") as client:
         lock = client.lock("k", ttl=5)
         with lock:
+            raw.execute_command("FUNCTION", "FLUSH")
             raw.script_flush()
+            raw.config_resetstat()
             lock.renew()
-        raw.script_flush()
+            reloaded = command_calls(raw)
+        raw.execute_command("FUNCTION", "FLUSH")
         with lock:
             assert [i.owner for i in client.list("k")] == [lock.owner]
         assert client.info("k") is None
     raw.close()
+    # the renewal: FCALL, not found; FUNCTION LOAD; FCALL again (which renewed)
+    assert reloaded.get("fcall") == 2 and reloaded.get("function|load") == 1
+    assert reloaded.get("hset") == 1
 
 
 def test_list_and_purge_scan_and_never_use_keys(server: PrivateServer) -> None:
@@ -128,7 +172,8 @@ def test_two_tables_on_one_redis_do_not_collide(url: str, table: str) -> None:
 
 
 def test_a_script_call_is_sent_as_redis_py_would_send_it() -> None:
-    # the store packs EVALSHA with hiredis itself (stores/redis/store.py, _eval): the bytes
+    # the store packs FCALL and EVALSHA with hiredis itself (stores/redis/store.py,
+    # _roundtrip): the bytes
     # must be redis-py's own for str (UTF-8, not only ASCII) and int arguments
     hiredis = pytest.importorskip("hiredis")
     redis = pytest.importorskip("redis")

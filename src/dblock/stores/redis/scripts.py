@@ -1,4 +1,7 @@
-"""The Redis store's operations, one Lua script each (run with ``EVALSHA``: one round trip).
+"""The Redis store's operations in Lua, each one round trip: a function of one library
+(``LIBRARY``, called with ``FCALL``) or, where the server has no functions or the user may not
+use them, the same code as a script (``SCRIPTS``, run with ``EVALSHA``). Below, "script" means
+either.
 
 Keys of one lock table (``<p>`` is ``dblock:{<table>}:``; the hash tag keeps a table's keys
 in one cluster slot, so a script may touch several):
@@ -45,12 +48,24 @@ like a key's record (``<p>r:<key>``), which only its observers (LeaderPush) list
 
 from __future__ import annotations
 
-PREAMBLE = r"""
-local R, H, META, Q = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local KEY, CHANNEL = ARGV[1], ARGV[2]
-local clock = redis.call('TIME')
-local NOW = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
+import hashlib
 
+#: every operation's state, set by `begin` at its start: in a library of functions (see
+#: LIBRARY) these are the library's locals, which each call sets afresh; NOBODY: a *_MANY
+#: script found no holders hash on any of its keys (see no_holders); n: its number of keys
+STATE = r"""
+local KEYS, ARGV, R, H, META, Q, KEY, CHANNEL, NOW, NOBODY, n
+local function begin(keys, args)
+  KEYS, ARGV = keys, args
+  R, H, META, Q = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+  KEY, CHANNEL = ARGV[1], ARGV[2]
+  local clock = redis.call('TIME')
+  NOW = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
+  NOBODY = false
+end
+"""
+
+PREAMBLE = r"""
 local function num(x) return string.format('%.0f', x) end
 
 -- a grant or a proclaim of KEY is told to its observers (LeaderPush), who listen on the name
@@ -94,6 +109,7 @@ local function holders(hk)
 end
 
 local function entry(owner)
+  if NOBODY then return nil end
   local v = redis.call('HGET', H, owner)
   if not v then return nil end
   return parse(v)
@@ -184,6 +200,7 @@ end
 -- live lock-queue entries ahead of owner's (all but owner's own if it has none; all if nil),
 -- counted up to `limit` (nil: all)
 local function ahead(owner, limit)
+  if NOBODY then return 0 end
   local mine = owner and entry(owner)
   if mine and not mine.w then mine = nil end
   local n = 0
@@ -198,6 +215,7 @@ end
 
 -- the first live lock-queue entry other than `besides`: its owner and entry, or nil
 local function head(besides)
+  if NOBODY then return nil end
   return walk(function(o) return o ~= besides end)
 end
 
@@ -769,8 +787,10 @@ return ended
 
 #: the *_MANY scripts' preamble (after PREAMBLE's)
 MANY = r"""
-local n = (#KEYS - 1) / 3
-META = KEYS[#KEYS]
+local function begin_many()
+  n = (#KEYS - 1) / 3
+  META = KEYS[#KEYS]
+end
 local function at(i) R, H, Q, KEY = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i], ARGV[4 + i] end
 
 -- True if no key has a holders hash (nobody queues, no shared holds: most takes and releases
@@ -782,9 +802,7 @@ local function no_holders()
   local hk = {}
   for i = 1, n do hk[i] = KEYS[3 * i - 1] end
   if redis.call('EXISTS', unpack(hk)) > 0 then return false end
-  head = function() return nil end
-  ahead = function() return 0 end
-  entry = function() return nil end
+  NOBODY = true
   return true
 end
 
@@ -913,47 +931,83 @@ end
 return all
 """
 
-#: script name -> its source (with the shared preamble)
-SCRIPTS: dict[str, str] = {
-    name.lower(): PREAMBLE + (MANY if "_MANY" in name else "") + body
-    for name, body in {
-        "ACQUIRE": ACQUIRE,
-        "RENEW": RENEW,
-        "RELEASE": RELEASE,
-        "INFO": INFO,
-        "LIST": LIST,
-        "FORCE_RELEASE": FORCE_RELEASE,
-        "PURGE_RECORDS": PURGE_RECORDS,
-        "PURGE_HOLDERS": PURGE_HOLDERS,
-        "PURGE_QUEUES": PURGE_QUEUES,
-        "ACQUIRE_FAIR": ACQUIRE_FAIR,
-        "PROBE": PROBE,
-        "ENQUEUE": ENQUEUE,
-        "REQUEUE": REQUEUE,
-        "DEQUEUE": DEQUEUE,
-        "ACQUIRE_OR_ENQUEUE": ACQUIRE_OR_ENQUEUE,
-        "ACQUIRE_SHARED": ACQUIRE_SHARED,
-        "RELEASE_SHARED": RELEASE_SHARED,
-        "RENEW_SHARED": RENEW_SHARED,
-        "ACQUIRE_WRITE": ACQUIRE_WRITE,
-        "CLAIM_ONCE": CLAIM_ONCE,
-        "ONCE_STATE": ONCE_STATE,
-        "FINISH_ONCE": FINISH_ONCE,
-        "FINISH_SCHEDULED": FINISH_SCHEDULED,
-        "FENCE": FENCE,
-        "GRANT_FENCED": GRANT_FENCED,
-        "RELEASE_OWNED": RELEASE_OWNED,
-        "FENCE_MANY": FENCE_MANY,
-        "GRANT_FENCED_MANY": GRANT_FENCED_MANY,
-        "RELEASE_OWNED_MANY": RELEASE_OWNED_MANY,
-        "ACQUIRE_MANY": ACQUIRE_MANY,
-        "ACQUIRE_MANY_IN_TURN": ACQUIRE_MANY_IN_TURN,
-        "ENQUEUE_MANY": ENQUEUE_MANY,
-        "REQUEUE_MANY": REQUEUE_MANY,
-        "DEQUEUE_MANY": DEQUEUE_MANY,
-        "RENEW_MANY": RENEW_MANY,
-        "RELEASE_MANY": RELEASE_MANY,
-        "PROCLAIM": PROCLAIM,
-        "LEADER": LEADER,
-    }.items()
+_BODIES: dict[str, str] = {
+    "ACQUIRE": ACQUIRE,
+    "RENEW": RENEW,
+    "RELEASE": RELEASE,
+    "INFO": INFO,
+    "LIST": LIST,
+    "FORCE_RELEASE": FORCE_RELEASE,
+    "PURGE_RECORDS": PURGE_RECORDS,
+    "PURGE_HOLDERS": PURGE_HOLDERS,
+    "PURGE_QUEUES": PURGE_QUEUES,
+    "ACQUIRE_FAIR": ACQUIRE_FAIR,
+    "PROBE": PROBE,
+    "ENQUEUE": ENQUEUE,
+    "REQUEUE": REQUEUE,
+    "DEQUEUE": DEQUEUE,
+    "ACQUIRE_OR_ENQUEUE": ACQUIRE_OR_ENQUEUE,
+    "ACQUIRE_SHARED": ACQUIRE_SHARED,
+    "RELEASE_SHARED": RELEASE_SHARED,
+    "RENEW_SHARED": RENEW_SHARED,
+    "ACQUIRE_WRITE": ACQUIRE_WRITE,
+    "CLAIM_ONCE": CLAIM_ONCE,
+    "ONCE_STATE": ONCE_STATE,
+    "FINISH_ONCE": FINISH_ONCE,
+    "FINISH_SCHEDULED": FINISH_SCHEDULED,
+    "FENCE": FENCE,
+    "GRANT_FENCED": GRANT_FENCED,
+    "RELEASE_OWNED": RELEASE_OWNED,
+    "FENCE_MANY": FENCE_MANY,
+    "GRANT_FENCED_MANY": GRANT_FENCED_MANY,
+    "RELEASE_OWNED_MANY": RELEASE_OWNED_MANY,
+    "ACQUIRE_MANY": ACQUIRE_MANY,
+    "ACQUIRE_MANY_IN_TURN": ACQUIRE_MANY_IN_TURN,
+    "ENQUEUE_MANY": ENQUEUE_MANY,
+    "REQUEUE_MANY": REQUEUE_MANY,
+    "DEQUEUE_MANY": DEQUEUE_MANY,
+    "RENEW_MANY": RENEW_MANY,
+    "RELEASE_MANY": RELEASE_MANY,
+    "PROCLAIM": PROCLAIM,
+    "LEADER": LEADER,
 }
+
+#: operations that never write: their functions are flagged so (they run where writes are
+#: refused, a server out of memory, as their scripts do)
+_READ_ONLY = frozenset({"INFO", "LIST", "LEADER", "ONCE_STATE", "FENCE", "FENCE_MANY"})
+
+
+def _begin(name: str) -> str:
+    return "begin(keys, args)\n" + ("begin_many()\n" if "_MANY" in name else "")
+
+
+#: script name -> its source, for ``EVALSHA``: the state, the shared functions, then the body
+SCRIPTS: dict[str, str] = {
+    name.lower(): "local keys, args = KEYS, ARGV\n"
+    + STATE
+    + PREAMBLE
+    + (MANY if "_MANY" in name else "")
+    + _begin(name)
+    + body
+    for name, body in _BODIES.items()
+}
+
+
+def _library(name: str) -> str:
+    functions = []
+    for op, body in _BODIES.items():
+        flags = "{'no-writes'}" if op in _READ_ONLY else "{}"
+        functions.append(
+            f"redis.register_function{{function_name='{name}_{op.lower()}', flags={flags},\n"
+            f"callback=function(keys, args)\n{_begin(op)}{body}end}}\n"
+        )
+    return f"#!lua name={name}\n" + STATE + PREAMBLE + MANY + "".join(functions)
+
+
+#: the name of this version's library of functions (``FUNCTION LOAD``; its functions are
+#: ``<name>_<script name>``): it names its code's hash, so that clients of two versions of
+#: dblock on one server each call their own
+LIBRARY_NAME = "dblock_" + hashlib.sha256(_library("dblock").encode()).hexdigest()[:16]
+#: every operation as a function of one library (Redis 7): its shared functions are made
+#: once, when the library is loaded, not at every call as a script's are
+LIBRARY = _library(LIBRARY_NAME)

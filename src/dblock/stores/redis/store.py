@@ -1,8 +1,10 @@
-"""Redis backend (redis-py): the store contract as one Lua script per operation.
+"""Redis backend (redis-py): the store contract as one Lua function per operation.
 
-Every operation is one ``EVALSHA`` (redis-py's ``register_script``: the script is loaded once
-per server and called by its SHA1), atomic on the server, with time read by ``TIME`` inside
-the script: leases are measured by Redis, never by the client's clock. The scripts and the
+Every operation is one ``FCALL`` of a function of dblock's library (loaded by the first call
+that finds it missing), or where the server has no functions or the user may not use them,
+one ``EVALSHA`` of the same code as a script (redis-py's ``register_script``: loaded once per
+server, called by its SHA1); atomic on the server, with time read by ``TIME`` inside it:
+leases are measured by Redis, never by the client's clock. The scripts and the
 keys they keep are in :mod:`dblock.stores.redis.scripts`; a table's keys share the prefix
 ``dblock:{<table>}:``, so two tables (two applications) on one Redis do not collide, and
 ``list``/``purge`` walk that prefix with ``SCAN`` (never ``KEYS``).
@@ -40,7 +42,7 @@ from typing import Any
 import redis
 from redis.backoff import NoBackoff
 from redis.commands.core import Script
-from redis.exceptions import NoScriptError
+from redis.exceptions import NoPermissionError, NoScriptError
 from redis.retry import Retry
 
 from ... import _forksafe
@@ -66,7 +68,7 @@ from ..._url import MAX_URL_TIMEOUT, DatabaseURL, url_number
 from .._listener import Listener, PushedWakeups
 from .._pool import MAINTENANCE_DEADLINE, Failure, PooledStore
 from .._schema import MissingTable
-from .scripts import SCRIPTS
+from .scripts import LIBRARY, LIBRARY_NAME, SCRIPTS
 from .waiter import ListenedMany, OwnChannel, OwnChannels, OwnSubscription
 
 #: how each redis.Redis made here names its library to the server: redis-py 7+ otherwise
@@ -114,13 +116,12 @@ def _scripts() -> dict[str, Script]:
 Keys = list[str]  # a name for the class whose method `list` shadows the builtin
 
 
-def _eval(conn: Any, script: Script, keys: Keys, *args: Any) -> Any:
-    """``EVALSHA`` of ``script`` on ``conn``'s own connection: what redis-py's ``Script``
-    does, less the client's per-command layers (retries: dblock has its own; response
-    callbacks: a script has none), which cost about as much client time as the round trip.
-    A server that does not have the script yet gets it from ``Script``."""
+def _roundtrip(conn: Any, command: tuple[Any, ...]) -> Any:
+    """Send ``command`` on ``conn``'s own connection and read its reply: what redis-py's
+    ``execute_command`` does, less its per-command layers (retries: dblock has its own;
+    response callbacks: a script or function has none), which cost about as much client time
+    as the round trip."""
     connection = conn.connection
-    command = ("EVALSHA", script.sha, len(keys), *keys, *args)
     encoder = connection.encoder
     if _pack_command is not None and (encoder.encoding, encoder.encoding_errors) == _UTF8:
         # the bytes redis-py would send for these str and int arguments, less its Python
@@ -128,12 +129,22 @@ def _eval(conn: Any, script: Script, keys: Keys, *args: Any) -> Any:
         connection.send_packed_command([_pack_command(command)])
     else:
         connection.send_command(*command)
+    return connection.read_response()
+
+
+def _text(conn: Any, reply: Any) -> Any:
+    # an application's redis.Redis (dblock.connect(client)) may leave replies undecoded
+    return reply if conn.connection.encoder.decode_responses else _decoded(reply)
+
+
+def _eval(conn: Any, script: Script, keys: Keys, *args: Any) -> Any:
+    """``EVALSHA`` of ``script`` on ``conn``'s own connection; a server that does not have
+    the script yet gets it from ``Script``."""
     try:
-        reply = connection.read_response()
+        reply = _roundtrip(conn, ("EVALSHA", script.sha, len(keys), *keys, *args))
     except NoScriptError:
         reply = script(keys, args, conn)
-    # an application's redis.Redis (dblock.connect(client)) may leave replies undecoded
-    return reply if connection.encoder.decode_responses else _decoded(reply)
+    return _text(conn, reply)
 
 
 _UTF8 = ("utf-8", "strict")
@@ -206,6 +217,9 @@ class RedisStore(
         self._own: OwnChannels | None = None
         #: owner -> the channel its queue entry names, while it waits on its own connection
         self._waiting_on: dict[str, str] = {}
+        #: operations are the functions of one library (scripts.LIBRARY, Redis 7), until the
+        #: server says it has none or refuses them: then scripts (EVALSHA)
+        self._functions = True
 
     @staticmethod
     def _parse(url: DatabaseURL, tls: bool) -> dict[str, Any]:
@@ -371,24 +385,57 @@ class RedisStore(
         told to its observers (scripts.py)."""
         return f"{self.prefix}r:{key}"
 
+    def _op(self, conn: Any, name: str, keys: Keys, *args: Any) -> Any:
+        """Run operation ``name`` on ``conn``: its function, the library loaded first where
+        the server lacks it (a restart, a flush); its script where the server has no functions
+        or this user may not call or load them."""
+        if self._functions:
+            command = ("FCALL", f"{LIBRARY_NAME}_{name}", len(keys), *keys, *args)
+            try:
+                return _text(conn, _roundtrip(conn, command))
+            except redis.ResponseError as exc:
+                if not self._without_function(conn, exc):
+                    raise
+            if self._functions:  # loaded
+                return _text(conn, _roundtrip(conn, command))
+        return _eval(conn, _scripts()[name], keys, *args)
+
+    def _without_function(self, conn: Any, exc: redis.ResponseError) -> bool:
+        """After an ``FCALL`` failed with ``exc``: True if the function did not run for want
+        of it on the server; the library is then loaded, or ``_functions`` is False (scripts
+        from now on). False for any other error: the function's own, which ran."""
+        text = str(exc).lower()
+        if text.startswith("function not found"):
+            try:
+                conn.execute_command("FUNCTION", "LOAD", "REPLACE", LIBRARY)
+            except redis.ResponseError as refused:
+                log.info("dblock: cannot load its functions into Redis (%s); scripts run", refused)
+                self._functions = False
+            return True
+        if "fcall" in text and ("unknown command" in text or isinstance(exc, NoPermissionError)):
+            # a server before 7.0 (or one without functions), or a user who may not call them
+            self._functions = False
+            return True
+        return False
+
     def _call(self, what: str, script: str, key: str, *args: Any) -> Any:
-        """Run one script on ``key`` (with the retry policy); its reply."""
-        run = _scripts()[script]
+        """Run one operation on ``key`` (with the retry policy); its reply."""
         keys = self._keys(key)
         channel = self.channel
-        return self.run(what, lambda conn: _eval(conn, run, keys, key, channel, *args), key=key)
+        return self.run(
+            what, lambda conn: self._op(conn, script, keys, key, channel, *args), key=key
+        )
 
     def _retried(self, what: str, script: str, key: str, *args: Any) -> bool:
-        """Run a script that ends a hold: a retry after a lost reply says so (the script then
+        """Run an operation that ends a hold: a retry after a lost reply says so (it then
         counts the hold ended by the first attempt as ended by us)."""
-        run = _scripts()[script]
         keys = self._keys(key)
         calls = 0
 
         def op(conn: Any) -> bool:
             nonlocal calls
             calls += 1
-            return bool(_eval(conn, run, keys, key, self.channel, *args, int(calls > 1)))
+            return bool(self._op(conn, script, keys, key, self.channel, *args, int(calls > 1)))
 
         return self.run(what, op, key=key)
 
@@ -428,9 +475,7 @@ class RedisStore(
         start = len(self.prefix) + 2
 
         def batch(conn: Any, keys: Keys) -> Any:
-            flat = _eval(
-                conn, _scripts()["list"], [*keys, *(f"{self.prefix}h:{k[start:]}" for k in keys)]
-            )
+            flat = self._op(conn, "list", [*keys, *(f"{self.prefix}h:{k[start:]}" for k in keys)])
             rows = [flat[i : i + 6] for i in range(0, len(flat), 6)]
             return [_info(keys[int(r[0]) - 1][start:], r[1:]) for r in rows]
 
@@ -446,16 +491,17 @@ class RedisStore(
 
         def records(conn: Any, keys: Keys) -> Any:
             holders = [f"{self.prefix}h:{k[start:]}" for k in keys]
-            run = _scripts()["purge_records"]
-            return [int(_eval(conn, run, [*keys, *holders], older, int(include_once)))]
+            return [
+                int(self._op(conn, "purge_records", [*keys, *holders], older, int(include_once)))
+            ]
 
         def holders(conn: Any, keys: Keys) -> Any:
             queues = [f"{self.prefix}q:{k[start:]}" for k in keys]
-            return [int(_eval(conn, _scripts()["purge_holders"], [*keys, *queues], older))]
+            return [int(self._op(conn, "purge_holders", [*keys, *queues], older))]
 
         def queues(conn: Any, keys: Keys) -> Any:
             holders = [f"{self.prefix}h:{k[start:]}" for k in keys]
-            return [int(_eval(conn, _scripts()["purge_queues"], [*keys, *holders]))]
+            return [int(self._op(conn, "purge_queues", [*keys, *holders]))]
 
         found = self._scan("purge", "r:", "", records) + self._scan("purge", "h:", "", holders)
         self._scan("purge", "q:", "", queues)  # members whose entries went with their hash
@@ -472,7 +518,7 @@ class RedisStore(
             cursor = 0
             while True:
                 cursor, keys = conn.scan(cursor, match=match, count=SCAN_COUNT)
-                keys = _decoded(keys)  # bytes from an application's client (see _eval)
+                keys = _decoded(keys)  # bytes from an application's client (see _text)
                 fresh = [k for k in keys if k not in seen]  # SCAN may return a key twice
                 seen.update(fresh)
                 if fresh:
@@ -583,13 +629,12 @@ class RedisStore(
     def _many(
         self, what: str, script: str, keys: Sequence[str], owner: str, arg: Any, *tokens: int
     ) -> Any:
-        """Run a ``*_many`` script over ``keys`` with the retry policy (one EVALSHA); its
+        """Run a ``*_many`` operation over ``keys`` with the retry policy (one call); its
         reply. ``arg`` None: the script is told whether this run is a retry (a release)."""
         if len(keys) > self.max_keys:
             raise ValueError(
                 f"{len(keys)} keys in one step: the Redis store takes at most {self.max_keys}"
             )
-        run = _scripts()[script]
         p = self.prefix
         names = [n for k in keys for n in (f"{p}r:{k}", f"{p}h:{k}", f"{p}q:{k}")]
         names.append(self._meta)
@@ -599,7 +644,7 @@ class RedisStore(
             nonlocal calls
             calls += 1
             fourth = int(calls > 1) if arg is None else arg
-            return _eval(conn, run, names, "", self.channel, owner, fourth, *keys, *tokens)
+            return self._op(conn, script, names, "", self.channel, owner, fourth, *keys, *tokens)
 
         return self.run(what, op, key=keys[0])
 
