@@ -85,19 +85,55 @@ def test_a_redelivery_never_cuts_the_interrupted_waits_cleanup_short() -> None:
     assert cleaned == ["finally", "except"]
 
 
-def test_a_signal_sent_again_still_raises_in_the_cleanup(monkeypatch: pytest.MonkeyPatch) -> None:
-    # a second Ctrl-C is the user's: it ends a cleanup they will not wait for. No redelivery
-    # comes meanwhile: one on its way when the second signal lands makes one handler call
-    # with it, taken for the redelivery (the suite run beside two CPU hogs lost it so)
-    monkeypatch.setattr(supervisor, "REDELIVER_INTERVAL", 30.0)
-    with SignalRelay():
+def test_a_signal_sent_again_still_raises_in_the_cleanup() -> None:
+    # a second Ctrl-C is the user's: it ends a cleanup they will not wait for (redeliveries
+    # come every 0.1 s meanwhile, and do not raise there)
+    with SignalRelay() as relay:
         _signal_soon(signal.SIGINT)
         try:
             threading.Event().wait(5)
         except Interrupted:
-            _signal_soon(signal.SIGINT)
+            _signal_soon(signal.SIGINT, 0.35)
             with pytest.raises(Interrupted):
                 threading.Event().wait(5)
+            _stop_redelivering(relay)
+
+
+def test_a_signal_sent_again_while_a_redelivery_is_on_its_way_still_raises() -> None:
+    # both land before the main thread runs a handler (held back here by blocking them, as a
+    # busy machine holds them back): were the redelivery sent as the same signal, the two
+    # would make one handler call, taken for the redelivery (the suite run beside two CPU
+    # hogs once lost a second Ctrl-C so)
+    main = threading.main_thread().ident or 0
+    held = {signal.SIGINT, signal.SIGURG}
+    with SignalRelay() as relay:
+        _signal_soon(signal.SIGINT)
+        try:
+            threading.Event().wait(5)
+        except Interrupted:
+            signal.pthread_sigmask(signal.SIG_BLOCK, held)
+            pending: set[int] = set()
+            raised = False
+            try:
+                time.sleep(0.35)  # redeliveries, every 0.1 s, wait in the mask
+                signal.pthread_kill(main, signal.SIGINT)  # the second Ctrl-C
+                pending = signal.sigpending()
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, held)  # the handlers run here
+                threading.Event().wait(2)
+            except Interrupted:
+                raised = True
+            finally:
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, held)
+            _stop_redelivering(relay)
+    assert signal.SIGINT in pending
+    assert raised, "the second Ctrl-C did not raise"
+
+
+def _stop_redelivering(relay: SignalRelay) -> None:
+    """What `dblock run` does once the wait ended: no more redeliveries (which would raise
+    once the ``except`` block that caught the first is left)."""
+    with suppress(Interrupted):
+        relay.defer()
 
 
 def test_after_defer_signals_are_queued_not_raised() -> None:

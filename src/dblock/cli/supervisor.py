@@ -53,6 +53,10 @@ KILL_WAIT: Final = 5.0
 #: how often a signal that interrupted the wait is delivered again until the wait has ended,
 #: seconds (a swallowed one ends the wait this much later; see SignalRelay)
 REDELIVER_INTERVAL = 1.0
+#: what a redelivery is sent as: a signal nobody sends dblock (so a second Ctrl-C is a handler
+#: call of its own, never merged with a redelivery on its way) whose default action is to do
+#: nothing (so one that lands after the relay restored the handlers is lost, harmlessly)
+REDELIVERY: Final = signal.SIGURG
 
 
 def stop_margin(ttl: float) -> float:
@@ -480,12 +484,11 @@ class SignalRelay:
 
     A driver may swallow the exception on its way up (kazoo turns any exception raised while
     it wakes its connection thread into ``ConnectionClosedError``, which the wait retries): so
-    once raised, the signal is delivered again every :data:`REDELIVER_INTERVAL` seconds until
-    the wait has ended, and :meth:`defer` raises it if the lock was granted meanwhile. A
-    redelivery raises only where the main thread handles no exception, so it never cuts short
-    the ``finally`` and ``except`` blocks the first one runs on its way up; a signal sent again
-    (a second Ctrl-C) raises wherever it lands, as the first did, unless it lands while a
-    redelivery of it is on its way: the two make one handler call, taken for the redelivery.
+    once raised, the signal is delivered again every :data:`REDELIVER_INTERVAL` seconds (as
+    :data:`REDELIVERY`) until the wait has ended, and :meth:`defer` raises it if the lock was
+    granted meanwhile. A redelivery raises only where the main thread handles no exception, so
+    it never cuts short the ``finally`` and ``except`` blocks the first one runs on its way up;
+    a signal sent again (a second Ctrl-C) raises wherever it lands, as the first did.
     """
 
     def __init__(self) -> None:
@@ -496,8 +499,6 @@ class SignalRelay:
         #: signals forwarded to the attached child (see rearm)
         self._forwarded: list[int] = []
         self._pending: int | None = None
-        #: a redelivery was sent and its handler has not run yet
-        self._redelivered = False
         self._installed = False
         self._guard = threading.RLock()  # the handler takes it too, in the main thread
 
@@ -539,20 +540,25 @@ class SignalRelay:
         elif self._raise:
             with self._guard:
                 pending = self._pending
-                redelivered, self._redelivered = self._redelivered, False
                 if pending is None:  # start redelivering it
                     pending = self._pending = signum
                     threading.Thread(
                         target=self._redeliver, name="dblock-signal-redelivery", daemon=True
                     ).start()
-            # a redelivery waits while the main thread handles an exception (the first
-            # Interrupted going up through the wait's cleanup, or its catcher): raising there
-            # would cut that cleanup short; once nothing is handled, a swallowed one is raised.
-            # A signal sent again (a second Ctrl-C) raises wherever it lands, as the first.
-            if not redelivered or sys.exc_info()[1] is None:
-                raise Interrupted(pending)
+            # a signal sent again (a second Ctrl-C) raises wherever it lands, as the first
+            raise Interrupted(pending)
         else:
             self._queued.append(signum)
+
+    def _redelivered(self, signum: int, frame: FrameType | None) -> None:
+        """A redelivery waits while the main thread handles an exception (the first
+        Interrupted going up through the wait's cleanup, or its catcher): raising there would
+        cut that cleanup short; once nothing is handled, a swallowed one is raised."""
+        with self._guard:
+            live = self._installed and self._raise and self._child is None
+            pending = self._pending if live else None
+        if pending is not None and sys.exc_info()[1] is None:
+            raise Interrupted(pending)
 
     def _redeliver(self) -> None:
         main = threading.main_thread().ident or 0  # set: the main thread runs the handler
@@ -561,13 +567,13 @@ class SignalRelay:
             with self._guard:  # __exit__ takes the guard before it restores the handlers
                 if not (self._installed and self._raise) or self._pending is None:
                     return
-                self._redelivered = True
-                signal.pthread_kill(main, self._pending)
+                signal.pthread_kill(main, REDELIVERY)
 
     def __enter__(self) -> SignalRelay:
         if threading.current_thread() is threading.main_thread():
             for signum in FORWARDED:
                 self._previous[signum] = signal.signal(signum, self._handle)
+            self._previous[REDELIVERY] = signal.signal(REDELIVERY, self._redelivered)
             self._installed = True
         return self
 
