@@ -14,6 +14,24 @@ from tests._servers import REDIS_URL, drop_tables, require_server
 from tests.providers import fresh_table
 
 
+@pytest.fixture(autouse=True, params=["functions", "scripts"])
+def operations(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Each test runs the store's operations as the functions of its library (FCALL) and as
+    scripts (EVALSHA), as they run on a server without functions or for a user who may not
+    use them: one Lua text, two ways of calling it."""
+    if request.param == "scripts":
+        from dblock.stores.redis.store import RedisStore
+
+        made = RedisStore.__init__
+
+        def scripts_only(self: RedisStore, *args: Any, **kwargs: Any) -> None:
+            made(self, *args, **kwargs)
+            self._functions = False
+
+        monkeypatch.setattr(RedisStore, "__init__", scripts_only)
+    return str(request.param)
+
+
 @pytest.fixture
 def url() -> str:
     require_server("redis", REDIS_URL)

@@ -16,6 +16,12 @@ from tests._servers import raw_redis
 from tests.stores.redis.conftest import command_calls
 
 
+@pytest.fixture
+def operations() -> str:
+    """These tests ask for functions or scripts themselves (the server's own way)."""
+    return "functions"
+
+
 @pytest.mark.parametrize(
     ("denied", "sent"),
     [("", "fcall"), ("-fcall", "evalsha"), ("-function", "evalsha")],
