@@ -993,12 +993,17 @@ SCRIPTS: dict[str, str] = {
 }
 
 
+def _function(library: str, op: str) -> str:
+    """The name of operation ``op``'s function in the library named ``library``."""
+    return f"{library}_{op.lower()}"
+
+
 def _library(name: str) -> str:
     functions = []
     for op, body in _BODIES.items():
         flags = "{'no-writes'}" if op in _READ_ONLY else "{}"
         functions.append(
-            f"redis.register_function{{function_name='{name}_{op.lower()}', flags={flags},\n"
+            f"redis.register_function{{function_name='{_function(name, op)}', flags={flags},\n"
             f"callback=function(keys, args)\n{_begin(op)}{body}end}}\n"
         )
     return f"#!lua name={name}\n" + STATE + PREAMBLE + MANY + "".join(functions)
@@ -1011,3 +1016,5 @@ LIBRARY_NAME = "dblock_" + hashlib.sha256(_library("dblock").encode()).hexdigest
 #: every operation as a function of one library (Redis 7): its shared functions are made
 #: once, when the library is loaded, not at every call as a script's are
 LIBRARY = _library(LIBRARY_NAME)
+#: script name (as in SCRIPTS) -> the name of its function in LIBRARY
+FUNCTIONS: dict[str, str] = {op.lower(): _function(LIBRARY_NAME, op) for op in _BODIES}

@@ -68,7 +68,7 @@ from ..._url import MAX_URL_TIMEOUT, DatabaseURL, url_number
 from .._listener import Listener, PushedWakeups
 from .._pool import MAINTENANCE_DEADLINE, Failure, PooledStore
 from .._schema import MissingTable
-from .scripts import LIBRARY, LIBRARY_NAME, SCRIPTS
+from .scripts import FUNCTIONS, LIBRARY, SCRIPTS
 from .waiter import ListenedMany, OwnChannel, OwnChannels, OwnSubscription
 
 #: how each redis.Redis made here names its library to the server: redis-py 7+ otherwise
@@ -390,7 +390,7 @@ class RedisStore(
         the server lacks it (a restart, a flush); its script where the server has no functions
         or this user may not call or load them."""
         if self._functions:
-            command = ("FCALL", f"{LIBRARY_NAME}_{name}", len(keys), *keys, *args)
+            command = ("FCALL", FUNCTIONS[name], len(keys), *keys, *args)
             try:
                 return _text(conn, _roundtrip(conn, command))
             except redis.ResponseError as exc:
