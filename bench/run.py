@@ -38,8 +38,8 @@ Scenarios (issue 6):
      and to exit, beside flock(1), `python -c pass` and the store's driver connecting and
      running one statement (bench/cold.py; issue 52)
   waiters  dblock: 8, 64 and 512 waiters on one key (asyncio tasks over 8 and 64 processes):
-     hand-off median and p99, fairness, client CPU and the server's work per hand-off
-     (bench/waiters.py; issue 52)
+     hand-off median and p99, fairness, client CPU and the server's work per hand-off; with
+     `floor`, beside PostgreSQL's and Redis's leanest fair locks (bench/waiters.py; issue 52)
   clients  dblock: 8 processes contending on one key, alone, beside 200 processes each taking
      its own key once a second, and beside 200 running their driver's trivial request
      instead: throughput, the server's connections, CPU and work (bench/clients.py; issue 52)
@@ -1290,9 +1290,11 @@ def run(
                 )
             if "cold" in scenarios and (names is None or any("dblock" in n for n in names)):
                 results["cold"] = cold.scenario_cold(live_backends, t, budget, tmp)
-            if "waiters" in scenarios and (names is None or any("dblock" in n for n in names)):
+            floors = names is None or any("floor" in n.lower() for n in names)
+            mine = names is None or any("dblock" in n for n in names)
+            if "waiters" in scenarios and (mine or floors):
                 results["waiters"] = waiters.scenario_waiters(
-                    live_backends, t, budget, tmp, budget.crowd_repeats
+                    live_backends, t, budget, tmp, budget.crowd_repeats, dblock=mine, floors=floors
                 )
             if "clients" in scenarios and (names is None or any("dblock" in n for n in names)):
                 results["clients"] = clients.scenario_clients(

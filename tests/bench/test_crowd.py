@@ -1,13 +1,18 @@
 """The crowd scenarios' own arithmetic and /proc readings (bench/waiters.py,
-bench/crowd_servers.py)."""
+bench/crowd_servers.py), and the waiters scenario's floors on the shared servers."""
 
 from __future__ import annotations
 
 import os
 import socket
+from pathlib import Path
 
+import pytest
+from bench.contenders import Targets
 from bench.crowd_servers import listener_pid, tree_cpu
-from bench.waiters import _stats
+from bench.waiters import FLOORS, _stats, run_cell, targets
+
+from tests._servers import POSTGRESQL_URL, REDIS_URL, require_server
 
 
 def test_hand_offs_count_only_waiters_queued_before_the_release() -> None:
@@ -39,3 +44,37 @@ def test_the_listening_process_and_its_cpu_are_found() -> None:
     cpu = tree_cpu(os.getpid())
     assert cpu is not None and cpu > 0
     assert tree_cpu(None) is None
+
+
+def test_a_floor_beside_dblock_tells_whether_a_target_is_beyond_it() -> None:
+    def cell(handoff: float, work: float, fairness: float = 1.0) -> dict[str, float]:
+        return {"handoff_p50_ms": handoff, "work_per_handoff": work, "fairness": fairness}
+
+    cells = {
+        "8": cell(1.0, 10.0),
+        "8 floor": cell(0.2, 2.0, 0.5),  # a floor's fairness is not dblock's
+        "512": cell(2.0, 60.0),
+        "512 floor": cell(0.4, 2.0),
+    }
+    handoff, work, fairness = targets({"postgresql": cells})
+    times = "\u00d7"
+    assert handoff["measured"] == (
+        f"2.00{times} (2.00 vs 1.00 ms); floor 2.00{times} (0.40 vs 0.20 ms); the floor misses "
+        "it too"
+    )
+    assert not handoff["met"]
+    assert work["measured"] == f"6.00{times} (60.00 vs 10.00); floor 1.00{times} (2.00 vs 2.00)"
+    assert fairness["met"] and fairness["measured"] == "1.00 (lowest)"
+    alone = targets({"redis": {"8": cell(1.0, 4.0), "512": cell(1.2, 4.0)}})
+    assert [t["met"] for t in alone] == [True, True, True]
+    assert "floor" not in alone[0]["measured"]
+
+
+@pytest.mark.parametrize("backend", FLOORS)
+def test_a_floor_cell_runs_and_excludes(backend: str, tmp_path: Path) -> None:
+    url = POSTGRESQL_URL if backend == "postgresql" else REDIS_URL
+    require_server(backend, url)
+    t = Targets(**{backend: url})
+    rep = run_cell(t, backend, "unused", 2, 2, 0.5, str(tmp_path), floor=True)
+    assert rep["exclusive"], rep
+    assert rep["sections"] > 4 and rep["fairness"] > 0
