@@ -39,7 +39,8 @@ Scenarios (issue 6):
      running one statement (bench/cold.py; issue 52)
   waiters  dblock: 8, 64 and 512 waiters on one key (asyncio tasks over 8 and 64 processes):
      hand-off median and p99, fairness, client CPU and the server's work per hand-off; with
-     `floor`, beside PostgreSQL's and Redis's leanest fair locks (bench/waiters.py; issue 52)
+     `floor`, beside PostgreSQL's and Redis's leanest fair locks and a PostgreSQL doorbell
+     lease (bench/waiters.py; issue 52)
   clients  dblock: 8 processes contending on one key, alone, beside 200 processes each taking
      its own key once a second, and beside 200 running their driver's trivial request
      instead: throughput, the server's connections, CPU and work (bench/clients.py; issue 52)

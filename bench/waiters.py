@@ -30,7 +30,9 @@ the next waiter: on PostgreSQL ``pg_advisory_lock`` (the waiter sleeps in the se
 queue; no lease, token or queue table), on Redis the FIFO ticket lock of scenario (b) over
 ``redis.asyncio`` (``BLPOP`` on the waiter's own list). How their own hand-offs and work grow
 from 8 to 512 waiters is what this machine allows: a target that the floor misses too is
-beyond the best possible implementation here.
+beyond the best possible implementation here. PostgreSQL also runs a **doorbell** (a durable
+lease with a fencing token, its waiters asleep in ``pg_advisory_lock``: see _DoorbellFloor),
+what a server-side wait would cost dblock there.
 """
 
 from __future__ import annotations
@@ -72,9 +74,10 @@ FAIRNESS = 0.9
 Rec = tuple[int, float, float, float]
 
 
-#: the stores that have a floor in this scenario
-FLOORS = ("postgresql", "redis")
-#: what a floor's cells are labelled with, after their number of waiters
+#: the stores that have floors in this scenario, and theirs: "floor" the leanest fair lock,
+#: "doorbell" a durable lease whose waiters sleep in the server (see _DoorbellFloor)
+FLOORS = {"postgresql": ("floor", "doorbell"), "redis": ("floor",)}
+#: what the leanest floor's cells are labelled with, after their number of waiters
 FLOOR_MARK = " floor"
 
 
@@ -86,8 +89,9 @@ class Job:
     counter: str
     tasks: int
     duration: float
-    #: the store's floor (see the module), not dblock
+    #: which of the store's floors (FLOORS) runs, instead of dblock
     floor: str | None = None
+    store: str = ""
 
 
 def waiter_process(job: Job, p: int, barrier: Any) -> dict[str, Any]:
@@ -116,6 +120,70 @@ class _AdvisoryFloor:
 
     async def release(self) -> None:
         await self.conn.execute("SELECT pg_advisory_unlock(%s)", (self.key,))
+
+    async def close(self) -> None:
+        await self.conn.close()
+
+
+class _DoorbellFloor:
+    """A lease on the server's clock with a fencing token from a sequence, taken by one
+    durable statement, whose waiters sleep in ``pg_advisory_lock`` on the key's bell: the
+    release frees the row and lets go of the bell in one statement, which wakes the next
+    waiter in the server's queue, and only it; its take waits for the release's row lock, then
+    sees the row free. A waiter that finds the lease held (its holder died with the bell)
+    looks again every 10 ms until the lease ends. What a doorbell would cost dblock on
+    PostgreSQL (MariaDB's design, stores/mysql/doorbell.py), without its queue table."""
+
+    TABLE = "bench_waiters_doorbell"
+    TAKE = (
+        f"INSERT INTO {TABLE} AS t (lock_key, owner, token, expires_at) VALUES (%(key)s, "
+        f"%(owner)s, nextval('{TABLE}_seq'), clock_timestamp() + interval '60 seconds') "
+        "ON CONFLICT (lock_key) DO UPDATE SET owner = EXCLUDED.owner, token = EXCLUDED.token, "
+        "expires_at = EXCLUDED.expires_at WHERE t.owner IS NULL OR t.expires_at <= "
+        "clock_timestamp() RETURNING token"
+    )
+    RELEASE = (
+        f"WITH r AS (UPDATE {TABLE} SET owner = NULL, expires_at = clock_timestamp() WHERE "
+        "lock_key = %(key)s AND owner = %(owner)s AND token = %(token)s RETURNING 1) "
+        # the unlock is evaluated once the UPDATE has run (it reads its rows): the next
+        # waiter's take then waits for this row's lock, and sees the row free at the commit
+        "SELECT pg_advisory_unlock(%(bell)s), x.n FROM (SELECT count(*) AS n FROM r) x"
+    )
+
+    @classmethod
+    def prepare(cls, url: str) -> None:
+        import psycopg
+
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(
+                f"CREATE TABLE IF NOT EXISTS {cls.TABLE} (lock_key text PRIMARY KEY, owner text, "
+                "token bigint, expires_at timestamptz)"
+            )
+            conn.execute(f"CREATE SEQUENCE IF NOT EXISTS {cls.TABLE}_seq")
+
+    def __init__(self, url: str, key: str) -> None:
+        self.url = url
+        self.params: dict[str, Any] = {"key": key, "owner": uuid.uuid4().hex, "token": None}
+        self.params["bell"] = _AdvisoryFloor(url, key).key
+
+    async def open(self) -> None:
+        import psycopg
+
+        self.conn = await psycopg.AsyncConnection.connect(self.url, autocommit=True)
+
+    async def acquire(self) -> None:
+        await self.conn.execute("SELECT pg_advisory_lock(%(bell)s)", self.params)
+        while True:
+            row = await (await self.conn.execute(self.TAKE, self.params)).fetchone()
+            if row is not None:
+                self.params["token"] = row[0]
+                return
+            await asyncio.sleep(0.01)
+
+    async def release(self) -> None:
+        row = await (await self.conn.execute(self.RELEASE, self.params)).fetchone()
+        if row is None or not row[1]:
+            raise RuntimeError("the doorbell floor's release found its lease gone")
 
     async def close(self) -> None:
         await self.conn.close()
@@ -180,7 +248,12 @@ async def _sections(job: Job, p: int, fd: int, pair: Callable[[], Pair]) -> dict
 
 
 async def _floor_waiters(job: Job, p: int, barrier: Any) -> dict[str, Any]:
-    floor: Any = (_AdvisoryFloor if job.floor == "postgresql" else _TicketFloor)(job.url, job.key)
+    kinds = {
+        ("postgresql", "floor"): _AdvisoryFloor,
+        ("postgresql", "doorbell"): _DoorbellFloor,
+        ("redis", "floor"): _TicketFloor,
+    }
+    floor: Any = kinds[job.store, job.floor or ""](job.url, job.key)
     line = asyncio.Lock()  # the process's tasks line up, as in dblock's client
 
     async def acquire() -> None:
@@ -236,12 +309,15 @@ def run_cell(
     tasks: int,
     duration: float,
     tmp: str,
-    floor: bool = False,
+    floor: str | None = None,
 ) -> dict[str, Any]:
+    """One cell of dblock, or of the store's ``floor`` (FLOORS)."""
     key = f"bench-waiters-{uuid.uuid4().hex[:10]}"
     counter = os.path.join(tmp, f"counter-{uuid.uuid4().hex[:8]}")
     new_counter(counter)
-    job = Job(t.url(backend), table, key, counter, tasks, duration, backend if floor else None)
+    job = Job(t.url(backend), table, key, counter, tasks, duration, floor, backend)
+    if floor == "doorbell":
+        _DoorbellFloor.prepare(job.url)
     work = Work(t, backend)
     port = port_of(t, backend)
     pid = listener_pid(port) if port else None
@@ -324,13 +400,12 @@ def scenario_waiters(
     table = f"{t.table}_waiters"
 
     def measure(crowd: Targets, backend: str, cells: dict[str, Any]) -> None:
-        kinds = [
-            k for k, wanted in ((False, dblock), (True, floors and backend in FLOORS)) if wanted
-        ]
+        kinds: list[str | None] = [None] if dblock else []
+        kinds += list(FLOORS.get(backend, ())) if floors else []
         for r in range(repeats):
             order = CELLS if r % 2 == 0 else CELLS[::-1]
             for (processes, tasks), floor in itertools.product(order, kinds):
-                label = f"{processes * tasks}{FLOOR_MARK if floor else ''}"
+                label = f"{processes * tasks}{'' if floor is None else ' ' + floor}"
                 window = 1.5 if quick else WINDOW[processes * tasks]
                 rep = run_cell(crowd, backend, table, processes, tasks, window, tmp, floor)
                 cells.setdefault(label, {"processes": processes, "repeats": []})
@@ -417,7 +492,7 @@ def targets(res: dict[str, Any]) -> list[dict[str, Any]]:
         fair = min(
             v["fairness"]
             for label, v in cells.items()
-            if v.get("fairness") is not None and not label.endswith(FLOOR_MARK)
+            if v.get("fairness") is not None and label.isdigit()
         )  # (dblock's cells are there: the hand-off's figures were)
         out.append(
             {

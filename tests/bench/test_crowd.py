@@ -70,11 +70,13 @@ def test_a_floor_beside_dblock_tells_whether_a_target_is_beyond_it() -> None:
     assert "floor" not in alone[0]["measured"]
 
 
-@pytest.mark.parametrize("backend", FLOORS)
-def test_a_floor_cell_runs_and_excludes(backend: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("backend", "floor"), [(store, kind) for store, kinds in FLOORS.items() for kind in kinds]
+)
+def test_a_floor_cell_runs_and_excludes(backend: str, floor: str, tmp_path: Path) -> None:
     url = POSTGRESQL_URL if backend == "postgresql" else REDIS_URL
     require_server(backend, url)
     t = Targets(**{backend: url})
-    rep = run_cell(t, backend, "unused", 2, 2, 0.5, str(tmp_path), floor=True)
+    rep = run_cell(t, backend, "unused", 2, 2, 0.5, str(tmp_path), floor=floor)
     assert rep["exclusive"], rep
     assert rep["sections"] > 4 and rep["fairness"] > 0
