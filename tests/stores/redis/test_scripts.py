@@ -67,7 +67,8 @@ def test_a_server_without_functions_runs_every_operation_as_a_script(
 ) -> None:
     """A server before Redis 7 (Redis 6.2 itself, and a Redis 7 with FCALL and FUNCTION renamed
     away, which answers as it does: an unknown command): scripts, and the contract holds (the
-    whole contract suite also runs on Redis 6.2: tests/stores/redis/provider.py)."""
+    contract suite's tests of what depends on the server also run on Redis 6.2:
+    tests/stores/redis/provider.py)."""
     options = () if six else ("--rename-command", "FCALL", "", "--rename-command", "FUNCTION", "")
     with private_redis(tmp_path, options=options, six=six) as server:
         raw = raw_redis(server.url)
