@@ -1,0 +1,102 @@
+"""A Redis user with only the permissions docs/stores/redis.md lists ("Least privilege") runs
+every kind of hold, the waits and hand-overs between clients, the inspections and the
+maintenance, as functions (FCALL): nothing is refused, and nothing falls back to scripts.
+The same list without ``function|load`` works once an admin has loaded the library."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+
+import dblock
+from tests._private_servers import PrivateServer
+from tests._servers import raw_redis
+from tests.stores.redis.conftest import command_calls
+
+DOC = Path(__file__).resolve().parents[3] / "docs" / "stores" / "redis.md"
+
+
+def _documented_rules() -> list[str]:
+    """The rules of docs/stores/redis.md's ``ACL SETUSER locks on >password ...`` line."""
+    lines = [x for x in DOC.read_text().splitlines() if x.startswith("ACL SETUSER locks on ")]
+    assert len(lines) == 1, "docs/stores/redis.md lists the permissions on one line"
+    words = lines[0].split()
+    return words[words.index(">password") + 1 :]
+
+
+#: the documented permissions, for tables under dblock:*
+RULES = _documented_rules()
+
+
+@pytest.fixture
+def operations() -> str:
+    """The user's own permissions decide how operations run."""
+    return "functions"
+
+
+def _everything(url: str) -> None:
+    """Each kind of hold, a wait handed over between two clients, inspection, maintenance."""
+    with dblock.connect(url, table="app") as a, dblock.connect(url, table="app") as b:
+        lock = a.lock("job", ttl=5)
+        assert lock.acquire()
+        taken = threading.Event()
+
+        def wait() -> None:
+            with b.lock("job", ttl=5, timeout=10):
+                taken.set()
+
+        waiter = threading.Thread(target=wait)
+        waiter.start()
+        lock.renew()
+        assert [h.key for h in a.list()] == ["job"] and a.info("job") is not None
+        lock.release()
+        waiter.join(10)
+        assert taken.is_set(), "the waiter was handed the lock"
+        with a.rwlock("doc", ttl=5).read_lock(), b.rwlock("doc", ttl=5).read_lock():
+            pass
+        with a.semaphore("pool", 2, ttl=5), b.semaphore("pool", 2, ttl=5):
+            pass
+        with a.rwlock("doc", ttl=5).write_lock():
+            pass
+        with a.lock_many(["x", "y"], ttl=5):
+            assert not b.lock("x").acquire(blocking=False)
+        with a.once("nightly", ttl=5):
+            pass
+        held = a.lock("stuck", ttl=30)
+        assert held.acquire()
+        assert b.force_release("stuck")
+        b.purge(older_than=0)
+
+
+def _as_user(server: PrivateServer, rules: list[str]) -> dict[str, int]:
+    """Run ``_everything`` as a user with ``rules``: the commands the server ran, once it is
+    checked that the server refused the user nothing (``ACL LOG``: a refusal that dblock
+    survives, as a pub/sub channel it falls back from, shows there too)."""
+    raw = raw_redis(server.url)
+    try:
+        raw.execute_command("ACL", "SETUSER", "locks", "reset", "on", ">pw", *rules)
+        raw.config_resetstat()
+        raw.execute_command("ACL", "LOG", "RESET")
+        _everything(server.url.replace("redis://", "redis://locks:pw@"))
+        refused = raw.execute_command("ACL", "LOG")
+        assert not refused, refused
+        return command_calls(raw)
+    finally:
+        raw.close()
+
+
+def test_the_documented_permissions_run_everything_as_functions(server: PrivateServer) -> None:
+    calls = _as_user(server, RULES)
+    assert calls.get("fcall", 0) > 10, calls
+    assert calls.get("subscribe", 0) >= 1, "waiters and holders hear releases"
+    assert "evalsha" not in calls and "eval" not in calls, "fell back to scripts"
+
+
+def test_without_function_load_once_an_admin_loaded_the_library(server: PrivateServer) -> None:
+    with dblock.connect(server.url, table="admin") as admin, admin.lock("load", ttl=5):
+        pass  # an admin's first call loads the library
+    calls = _as_user(server, [r for r in RULES if r != "+function|load"])
+    assert calls.get("fcall", 0) > 10, calls
+    assert "function|load" not in calls and "evalsha" not in calls, calls
