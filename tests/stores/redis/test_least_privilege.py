@@ -5,7 +5,6 @@ The same list without ``function|load`` works once an admin has loaded the libra
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 
 import pytest
@@ -13,6 +12,7 @@ import pytest
 import dblock
 from tests._private_servers import PrivateServer
 from tests._servers import raw_redis
+from tests.stores._every_kind import every_kind
 from tests.stores.redis.conftest import command_calls
 
 DOC = Path(__file__).resolve().parents[3] / "docs" / "stores" / "redis.md"
@@ -37,37 +37,8 @@ def operations() -> str:
 
 
 def _everything(url: str) -> None:
-    """Each kind of hold, a wait handed over between two clients, inspection, maintenance."""
     with dblock.connect(url, table="app") as a, dblock.connect(url, table="app") as b:
-        lock = a.lock("job", ttl=5)
-        assert lock.acquire()
-        taken = threading.Event()
-
-        def wait() -> None:
-            with b.lock("job", ttl=5, timeout=10):
-                taken.set()
-
-        waiter = threading.Thread(target=wait)
-        waiter.start()
-        lock.renew()
-        assert [h.key for h in a.list()] == ["job"] and a.info("job") is not None
-        lock.release()
-        waiter.join(10)
-        assert taken.is_set(), "the waiter was handed the lock"
-        with a.rwlock("doc", ttl=5).read_lock(), b.rwlock("doc", ttl=5).read_lock():
-            pass
-        with a.semaphore("pool", 2, ttl=5), b.semaphore("pool", 2, ttl=5):
-            pass
-        with a.rwlock("doc", ttl=5).write_lock():
-            pass
-        with a.lock_many(["x", "y"], ttl=5):
-            assert not b.lock("x").acquire(blocking=False)
-        with a.once("nightly", ttl=5):
-            pass
-        held = a.lock("stuck", ttl=30)
-        assert held.acquire()
-        assert b.force_release("stuck")
-        b.purge(older_than=0)
+        every_kind(a, b)
 
 
 def _as_user(server: PrivateServer, rules: list[str]) -> dict[str, int]:

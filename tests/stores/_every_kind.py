@@ -1,0 +1,45 @@
+"""One pass over what a client does to its store, for the least-privilege tests of the stores
+(tests/stores/*/test_least_privilege.py): each kind of hold, a wait handed over between two
+clients, inspection and maintenance."""
+
+from __future__ import annotations
+
+import threading
+
+from dblock import Client
+
+
+def every_kind(a: Client, b: Client, *, session: bool = False) -> None:
+    """``a`` and ``b``: two clients of one table; ``session``: session holds too (ttl=None)."""
+    lock = a.lock("job", ttl=5)
+    assert lock.acquire()
+    taken = threading.Event()
+
+    def wait() -> None:
+        with b.lock("job", ttl=5, timeout=10):
+            taken.set()
+
+    waiter = threading.Thread(target=wait)
+    waiter.start()
+    lock.renew()
+    assert [h.key for h in a.list()] == ["job"] and a.info("job") is not None
+    lock.release()
+    waiter.join(10)
+    assert taken.is_set(), "the waiter was handed the lock"
+    with a.rwlock("doc", ttl=5).read_lock(), b.rwlock("doc", ttl=5).read_lock():
+        pass
+    with a.rwlock("doc", ttl=5).write_lock():
+        pass
+    with a.semaphore("pool", 2, ttl=5), b.semaphore("pool", 2, ttl=5):
+        pass
+    with a.lock_many(["x", "y"], ttl=5):
+        assert not b.lock("x").acquire(blocking=False)
+    with a.once("nightly", ttl=5):
+        pass
+    if session:
+        with a.lock("session", ttl=None):
+            assert not b.lock("session", ttl=None).acquire(blocking=False)
+    held = a.lock("stuck", ttl=30)
+    assert held.acquire()
+    assert b.force_release("stuck")
+    b.purge(older_than=0)
