@@ -4,23 +4,18 @@ two clients, session holds, inspection and maintenance."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import uuid
-from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import dblock
 from tests._servers import MYSQL_URL, drop_tables, raw_connect, require_server
-from tests.stores._every_kind import every_kind
+from tests.stores._least_privilege import dba_schema, documented, every_kind
 from tests.stores._provider import run_client
-
-DOC = Path(__file__).resolve().parents[3] / "docs" / "stores" / "mysql.md"
 
 
 def _documented_grants(table: str) -> list[str]:
     """The GRANT lines of the docs, for ``table`` instead of ``dblock_locks``."""
-    grants = [x.strip() for x in DOC.read_text().splitlines() if x.strip().startswith("GRANT ")]
+    grants = documented("mysql.md", "GRANT ")
     assert len(grants) == 5, grants
     return [g.replace("dblock_locks", table) for g in grants]
 
@@ -29,13 +24,7 @@ def test_the_documented_grants_run_everything() -> None:
     require_server("mysql", MYSQL_URL)
     parts = urlsplit(MYSQL_URL)
     table, user = "t_" + uuid.uuid4().hex[:16], "u_" + uuid.uuid4().hex[:12]
-    ddl = subprocess.run(
-        [sys.executable, "-m", "dblock", "schema", "--dialect", "mysql", "--table", table],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    ).stdout
+    ddl = dba_schema("mysql", table)
     host, port = parts.hostname or "127.0.0.1", parts.port or 3306
     admin = f"--user={parts.username or 'root'}"
     run_client(["mariadb", f"--host={host}", f"--port={port}", admin, parts.path[1:]], ddl)

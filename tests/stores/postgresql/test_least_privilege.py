@@ -5,24 +5,19 @@ clients, session holds, inspection and maintenance."""
 from __future__ import annotations
 
 import contextlib
-import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import dblock
 from tests._servers import POSTGRESQL_URL, drop_tables, raw_connect, require_server
 from tests.providers import QUORUM_PG_DATABASES, quorum_pg_check
-from tests.stores._every_kind import every_kind
-
-DOC = Path(__file__).resolve().parents[3] / "docs" / "stores" / "postgresql.md"
+from tests.stores._least_privilege import dba_schema, documented, every_kind
 
 
 def _documented_grants(table: str) -> list[str]:
     """The GRANT lines of the docs, for ``table`` instead of ``dblock_locks``."""
-    grants = [x.strip() for x in DOC.read_text().splitlines() if x.strip().startswith("GRANT ")]
+    grants = documented("postgresql.md", "GRANT ")
     assert len(grants) == 2, grants
     return [g.replace("dblock_locks", table) for g in grants]
 
@@ -39,13 +34,7 @@ def _granted(databases: list[str]) -> Iterator[tuple[list[str], str]]:
     """A new role with the documented grants on a DBA's new table in each of ``databases``:
     (its URLs, the table)."""
     table, role = "t_" + uuid.uuid4().hex[:16], "r_" + uuid.uuid4().hex[:12]
-    ddl = subprocess.run(
-        [sys.executable, "-m", "dblock", "schema", "--dialect", "postgresql", "--table", table],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    ).stdout
+    ddl = dba_schema("postgresql", table)
     admins = [raw_connect(_db_url(db)) for db in databases]
     admins[0].execute(f"CREATE ROLE {role} LOGIN PASSWORD 'pw'")
     try:

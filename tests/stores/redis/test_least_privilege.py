@@ -5,22 +5,18 @@ The same list without ``function|load`` works once an admin has loaded the libra
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 import dblock
 from tests._private_servers import PrivateServer
 from tests._servers import raw_redis
-from tests.stores._every_kind import every_kind
+from tests.stores._least_privilege import documented, every_kind
 from tests.stores.redis.conftest import command_calls
-
-DOC = Path(__file__).resolve().parents[3] / "docs" / "stores" / "redis.md"
 
 
 def _documented_rules() -> list[str]:
     """The rules of docs/stores/redis.md's ``ACL SETUSER locks on >password ...`` line."""
-    lines = [x for x in DOC.read_text().splitlines() if x.startswith("ACL SETUSER locks on ")]
+    lines = documented("redis.md", "ACL SETUSER locks on ")
     assert len(lines) == 1, "docs/stores/redis.md lists the permissions on one line"
     words = lines[0].split()
     return words[words.index(">password") + 1 :]

@@ -1,12 +1,29 @@
-"""One pass over what a client does to its store, for the least-privilege tests of the stores
-(tests/stores/*/test_least_privilege.py): each kind of hold, a wait handed over between two
-clients, inspection and maintenance."""
+"""What the stores' least-privilege tests (tests/stores/*/test_least_privilege.py) share: the
+DDL a DBA applies, the lines a store's docs list, and one pass over what a client does to its
+store (each kind of hold, a wait handed over between two clients, inspection, maintenance)."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
+from pathlib import Path
 
 from dblock import Client
+
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "stores"
+
+
+def dba_schema(dialect: str, table: str) -> str:
+    """``dblock schema --dialect DIALECT`` for ``table``: the DDL a DBA applies."""
+    argv = [sys.executable, "-m", "dblock", "schema", "--dialect", dialect, "--table", table]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=60, check=True).stdout
+
+
+def documented(doc: str, start: str) -> list[str]:
+    """The lines of docs/stores/``doc`` that start with ``start`` (indentation aside)."""
+    text = (DOCS / doc).read_text()
+    return [x.strip() for x in text.splitlines() if x.strip().startswith(start)]
 
 
 def every_kind(a: Client, b: Client, *, session: bool = False) -> None:
