@@ -26,6 +26,14 @@ def documented(doc: str, start: str) -> list[str]:
     return [x.strip() for x in text.splitlines() if x.strip().startswith(start)]
 
 
+def documented_grants(doc: str, count: int, table: str) -> list[str]:
+    """The ``count`` GRANT lines of docs/stores/``doc``, for ``table`` instead of the
+    default table, ``dblock_locks``, that they name."""
+    grants = documented(doc, "GRANT ")
+    assert len(grants) == count, grants
+    return [g.replace("dblock_locks", table) for g in grants]
+
+
 def every_kind(a: Client, b: Client, *, session: bool = False) -> None:
     """``a`` and ``b``: two clients of one table; ``session``: session holds too (ttl=None)."""
     lock = a.lock("job", ttl=5)

@@ -5,19 +5,13 @@ two clients, session holds, inspection and maintenance."""
 from __future__ import annotations
 
 import uuid
+from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import dblock
 from tests._servers import MYSQL_URL, drop_tables, raw_connect, require_server
-from tests.stores._least_privilege import dba_schema, documented, every_kind
-from tests.stores._provider import run_client
-
-
-def _documented_grants(table: str) -> list[str]:
-    """The GRANT lines of the docs, for ``table`` instead of ``dblock_locks``."""
-    grants = documented("mysql.md", "GRANT ")
-    assert len(grants) == 5, grants
-    return [g.replace("dblock_locks", table) for g in grants]
+from tests.stores._least_privilege import dba_schema, documented_grants, every_kind
+from tests.stores.mysql.provider import _mariadb_apply
 
 
 def test_the_documented_grants_run_everything() -> None:
@@ -26,13 +20,12 @@ def test_the_documented_grants_run_everything() -> None:
     table, user = "t_" + uuid.uuid4().hex[:16], "u_" + uuid.uuid4().hex[:12]
     ddl = dba_schema("mysql", table)
     host, port = parts.hostname or "127.0.0.1", parts.port or 3306
-    admin = f"--user={parts.username or 'root'}"
-    run_client(["mariadb", f"--host={host}", f"--port={port}", admin, parts.path[1:]], ddl)
+    _mariadb_apply(MYSQL_URL, ddl, Path())
     conn = raw_connect(MYSQL_URL)
     try:
         with conn.cursor() as cur:
             cur.execute(f"CREATE USER '{user}'@'%' IDENTIFIED BY 'pw'")
-            for grant in _documented_grants(table):
+            for grant in documented_grants("mysql.md", 5, table):
                 cur.execute(grant.replace(" TO app;", f" TO '{user}'@'%'"))
         url = urlunsplit(parts._replace(netloc=f"{user}:pw@{host}:{port}"))
         connect: dict[str, object] = {"table": table, "create_schema": False}

@@ -12,14 +12,7 @@ from urllib.parse import urlsplit, urlunsplit
 import dblock
 from tests._servers import POSTGRESQL_URL, drop_tables, raw_connect, require_server
 from tests.providers import QUORUM_PG_DATABASES, quorum_pg_check
-from tests.stores._least_privilege import dba_schema, documented, every_kind
-
-
-def _documented_grants(table: str) -> list[str]:
-    """The GRANT lines of the docs, for ``table`` instead of ``dblock_locks``."""
-    grants = documented("postgresql.md", "GRANT ")
-    assert len(grants) == 2, grants
-    return [g.replace("dblock_locks", table) for g in grants]
+from tests.stores._least_privilege import dba_schema, documented_grants, every_kind
 
 
 def _db_url(database: str, user: str = "") -> str:
@@ -40,7 +33,7 @@ def _granted(databases: list[str]) -> Iterator[tuple[list[str], str]]:
     try:
         for admin in admins:
             admin.execute(ddl)
-            for grant in _documented_grants(table):
+            for grant in documented_grants("postgresql.md", 2, table):
                 admin.execute(grant.replace(" TO app;", f" TO {role}"))
         yield [_db_url(db, role) for db in databases], table
     finally:
