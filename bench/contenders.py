@@ -608,11 +608,15 @@ class RedisTicketFloor:
         "return s"
     )
 
+    @staticmethod
+    def names(key: str) -> tuple[tuple[str, str], str]:
+        """``key``'s (issued, serving) counters and the prefix of its turns' lists."""
+        base = f"bench:ticket:{{{key}}}:"
+        return (base + "issued", base + "serving"), base + "turn:"
+
     def __init__(self, t: Targets, key: str) -> None:
         self.r = _redis_client(t.redis)
-        base = f"bench:ticket:{{{key}}}:"
-        self.keys = (base + "issued", base + "serving")
-        self.turn = base + "turn:"
+        self.keys, self.turn = self.names(key)
         # every process of a run sets them up the same way; the first one's stay (the run's
         # key is its own: nothing is left from an earlier run)
         self.r.set(self.keys[0], 0, nx=True, ex=3600)

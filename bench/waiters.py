@@ -77,8 +77,16 @@ Rec = tuple[int, float, float, float]
 #: the stores that have floors in this scenario, and theirs: "floor" the leanest fair lock,
 #: "doorbell" a durable lease whose waiters sleep in the server (see _DoorbellFloor)
 FLOORS = {"postgresql": ("floor", "doorbell"), "redis": ("floor",)}
-#: what the leanest floor's cells are labelled with, after their number of waiters
-FLOOR_MARK = " floor"
+
+
+def _label(waiters: int, floor: str | None = None) -> str:
+    """A cell's name: its number of waiters, then the floor it runs (none: dblock's)."""
+    return str(waiters) if floor is None else f"{waiters} {floor}"
+
+
+def _advisory_key(key: str) -> int:
+    """The bigint that names ``key``'s lock in ``pg_advisory_lock``."""
+    return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "big", signed=True)
 
 
 @dataclass(frozen=True)
@@ -105,10 +113,7 @@ class _AdvisoryFloor:
     next in the server's queue, and only it."""
 
     def __init__(self, url: str, key: str) -> None:
-        self.url = url
-        self.key = int.from_bytes(
-            hashlib.blake2b(key.encode(), digest_size=8).digest(), "big", signed=True
-        )
+        self.url, self.key = url, _advisory_key(key)
 
     async def open(self) -> None:
         import psycopg
@@ -164,7 +169,7 @@ class _DoorbellFloor:
     def __init__(self, url: str, key: str) -> None:
         self.url = url
         self.params: dict[str, Any] = {"key": key, "owner": uuid.uuid4().hex, "token": None}
-        self.params["bell"] = _AdvisoryFloor(url, key).key
+        self.params["bell"] = _advisory_key(key)
 
     async def open(self) -> None:
         import psycopg
@@ -201,9 +206,7 @@ class _TicketFloor:
         from bench.contenders import RedisTicketFloor
 
         self.r = aioredis.from_url(self.url)
-        base = f"bench:ticket:{{{self.key}}}:"
-        self.keys = (base + "issued", base + "serving")
-        self.turn = base + "turn:"
+        self.keys, self.turn = RedisTicketFloor.names(self.key)
         await self.r.set(self.keys[0], 0, nx=True, ex=3600)
         await self.r.set(self.keys[1], 1, nx=True, ex=3600)
         self.take = self.r.register_script(RedisTicketFloor._TAKE)
@@ -405,7 +408,7 @@ def scenario_waiters(
         for r in range(repeats):
             order = CELLS if r % 2 == 0 else CELLS[::-1]
             for (processes, tasks), floor in itertools.product(order, kinds):
-                label = f"{processes * tasks}{'' if floor is None else ' ' + floor}"
+                label = _label(processes * tasks, floor)
                 window = 1.5 if quick else WINDOW[processes * tasks]
                 rep = run_cell(crowd, backend, table, processes, tasks, window, tmp, floor)
                 cells.setdefault(label, {"processes": processes, "repeats": []})
@@ -454,13 +457,14 @@ def markdown(res: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _growth(cells: dict[str, Any], field: str, mark: str = "") -> tuple[float, str] | None:
+def _growth(
+    cells: dict[str, Any], field: str, floor: str | None = None
+) -> tuple[float, str] | None:
     """(512's figure ÷ 8's, both as text) for ``field`` of dblock's cells or a floor's."""
-    few, many = cells.get("8" + mark), cells.get("512" + mark)
+    few, many = cells.get(_label(8, floor)), cells.get(_label(512, floor))
     if not few or not many or not few.get(field) or many.get(field) is None:
         return None
-    spec = ".2f"
-    return many[field] / few[field], f"{many[field]:{spec}} vs {few[field]:{spec}}"
+    return many[field] / few[field], f"{many[field]:.2f} vs {few[field]:.2f}"
 
 
 def _measured(cells: dict[str, Any], field: str, unit: str, limit: float) -> dict[str, Any] | None:
@@ -468,7 +472,7 @@ def _measured(cells: dict[str, Any], field: str, unit: str, limit: float) -> dic
     if mine is None:
         return None
     text = f"{mine[0]:.2f}× ({mine[1]}{unit})"
-    floor = _growth(cells, field, FLOOR_MARK)
+    floor = _growth(cells, field, "floor")
     if floor is not None:
         beyond = "; the floor misses it too" if floor[0] > limit else ""
         text += f"; floor {floor[0]:.2f}× ({floor[1]}{unit}){beyond}"
@@ -492,7 +496,7 @@ def targets(res: dict[str, Any]) -> list[dict[str, Any]]:
         fair = min(
             v["fairness"]
             for label, v in cells.items()
-            if v.get("fairness") is not None and label.isdigit()
+            if v.get("fairness") is not None and label.isdigit()  # dblock's
         )  # (dblock's cells are there: the hand-off's figures were)
         out.append(
             {
