@@ -199,8 +199,11 @@ def judge(
         if worst != float("inf"):
             recovery[f["kind"]].append(worst)
 
+    first_hold = min((ev["t"] for ev in events if ev["ev"] == "hold"), default=float("inf"))
     return {
         "holds": len([h for h in holds.values() if "got" in h]),
+        # the injector waits for a first hold: a fault before it would test nothing
+        "faults_before_first_hold": sum(f["start"] < first_hold for f in faults),
         "many_holds": counts["many_holds"],
         "faults": dict(Counter(f["kind"] for f in faults)),
         "fault_durations": {

@@ -358,7 +358,19 @@ def _release(lock: dblock.Lock, log: Log, key: str) -> tuple[str, str | None, in
     return outcome, detail, tries
 
 
+def _doorbells_from_the_environment() -> None:
+    """The test suite's soak has PostgreSQL's waiters wait at doorbells however short the
+    queue (``DBLOCK_TEST_PG_CROWD``: tests/_pg_crowd.py)."""
+    crowd = os.environ.get("DBLOCK_TEST_PG_CROWD")
+    if crowd is not None:
+        with contextlib.suppress(ImportError):  # no psycopg: no PostgreSQL store
+            from dblock.stores.postgresql import doorbell
+
+            doorbell.CROWD = int(crowd)
+
+
 def main() -> int:
+    _doorbells_from_the_environment()
     config_path, index = sys.argv[1], int(sys.argv[2])
     with open(config_path, encoding="utf-8") as fh:
         config = json.load(fh)

@@ -17,7 +17,8 @@ publishes its counts when it exits), and the most rows of ``pg_stat_activity`` s
 showed for that database (sampled every 20 ms, so a connection that lived less than that can
 be missed), and ``SHOW GLOBAL STATUS 'Questions'``, which is server-wide: minus the counting
 connection's own statements and minus the rate of an idle window just before the cell.
-SQLite has no server: the connections the clients' stores opened (counted in the clients), and
+SQLite has no server: the connections the clients' stores opened (counted in the clients, the
+one ``connect`` opened before the count began included, as PostgreSQL's count includes it), and
 the store operations they ran (one transaction each; the waiters' reads of the file's change
 counter, shared memory, are not counted).
 """
@@ -55,7 +56,9 @@ class _Counted:
     """The store's operations and new connections, counted in the client (SQLite's figures)."""
 
     def __init__(self, store: Any) -> None:
-        self.counts = {"connections": 0, "operations": 0}
+        # the pool's connections opened by connect() before this count began are the
+        # client's too (a cell whose waiters never open a change watch opened those alone)
+        self.counts = {"connections": store._open, "operations": 0}
         self._lock = threading.Lock()  # connections are opened on worker threads too
         # SQLite opens every connection (pooled, or a waiter's change watch) in _open_file
         opener = "_open_file" if hasattr(store, "_open_file") else "_connect"

@@ -21,8 +21,8 @@ its CMD, which logs its term's token while it runs: ``dblock lead`` must never l
 them run at once. At the deadline they get SIGTERM (which ends the CMD, then dblock); one
 that exits while campaigning (store unreachable: status 69) is started again.
 
-Beside them the injector picks, every ``--fault-interval`` seconds (each kind that applies
-once first, in random order, then at random):
+Beside them the injector picks, from the first hold on, every ``--fault-interval`` seconds
+(each kind that applies once first, in random order, then at random):
 
 * ``kill``: SIGKILL the process that holds a key (from ``client.info``), start a new worker;
   with leaders, every other kill is of the ``dblock lead`` that leads (its CMD dies with it:
@@ -667,9 +667,23 @@ class Soak:
                 self.crashes.append(f"dblock lead {pid} exited early with status {code}")
             self.spawn_leader()
 
+    def first_hold(self) -> bool:
+        """Has a worker logged a hold yet?"""
+        for name in os.listdir(self.dir):
+            if name.startswith("w") and name.endswith(".jsonl"):
+                with open(os.path.join(self.dir, name), encoding="utf-8") as fh:
+                    if '"ev": "hold"' in fh.read():
+                        return True
+        return False
+
     def inject_loop(self) -> None:
         lo, hi = self.args.interval
         count = 0
+        # the faults begin once a worker holds a key: on a loaded machine the workers may take
+        # seconds to start, and a restart then (a JVM's can take 30 s there) leaves a soak
+        # with no hold at all, which tests nothing
+        while not self.first_hold() and time.monotonic() < self.deadline - 1:
+            self.sleep_until(time.monotonic() + 0.2)
         while time.monotonic() < self.deadline - 1 and count < 100_000:
             count += 1
             self.sleep_until(time.monotonic() + self.rng.uniform(lo, hi))

@@ -12,9 +12,12 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import dblock
+from tests import _pg_crowd
 
+_pg_crowd.apply([*sys.argv, os.environ.get("DBLOCK_URL", "")])
 if os.environ.get("DBLOCK_TEST_CLIENT") == "async":  # the contract suite's [async] runs
     from tests._async_facade import connect
 else:
@@ -53,6 +56,28 @@ def freeze(pid: int, seconds: float = 15.0) -> None:
             return
         assert time.monotonic() < deadline, f"process {pid} did not stop: {states}"
         time.sleep(0.005)
+
+
+def freeze_between_operations(client: Any, key: str, pid: int) -> None:
+    """``freeze`` ``pid`` at a moment it is in none of its operations, as ``client`` (of the
+    same store) sees it: where the store is one file, a process stopped inside a write
+    transaction (a waiter's place refreshed, a term renewed) keeps the file's write lock, and
+    every other process's operations wait for it (docs/stores/sqlite.md; ci on 2026-12-01
+    stopped a waiter in its place's refresh, and the test's release failed after the busy
+    timeout). Taking another key than ``key`` tells: only a stopped write holds that up."""
+    for _ in range(50):
+        freeze(pid)
+        probe = client.lock(f"{key}:probe", ttl=5)
+        try:
+            had = probe.acquire(timeout=0.5)
+        except dblock.BackendError:
+            had = False
+        if had:
+            probe.release()
+            return
+        os.kill(pid, signal.SIGCONT)
+        time.sleep(0.02)
+    raise AssertionError(f"process {pid} was always stopped inside an operation")
 
 
 def count(url: str, table: str, key: str, n: str, counter: str, log: str) -> None:

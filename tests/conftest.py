@@ -16,8 +16,11 @@ from pathlib import Path
 import pytest
 
 import dblock
-from tests import _zk_secure
+from tests import _pg_crowd, _zk_secure
 from tests._servers import BACKENDS, POSTGRESQL_URL, drop_tables, require_server, server_url
+
+os.environ.setdefault("DBLOCK_TEST_PG_CROWD", "0")  # the workers' too: see tests/_pg_crowd.py
+_pg_crowd.apply()
 
 
 def pytest_configure(config: pytest.Config) -> None:

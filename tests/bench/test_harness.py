@@ -231,6 +231,21 @@ def test_async_scenario_puts_tasks_and_processes_side_by_side(tmp_path: Path) ->
     assert "| sqlite | tasks / processes |" in md
 
 
+def test_sqlite_counts_include_the_connection_connect_opened(tmp_path: Path) -> None:
+    """A process that never waits opens no connection after connect(): the count still has
+    the one connect() opened (ci on 2026-12-01 saw 0 for 3 processes that never waited)."""
+    from bench.async_contended import _Counted
+
+    import dblock
+
+    with dblock.connect(f"sqlite:///{tmp_path / 'locks.db'}") as client:
+        counted = _Counted(client._store)
+        with client.lock("k"):
+            pass
+        assert counted.totals()["connections"] == 1
+        assert counted.totals()["operations"] >= 2
+
+
 # fairness among processes: in the serial part, as the suite's other turn-order tests (ci1 on
 # 2026-11-29 saw turns of [3, 21, 72] for MariaDB's by the parallel part's load)
 @pytest.mark.serial

@@ -115,6 +115,7 @@ def test_soak(provider: Provider, db_url: str, tmp_path: Path) -> None:
             url, server = private.url, ["--server-cmd", shlex.join(private.command)]
         summary = soak(url, out, server)
     assert summary["holds"] > 0
+    assert summary["faults_before_first_hold"] == 0
     if provider.has("ManyKeys"):  # lock_many holders ran beside single-key ones (how many
         # got through depends on the faults drawn: reported, not asserted)
         print(f"lock_many holds (per key): {summary['many_holds']}")

@@ -20,7 +20,7 @@ import pytest
 import dblock
 from tests._internals import store_call
 from tests._waiting import start_in_turn
-from tests._worker import fenced_accepted, fenced_write, start
+from tests._worker import fenced_accepted, fenced_write, freeze_between_operations, start
 from tests.providers import Provider
 
 pytestmark = pytest.mark.needs("LeaderValues")
@@ -206,8 +206,9 @@ def test_a_paused_leader_is_deposed_and_told_on_resume_and_its_writes_are_refuse
     with _worker("lead_and_watch", db_url, table, name, "1.5", str(writes)) as leader:
         token = json.loads(leader.stdout.readline())["token"]  # type: ignore[union-attr]
         time.sleep(0.2)  # it writes meanwhile
-        leader.send_signal(signal.SIGSTOP)
         with provider.connect(table=table) as client:
+            # not inside a renewal of its term: on SQLite that would hold up the standby too
+            freeze_between_operations(client, name, leader.pid)
             election = client.election(name, ttl=30)
             with election.campaign(value="standby", timeout=30) as term:
                 assert term.token > token

@@ -15,7 +15,7 @@ import pytest
 
 import dblock
 from tests._internals import store_call
-from tests._worker import freeze
+from tests._worker import freeze_between_operations
 from tests._worker import start as start_worker
 from tests.providers import Provider
 
@@ -176,7 +176,7 @@ def test_paused_waiter_at_the_head_holds_the_queue_up_only_briefly(
             _waiters(client, key, 2)
             # stopped before the release hands it the lock: kill() returns before every
             # thread has stopped, and an async worker's loop thread took the hand-over (CI)
-            freeze(frozen.pid)
+            freeze_between_operations(client, key, frozen.pid)
             first_token = first.token
             assert first_token is not None
             first_owner = first.owner

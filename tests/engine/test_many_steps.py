@@ -141,3 +141,11 @@ def test_a_try_without_waiting_asks_once_and_leaves_nothing() -> None:
     with pytest.raises(StopIteration) as done:
         steps.send(None)
     assert done.value.value is None
+
+
+def test_steps_closed_while_waiting_end_without_a_step() -> None:
+    """Steps abandoned at a wait (the driver left by an exception not thrown into them) are
+    closed by the garbage collector: no cleanup step may follow (see test_steps.py)."""
+    steps = _steps()
+    _to_the_wait(steps)
+    steps.close()  # raised RuntimeError: generator ignored GeneratorExit

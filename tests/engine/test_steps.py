@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 from typing import Any
 
 import pytest
@@ -307,3 +308,40 @@ def test_a_grant_cut_short_by_an_interruption_that_surfaced_as_another_error_is_
         ("list_holds", ("k",)),
         ("release", ("k", "me", 7)),
     ]
+
+
+class _Joiner:
+    """A store that joins the queue in the acquiring statement (QueueJoin) whenever asked."""
+
+    def joining(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize("joins", [False, True], ids=["try", "try-or-join"])
+def test_steps_closed_in_a_grant_s_flight_end_without_a_step(joins: bool) -> None:
+    """Steps abandoned while their acquiring statement was in flight (the driver left by an
+    exception that was not thrown into them: a signal handler's between two of its lines) are
+    closed by the garbage collector: no cleanup step may follow (it would be ignored, and
+    Python prints "generator ignored GeneratorExit" with a traceback, which `dblock run`
+    showed on SIGTERM)."""
+    traits = _traits()
+    if joins:
+        traits = dataclasses.replace(traits, joiner=_Joiner())  # type: ignore[arg-type]
+    steps = _engine.Acquisition(traits, Spec("k", 30.0), "me", blocking=True, timeout=5).run()
+    op = steps.send(None)
+    if joins:  # it listens first, then tries and joins the queue in one statement
+        assert isinstance(op, Subscribe)
+        op = steps.send(_Sub())
+    assert _name(op) == ("acquire_or_enqueue" if joins else "acquire_fair")
+    steps.close()  # raised RuntimeError: generator ignored GeneratorExit
+
+
+def test_steps_closed_while_waiting_end_without_a_step() -> None:
+    """The same, for steps abandoned while their waiter waits (queued and listening)."""
+    steps = _engine.Acquisition(_traits(), Spec("k", 30.0), "me", blocking=True, timeout=5).run()
+    assert _name(steps.send(None)) == "acquire_fair"
+    assert isinstance(steps.send(None), Subscribe)  # busy: listen
+    assert _name(steps.send(_Sub())) == "enqueue"
+    assert _name(steps.send(None)) == "acquire_fair"
+    assert isinstance(steps.send(None), Wait)  # still busy
+    steps.close()

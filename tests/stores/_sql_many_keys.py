@@ -289,17 +289,8 @@ def test_release_many_wakes_a_waiter(
         thread = threading.Thread(target=wait)
         thread.start()
         time.sleep(0.3)
-        if store.name == "postgresql":
-            # the hand-over below needs the waiter queued first (a loaded machine can take
-            # longer than the 0.3 s: ci2 found the key freed, nobody queued yet)
-            deadline = time.monotonic() + 10
-            while store.probe(keys[1], "o1")[1] == 0 and time.monotonic() < deadline:
-                time.sleep(0.05)
         released = time.monotonic()
         assert store.release_many(tokens, "o1")
-        if store.name == "postgresql":  # handed over in the release's own commit
-            info = store.info(keys[1])
-            assert info is not None and info.owner != "o1", info
         checked.set()
         thread.join(20)
         assert got and got[0] - released < 3.0

@@ -15,6 +15,7 @@ import pytest
 
 import dblock
 from dblock.stores._listener import Listener
+from tests import _pg_crowd
 from tests._internals import store_of
 from tests._servers import (
     POSTGRESQL_URL,
@@ -64,6 +65,7 @@ def store(request: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, 
     url, listening, raw = STORES[request.param]
     require_server(request.param, url, raw)
     monkeypatch.setattr(Listener, "idle_close", IDLE, raising=False)
+    _pg_crowd.dblocks_own(monkeypatch)  # a lone PostgreSQL waiter listens
     table = "t_" + uuid.uuid4().hex[:16]
     try:
         yield url, table, lambda: listening(table)

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 import dblock
+from tests import _pg_crowd
 from tests._internals import store_of
 from tests._servers import POSTGRESQL_URL, raw_connect
 
@@ -136,8 +137,11 @@ def _pg_connections(app_name: str) -> int:
 
 
 def test_postgresql_pool_never_opens_more_than_max_connections(
-    pg_table: str, app_name: str
+    pg_table: str, app_name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # six waiters: they listen, below the crowd that sends each to a doorbell connection of
+    # its own (tests/_pg_crowd.py)
+    _pg_crowd.dblocks_own(monkeypatch)
     peak = 0
     stop = threading.Event()
 

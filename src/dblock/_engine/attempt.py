@@ -9,10 +9,11 @@ import time
 from abc import ABC, abstractmethod
 from typing import Any, Generic, TypeVar
 
+from .._contract import Subscription
 from .._errors import BackendError, DBLockError
 from .hold import Hold
 from .kinds import Spec
-from .ops import Call, Steps
+from .ops import Call, Steps, Unsubscribe
 from .replies import confirms
 from .traits import Traits
 
@@ -43,6 +44,19 @@ def cut_short(exc: BaseException) -> bool:
     error: landing in a condition's wait between letting go of its lock and taking it back,
     it makes the ``with`` around the wait raise ``RuntimeError: release unlocked lock``."""
     return not isinstance(exc, DBLockError)
+
+
+def stop_waiting(subscription: Subscription | None, leave: Steps[None] | None) -> Steps[None]:
+    """The end of a waiting loop that was not closed unfinished: stop listening, then leave
+    the queue (``leave``: its steps; None: nothing to leave), even when an interruption lands
+    in the unsubscribe (a second cancellation, or one re-delivered after a driver swallowed
+    it)."""
+    try:
+        if subscription is not None:
+            yield Unsubscribe(subscription)
+    finally:
+        if leave is not None:
+            yield from leave
 
 
 class Attempt(ABC, Generic[G]):
@@ -109,6 +123,8 @@ class Attempt(ABC, Generic[G]):
         failed because the database cannot be reached.)"""
         try:
             result = yield call
+        except GeneratorExit:
+            raise  # closed unfinished (see run): no step may follow
         except BaseException as exc:
             if cut_short(exc) or (isinstance(exc, BackendError) and exc._settled):
                 yield from self._disown()

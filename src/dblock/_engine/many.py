@@ -26,10 +26,10 @@ from typing import Any
 from .._contract import FairManyKeys, ManyKeys, OnceRecords, Store, Subscription, provides
 from .._errors import BackendError, ConfigurationError
 from .._timing import Backoff, reset_deadline, set_deadline
-from .attempt import ROW_LOCKED_PAUSE, Attempt, cut_short
+from .attempt import ROW_LOCKED_PAUSE, Attempt, cut_short, stop_waiting
 from .hold import Hold
 from .kinds import Spec
-from .ops import Call, Sleep, Steps, Unsubscribe, Wait
+from .ops import Call, Sleep, Steps, Wait
 from .replies import MEASURED
 from .traits import Traits
 from .waiting import FIRST_BACKOFF, LATE_RETRIES, PUSHED_POLL_CAP, QUEUE_TTL
@@ -95,12 +95,12 @@ class ManyAcquisition(Attempt[dict[str, int]]):
         #: we made entries (or may have: an interrupted statement), to remove at the end
         self._entries_made = False
 
-    def _run(self) -> Steps[Hold | None]:  # noqa: PLR0912, PLR0915 - the waiting loop, in one place
+    def _run(self) -> Steps[Hold | None]:  # noqa: PLR0912 - the waiting loop, in one place
         spec = self.spec
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
         backoff = Backoff(FIRST_BACKOFF, self.traits.poll_cap)
         late_retries = LATE_RETRIES
-        acquired = False
+        acquired = closed = False
         bound = set_deadline(deadline if self.blocking else time.monotonic())
         try:
             while True:
@@ -144,14 +144,14 @@ class ManyAcquisition(Attempt[dict[str, int]]):
                     yield Wait(self.subscription, pause)
                 else:
                     yield Sleep(pause)
+        except GeneratorExit:
+            closed = True  # unfinished, by the garbage collector: no step may follow
+            raise
         finally:
             reset_deadline(bound)
-            try:
-                if self.subscription is not None:
-                    yield Unsubscribe(self.subscription)
-            finally:
-                if self._entries_made and not acquired:
-                    yield from self._leave_queues()
+            if not closed:
+                leave = self._leave_queues() if self._entries_made and not acquired else None
+                yield from stop_waiting(self.subscription, leave)
 
     # -- queue entries ------------------------------------------------------------------------
     def _keep_queued(self) -> Steps[bool]:

@@ -15,7 +15,7 @@ from typing import Any
 from .._contract import FairQueue, OnceRecords, QueueJoin, Store, Subscription
 from .._errors import BackendError, ConfigurationError
 from .._timing import Backoff, TurnPacer, reset_deadline, set_deadline
-from .attempt import ROW_LOCKED_PAUSE, Attempt, cut_short
+from .attempt import ROW_LOCKED_PAUSE, Attempt, cut_short, stop_waiting
 from .hold import Hold
 from .kinds import Spec
 from .ops import Call, Sleep, Steps, Subscribe, Unsubscribe, Wait
@@ -88,7 +88,7 @@ class Acquisition(Attempt[int]):
         cap = self.traits.poll_cap
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
         backoff = Backoff(FIRST_BACKOFF, cap)
-        acquired = False
+        acquired = closed = False
         should_try = True
         ahead = -1  # waiters ahead of us, as last probed (-1: not known)
         late_retries = LATE_RETRIES
@@ -167,16 +167,14 @@ class Acquisition(Attempt[int]):
                     should_try = True
                     continue
                 should_try, ahead = yield from self._worth_trying()
+        except GeneratorExit:
+            closed = True  # unfinished, by the garbage collector: no step may follow
+            raise
         finally:
             reset_deadline(bound)
-            try:
-                if self.subscription is not None:
-                    yield Unsubscribe(self.subscription)
-            finally:
-                # even when an interruption lands in the unsubscribe (a second cancellation,
-                # or one re-delivered after a driver swallowed it)
-                if entry.made and not acquired:
-                    yield from self._leave_queue()  # which also hands on a lock handed to us
+            if not closed:  # leaving the queue also hands on a lock handed to us
+                leave = self._leave_queue() if entry.made and not acquired else None
+                yield from stop_waiting(self.subscription, leave)
 
     def _no_finished_record(self) -> Steps[None]:
         """Raise ConfigurationError if the key names a finished once-record: a lock, read,
@@ -278,6 +276,8 @@ class Acquisition(Attempt[int]):
             token = yield from self._trying(
                 Call(QueueJoin.acquire_or_enqueue, spec.key, self.owner, spec.ttl, QUEUE_TTL)
             )
+        except GeneratorExit:
+            raise  # closed unfinished: no step may follow
         except BaseException as exc:
             if cut_short(exc):
                 self.entry.made = True  # it may have queued us: leaving removes the entry

@@ -81,7 +81,7 @@ PROVIDERS = (
     Entry(
         name="postgresql",
         store="dblock.stores.postgresql.store:PostgresStore",
-        markers=SQL_STORE | SERVER | {"handover", "advisory"},
+        markers=SQL_STORE | SERVER | {"advisory", "bell"},
         dialect="postgresql",
         url=lambda _tmp: POSTGRESQL_URL,
         default_port=5432,

@@ -1,4 +1,5 @@
-"""PostgreSQL hands a released lock to the head of its wait queue in the release statement.
+"""PostgreSQL hands a released lock to the head of its wait queue in the release statement,
+where that waiter hears releases (one at a doorbell does not: test_doorbell.py).
 
 These are the hand-over's own rules, checked on the backend statements (the other backends
 free the lock and let the head take it, which the contract suite covers):
@@ -16,6 +17,7 @@ from typing import Any, TypeVar
 import pytest
 
 import dblock
+from dblock.stores.postgresql import doorbell
 from dblock.stores.postgresql.store import PostgresStore
 from tests._internals import store_of
 from tests._servers import POSTGRESQL_URL, raw_connect
@@ -152,7 +154,7 @@ def test_a_join_while_the_lock_is_released_is_rung(
         joiner.autocommit = False
         # channel None: b has no listener of its own, so notices for it go on the table's
         params = {"key": key, "kind": "lock", "owner": "b", "ttl": 30, "qttl": QUEUE_TTL}
-        params.update(channel=None)
+        params.update(lease=30, channel=None, crowd=8)
         row = joiner.execute(backend.sql.acquire_or_enqueue, params).fetchone()
         assert row is not None and row[:2] == (None, False), "held: b joins the queue"
         # the release waits for the row b's join counted itself on
@@ -227,9 +229,11 @@ def test_a_handed_over_lock_is_renewed_to_its_ttl(
     pg: tuple[dblock.Client, PostgresStore], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A hand-over's lease is capped by the waiter's queue entry (here 1 s instead of 9 s);
-    a holder that keeps the lock longer still has its full ttl, without asking for it."""
+    a holder that keeps the lock longer still has its full ttl, without asking for it. (The
+    waiter hears releases: its client has no doorbell to spare.)"""
     client, _ = pg
     monkeypatch.setattr(dblock._engine.waiting, "QUEUE_TTL", 1.0)
+    monkeypatch.setattr(doorbell, "MAX_BELLS", 0)
     key = "k"
     holder = client.lock(key, ttl=30)
     assert holder.acquire()
@@ -284,7 +288,7 @@ def _joining(backend: PostgresStore, key: str, waiter: str) -> Any:
     joiner = raw_connect(POSTGRESQL_URL)
     joiner.autocommit = False
     params = {"key": key, "owner": waiter, "kind": "lock", "ttl": QUEUE_TTL, "lease": 30}
-    joiner.execute(backend.sql.enqueue, {**params, "channel": None})
+    joiner.execute(backend.sql.enqueue, {**params, "channel": None, "crowd": 8})
     return joiner
 
 

@@ -1,23 +1,23 @@
 """PostgreSQL signals every listening backend of the database at every NOTIFY, whatever its
-channel, and each such backend runs a transaction to read it. So a client's listener listens
-only while a waiter, watch or observer of that client needs it (and a moment after, for a
-client that waits again at once): a fleet of clients that each waited once costs nothing at
-the next NOTIFY, though their connections stay open until the listener's idle close.
+channel, and each such backend runs a transaction to read it. So a plain lock's waiters behind
+a crowd do not listen: each sleeps at the key's doorbell (doorbell.py); and a client's
+listener (for the others, watches and observers) listens only while one of them needs it (and
+a moment after, for a client that waits again at once).
 """
 
 from __future__ import annotations
 
 import itertools
-import uuid
 from typing import Any
 
 import pytest
 
 import dblock
 from dblock.stores.postgresql.store import PostgresStore
-from tests import _worker
+from tests import _pg_crowd
 from tests._servers import POSTGRESQL_URL, raw_connect
 from tests._waiting import until
+from tests.stores.postgresql._bells import turns, waiters_in_line
 
 WAITERS = 6
 
@@ -34,44 +34,33 @@ def _listening(inspect: Any, backend: PostgresStore) -> int:
 
 
 @pytest.mark.parametrize("client_kind", ["sync", "async"])
-def test_clients_that_waited_once_stop_listening_at_once_and_were_served_in_order(
-    pg_store: tuple[dblock.Client, PostgresStore, str], client_kind: str, monkeypatch: Any
+@pytest.mark.parametrize("crowd", ["dblock's", "the suite's"])
+def test_waiting_clients_listen_only_below_the_crowd_and_are_served_in_order(
+    pg_store: tuple[dblock.Client, PostgresStore, str],
+    client_kind: str,
+    crowd: str,
+    monkeypatch: Any,
 ) -> None:
-    client, backend, table = pg_store
+    """Six clients wait for a lock taken without waiting. Below dblock's own threshold
+    (CROWD), each listens, and once done none does any more. At doorbells (the suite's
+    threshold: tests/_pg_crowd.py), none listens, so the six hand-offs signal nobody: the
+    first waiter has the key's bell and looks at the lock, the other five sleep at it. First
+    come, first served either way."""
+    backend = pg_store[1]
+    at_bell = crowd == "the suite's"
+    if not at_bell:
+        _pg_crowd.dblocks_own(monkeypatch)
     if client_kind == "async":
         monkeypatch.setenv("DBLOCK_TEST_CLIENT", "async")
-    key = "k-" + uuid.uuid4().hex
-    inspect = raw_connect(POSTGRESQL_URL)
-    holder = client.lock(key, ttl=60)
-    assert holder.acquire(blocking=False)
-    workers = []
-    try:
-        for idx in range(WAITERS):  # one at a time: the queue's order is the start order
-            w = _worker.start("turn", POSTGRESQL_URL, table, key, str(idx), "0.05", "30")
-            workers.append(w)
-            assert w.stdout is not None
-            assert w.stdout.readline().strip() == "queued"
-            until(lambda n=idx + 1: len(backend.waiters(key)) == n, f"{idx + 1} waiters queue", 30)
-        assert _listening(inspect, backend) == WAITERS  # each waiting client listens
+    with waiters_in_line(pg_store, WAITERS, at_bell=at_bell) as (holder, workers, inspect):
+        assert _listening(inspect, backend) == (0 if at_bell else WAITERS)
         holder.release()
-        turns = []
-        for w in workers:
-            assert w.stdout is not None
-            idx, token, acquired, released = w.stdout.readline().split()
-            turns.append((int(idx), int(token), float(acquired), float(released)))
-        # every client is still open (for 30 s), none waits: none listens any more (before,
-        # each listened on until its listener's idle close, 10 s after its last wait)
+        served = turns(workers)
+        # every client is still open (for 30 s), none waits: none listens any more
         until(lambda: _listening(inspect, backend) == 0, "none listens", 3.0)
         assert all(w.poll() is None for w in workers)
-    finally:
-        for w in workers:
-            if w.poll() is None:
-                w.kill()
-            w.communicate()
-        inspect.close()
-    turns.sort(key=lambda t: t[1])
-    assert [t[0] for t in turns] == list(range(WAITERS))  # first come, first served
-    for before, after in itertools.pairwise(turns):
+    assert [t[0] for t in served] == list(range(WAITERS))  # first come, first served
+    for before, after in itertools.pairwise(served):
         assert after[2] >= before[3] - 0.01
 
 

@@ -48,11 +48,11 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from ... import _forksafe
 from ..._contract import Subscription
 from ..._errors import DBLockError
 from ..._runtime import Event
 from ..._timing import HEAD_POLL, Backoff, TurnPacer, head_backoff
+from .._bells import BellBook
 from .._watchdog import Watchdog
 
 #: the longest one GET_LOCK sleeps before its waiter polls the table once, seconds
@@ -86,13 +86,14 @@ def gate_sql(bell_param: str) -> str:
     return f"CONCAT(%({bell_param})s, '{GATE}')"
 
 
-class Bells:
+class Bells(BellBook["Doorbell"]):
     """The doorbells of one MySQL backend: their connections, and who waits or holds one.
 
     ``table`` names the lock table with its database (user locks are the whole server's);
-    ``connect`` opens a connection (autocommit); ``watchdog`` is the backend's, which aborts
-    a statement on a connection with ``abort(conn)``; ``granted`` is the SQL of the read a
-    waiter makes once it has the bell.
+    ``connect`` opens a connection (autocommit), ``close`` closes one; ``watchdog`` is the
+    backend's, which aborts a statement on a connection with ``abort(conn)``; ``granted`` is
+    the SQL of the read a waiter makes once it has the bell; ``idle_kept``: idle bell
+    connections kept.
     """
 
     def __init__(
@@ -106,15 +107,15 @@ class Bells:
         max_poll: float,
         read_timeout: float,
         granted: str,
-        limit: int = MAX_BELLS,
+        idle_kept: int = MAX_BELLS,
     ) -> None:
+        super().__init__(limit=MAX_BELLS, idle_kept=idle_kept, idle_for=BELL_IDLE)
         self.table = table
         #: key owner -> (1, token): owner was handed the lock; (0, handed): another holds it,
         #: handed over by a release (1) or taken (0); no row: free (a locking read)
         self.granted_sql = granted
         self._connect = connect
-        self._limit = limit  # idle bell connections kept
-        self._close = close
+        self._close_conn = close
         self.watchdog = watchdog
         self.abort = abort
         self.max_poll = max_poll
@@ -125,95 +126,32 @@ class Bells:
         #: ARRIVAL_SLACK in microseconds, below a GET_LOCK's sleep: a waiter whose GET_LOCK ran
         #: out and asked again behind later ones has waited longer than the slack
         self.slack_us = round(min(ARRIVAL_SLACK, self.ring_wait / 2) * 1_000_000)
-        self._mutex = _forksafe.lock()
-        self._idle: list[tuple[Any, float]] = []  # (connection, when it was put back)
-        self._waiting: dict[tuple[str, str], Doorbell] = {}
-        self._held: dict[tuple[str, str], Any] = {}  # (key, owner) of a hold -> its bell's conn
-        self._count = 0
-        self._pid = _forksafe.pid()
-        self._closed = False
 
     def name(self, key: str) -> str:
         """The user lock of ``key``'s doorbell: 64 characters at most, whatever the key."""
         digest = hashlib.sha1(f"{self.table}\0{key}".encode(), usedforsecurity=False)
         return f"dblock:{digest.hexdigest()}"
 
-    def _forked(self) -> None:
-        """In a forked child: forget the parent's connections without touching them."""
-        if self._pid != _forksafe.pid():
-            self._idle.clear()
-            self._waiting.clear()
-            self._held.clear()
-            self._count = 0
-            self._pid = _forksafe.pid()
+    def _make(self, key: str, owner: str, sleep: Event) -> Doorbell:
+        return Doorbell(self, key, owner, sleep)
+
+    def _open(self) -> Any:
+        return self._connect()
+
+    def _close(self, conn: Any) -> None:
+        self._close_conn(conn)
 
     # -- waiters ----------------------------------------------------------------------------
-    def doorbell(self, key: str, owner: str, sleep: Event) -> Doorbell | None:
-        """A doorbell for ``owner`` waiting on ``key``, or None if this client has too many.
-        ``sleep`` is the event its pauses wait on (the client's runtime makes it)."""
-        with self._mutex:
-            self._forked()
-            if self._closed or self._count >= MAX_BELLS:
-                return None
-            self._count += 1
-            bell = Doorbell(self, key, owner, sleep)
-            self._waiting[(key, owner)] = bell
-            return bell
-
     def lease_left(self, key: str, owner: str, seconds: float) -> None:
         """``owner``'s look found the lock held for ``seconds`` more: sleep no longer."""
-        with self._mutex:
-            bell = self._waiting.get((key, owner))
+        bell = self.waiting(key, owner)
         if bell is not None:
             bell.lease_ends = time.monotonic() + seconds
 
     def connection_id(self, key: str, owner: str) -> int | None:
         """The connection id of ``owner``'s doorbell for ``key`` (made if it has none yet)."""
-        with self._mutex:
-            bell = self._waiting.get((key, owner))
+        bell = self.waiting(key, owner)
         return None if bell is None else bell.connection_id()
-
-    def ringing(self, key: str, owner: str) -> Doorbell | None:
-        """``owner``'s doorbell for ``key`` if it has the bell (it is next in line)."""
-        with self._mutex:
-            bell = self._waiting.get((key, owner))
-        return bell if bell is not None and bell.has_bell else None
-
-    def checkout(self) -> Any:
-        stale = []  # closed outside the mutex: under the async client a close awaits
-        try:
-            with self._mutex:
-                self._forked()
-                while self._idle:
-                    conn, since = self._idle.pop()
-                    if time.monotonic() - since < BELL_IDLE / 2:
-                        return conn
-                    stale.append(conn)  # the server may have closed it by now
-        finally:
-            for conn in stale:
-                self._close(conn)
-        return self._connect()
-
-    def checkin(self, conn: Any) -> None:
-        with self._mutex:
-            if not self._closed and self._pid == _forksafe.pid() and len(self._idle) < self._limit:
-                self._idle.append((conn, time.monotonic()))
-                return
-        self._close(conn)
-
-    def closed(self, bell: Doorbell, conn: Any | None, won: bool) -> None:
-        """A waiter is done: keep its bell with its hold (``won``), else let go of it."""
-        with self._mutex:
-            if self._pid != _forksafe.pid():
-                return
-            if self._waiting.get((bell.key, bell.owner)) is bell:
-                del self._waiting[(bell.key, bell.owner)]
-            if won and conn is not None and not self._closed:
-                self._held[(bell.key, bell.owner)] = conn
-                return
-            self._count -= 1
-        if conn is not None:
-            self.let_go(conn, bell.name if bell.has_bell else None)
 
     # -- holders ----------------------------------------------------------------------------
     def release_holding(self, key: str, owner: str, release: Callable[[Any], T]) -> T | None:
@@ -222,13 +160,9 @@ class Bells:
         transaction. Its result; None if the hold keeps no bell. What it raises propagates
         after the connection is closed, which frees the bell and rolls back what it had not
         committed."""
-        with self._mutex:
-            if self._pid != _forksafe.pid():
-                return None
-            conn = self._held.pop((key, owner), None)
-            if conn is None:
-                return None
-            self._count -= 1
+        conn = self._ending(key, owner)
+        if conn is None:
+            return None
         ident, _ = self.watchdog.watch(_STATEMENT_SLACK, lambda: self.abort(conn))
         try:
             result = release(conn)
@@ -240,15 +174,14 @@ class Bells:
         self.checkin(conn)
         return result
 
-    def let_go(self, conn: Any, name: str | None) -> None:
-        """Release ``name`` (if held) on ``conn`` and pool the connection, or close it."""
-        if name is None:
+    def let_go(self, conn: Any, bell: Doorbell | None) -> None:
+        if bell is None:
             self.checkin(conn)
             return
         ident, _ = self.watchdog.watch(_STATEMENT_SLACK, lambda: self.abort(conn))
         try:
             with conn.cursor() as cur:
-                cur.execute("DO RELEASE_LOCK(%s)", (name,))
+                cur.execute("DO RELEASE_LOCK(%s)", (bell.name,))
         except Exception:  # noqa: BLE001 - a dead bell connection frees its bell anyway
             self._close(conn)
         else:
@@ -260,17 +193,6 @@ class Bells:
         """Close a connection that failed or was interrupted (its bell, if any, goes too)."""
         self.abort(conn)
         self._close(conn)
-
-    def close(self) -> None:
-        with self._mutex:
-            self._closed = True
-            if self._pid != _forksafe.pid():
-                return
-            conns = [conn for conn, _ in self._idle] + list(self._held.values())
-            self._idle.clear()
-            self._held.clear()
-        for conn in conns:
-            self._close(conn)  # closing the session frees its bells
 
 
 class Doorbell(Subscription):

@@ -316,7 +316,7 @@ class MysqlStore(
             max_poll=self.poll_cap,
             read_timeout=kwargs["read_timeout"],
             granted=self.sql.granted,
-            limit=self.max_connections,
+            idle_kept=self.max_connections,
         )
 
     # -- connections ----------------------------------------------------------------------

@@ -1,8 +1,9 @@
-"""The PostgreSQL store: a lock table, advisory locks for session holds, LISTEN/NOTIFY
-wake-ups, on psycopg 3.
+"""The PostgreSQL store: a lock table, advisory locks for session holds and doorbells,
+LISTEN/NOTIFY wake-ups, on psycopg 3.
 
 ``store.py`` is the store, ``statements.py`` its statements, ``session.py`` its session
-holds, ``green.py`` psycopg's AsyncConnection behind the blocking interface the store uses.
+holds, ``doorbell.py`` its waiters behind a crowd, ``borrowed.py`` a pool of the caller's,
+``green.py`` psycopg's AsyncConnection behind the blocking interface the store uses.
 This module holds only the registry's entry (no driver is imported here)."""
 
 from __future__ import annotations

@@ -91,6 +91,9 @@ class GreenConnection:
         fired = await_(_readable((sock, wake), timeout))
         return sock in fired, wake in fired
 
+    def cancel_safe(self, *, timeout: float = 30.0) -> None:
+        await_(self._conn.cancel_safe(timeout=timeout))
+
     def close(self) -> None:
         await_(self._conn.close())
 

@@ -55,14 +55,16 @@ class PgSessions(SessionConnections):
         self._one_statement: dict[int, bool] = {}
 
     # -- connections ----------------------------------------------------------------------
-    def _session_options(self) -> dict[str, Any]:
+    def connection_options(self) -> dict[str, Any]:
+        """Options of a connection set aside (a session hold's, a waiter's doorbell's): the
+        store's, with TCP keepalives both ways."""
         options = {**_LIBPQ_KEEPALIVE, **self.store._options}
         options["options"] = f"{_SERVER_KEEPALIVE} {options.get('options', '')}".strip()
         return options
 
     def _open(self) -> psycopg.Connection[Any]:
         try:
-            conn: psycopg.Connection[Any] = self.store._open_connection(self._session_options())
+            conn: psycopg.Connection[Any] = self.store._open_connection(self.connection_options())
         except psycopg.Error as exc:
             raise self.store._connect_error(exc, None) from exc
         self.store._pids[id(conn)] = conn.info.backend_pid

@@ -23,6 +23,8 @@ NOW = "statement_timestamp()"
 #:   waits for the disk, makes the release durable first.
 #: A statement that issues a token (an acquisition, a hand-over) always waits for the disk.
 NOT_DURABLE = "set_config('synchronous_commit', 'off', true)"
+#: the queue entry of a waiter at the key's doorbell names this channel (none can be empty)
+BELL_CHANNEL = ""
 #: the message of the error a many-key statement raises to undo itself (see _many_keys)
 MANY_TAKEN_PARTLY = "dblock: a many-key statement changed only some of its keys, undone:"
 
@@ -53,6 +55,14 @@ class PostgresStatements(OperationStatements):
         self._schema(t, seq, holders)
         self._holder_pieces(t, seq, holders)
         self._fenced_grants(t, seq)
+        # crowd -> how many waiters other than %(owner)s are queued for %(key)s (the
+        # snapshot's), counted up to %(crowd)s: the count only says whether the queue is a
+        # crowd, and while a crowd waits at doorbells, the queue's dead entries stay (each
+        # waiter's statement holds a snapshot), so a full count read a heap page per entry
+        self.others_queued = (
+            f"(SELECT count(*) FROM (SELECT FROM {holders} w WHERE {self.live_waiter} "
+            "AND w.holder <> %(owner)s LIMIT %(crowd)s) o)"
+        )
         self._acquiring(t, seq)
         self._once_records(t, seq)
         self._lease(t)
@@ -263,10 +273,30 @@ class PostgresStatements(OperationStatements):
         self.acquire_or_enqueue = self._join_sql(newcomer)
         # a queued waiter's success also deletes its queue entry, in the same statement
         self.acquire_as_newcomer = newcomer
-        self.acquire_in_turn = (
-            f"WITH a AS ({in_turn}),\n"
+        dequeue_taker = (
             f"d AS (DELETE FROM {self.holders} WHERE lock_key = %(key)s AND holder = %(owner)s "
-            "AND waiting = 1 AND EXISTS (SELECT 1 FROM a))\nSELECT token FROM a"
+            "AND waiting = 1 AND EXISTS (SELECT 1 FROM a))\n"
+        )
+        self.acquire_in_turn = f"WITH a AS ({in_turn}),\n{dequeue_taker}SELECT token FROM a"
+        # the same for the waiter that has the key's doorbell (see doorbell.py): the waiters at
+        # the bell are served in the bell's order, so only a waiter ahead that is not at the
+        # bell (a lock_many waiter, or one of a client with all its bells in use) comes first
+        not_at_bell = (
+            f"NOT EXISTS (SELECT 1 FROM {self.holders} w WHERE {self.waiter_ahead} "
+            f"AND w.channel IS DISTINCT FROM '{BELL_CHANNEL}')"
+        )
+        at_bell = acquire_sql(f"({not_at_bell} OR {mine})")
+        self.acquire_at_bell = f"WITH a AS ({at_bell}),\n{dequeue_taker}SELECT token FROM a"
+        # the same, run right after the wait that got the bell, in its pipeline (one
+        # transaction): one row, the token or NULL; a commit that took nothing need not be
+        # durable (the wait's share lock gave the transaction an id)
+        # (never the lock %(owner)s holds already: a take of its own, made while this one
+        # waited, would get a new token, and the waiter's hold would end with the grant)
+        at_bell_afresh = acquire_sql(f"{not_at_bell} AND NOT {mine}")
+        self.take_at_bell = (
+            f"WITH a AS ({at_bell_afresh}),\n{dequeue_taker}"
+            f"SELECT (SELECT token FROM a), (SELECT {NOT_DURABLE} WHERE NOT EXISTS "
+            "(SELECT 1 FROM a))"
         )
 
     def _many_keys(self, t: str, seq: str, plain: str) -> None:
@@ -391,6 +421,23 @@ class PostgresStatements(OperationStatements):
         # the two, for a hold that proclaimed (an election's term): they also tell the key's
         # observers (LeaderPush), which a plain lock's release, heard by nobody, need not
         self.release_and_hand_over_told = self._release_sql(live, told=True)
+        # the two, on the connection that keeps the key's doorbell: they let go of it too
+        self.release_at_bell = self._release_sql(live, bell=True)
+        self.release_at_bell_told = self._release_sql(live, told=True, bell=True)
+        # lt (ms) key bc bo -> waits for the key's doorbell up to lt ms (55P03 if not had),
+        # then for the lease row's last change to commit (FOR SHARE, no lock_timeout): the
+        # release that let go of the bell did so before its commit. The session's
+        # lock_timeout is back for what follows in the same transaction (take_at_bell).
+        # (Columns are evaluated in order, as in session_lock.)
+        self.bell_wait = (
+            "WITH s AS MATERIALIZED (SELECT current_setting('lock_timeout') AS lt)\n"
+            "SELECT set_config('lock_timeout', %(lt)s, true), "
+            "pg_advisory_lock(%(bc)s::int4, %(bo)s::int4), "
+            "set_config('lock_timeout', '0', true), "
+            f"(SELECT 1 FROM {t} WHERE lock_key = %(key)s FOR SHARE), "
+            "set_config('lock_timeout', s.lt, true) FROM s"
+        )
+        self.bell_unlock = "SELECT pg_advisory_unlock(%(bc)s::int4, %(bo)s::int4)"
         self.release_unwaited_told = (
             f"WITH r AS ({self.release_unwaited})\n"
             f"SELECT r.*, pg_notify('{self.channel}', '~ ' || %(key)s) FROM r"
@@ -458,17 +505,19 @@ class PostgresStatements(OperationStatements):
             "|| ' ' || d.lock_key) END FROM d"
         )
         # key owner kind ttl lease -> make or refresh a queue entry (a refresh keeps its place)
+        # ... -> one row: how many others were queued (the store's choice of wake-ups)
         self.enqueue = (
-            f"WITH {self._count_join()}\n"
-            f"INSERT INTO {holders} AS x (lock_key, holder, kind, waiting, token, acquired_at,\n"
-            "    expires_at, lease, channel)\n"
+            f"WITH {self._count_join()},\n"
+            f"e AS (INSERT INTO {holders} AS x (lock_key, holder, kind, waiting, token,\n"
+            "    acquired_at, expires_at, lease, channel)\n"
             f"VALUES (%(key)s, %(owner)s, %(kind)s, 1, 0, {NOW},\n"
             f"    {NOW} + make_interval(secs => %(ttl)s), %(lease)s, %(channel)s)\n"
             "ON CONFLICT (lock_key, holder) DO UPDATE SET kind = EXCLUDED.kind,\n"
             "    expires_at = EXCLUDED.expires_at, lease = EXCLUDED.lease,\n"
             "    channel = EXCLUDED.channel,\n"
             "    acquired_at = CASE WHEN x.waiting = 1 THEN x.acquired_at\n"
-            "        ELSE EXCLUDED.acquired_at END, waiting = 1, token = 0"
+            "        ELSE EXCLUDED.acquired_at END, waiting = 1, token = 0)\n"
+            f"SELECT {self.others_queued}"
         )
         # key owner ttl -> one row if owner's live queue entry was still there (never re-made:
         # an entry a hand-over removed must stay gone; an expired one lost its place, and the
@@ -522,22 +571,24 @@ class PostgresStatements(OperationStatements):
         self.ring_everyone = f"SELECT pg_notify('{self.channel}', ' ' || %(key)s)"
 
     def _join_sql(self, newcomer: str) -> str:
-        """key kind owner ttl qttl -> one row (token, free, -, joins): the token and the key's
-        join count if taken; otherwise the caller joins the queue in the same statement (for a
-        waiter already subscribed to wake-ups), and ``free`` says the lock was freed meanwhile
-        by a release that could not see the join (see _release_sql): try again."""
+        """key kind owner ttl qttl lease channel -> one row (token, free, -, joins, queued):
+        the token and the key's join count if taken; otherwise the caller joins the queue in
+        the same statement (for a waiter already subscribed to wake-ups), and ``free`` says
+        the lock was freed meanwhile by a release that could not see the join (see
+        _release_sql): try again. ``queued``: how many others were queued."""
         return (
             f"WITH a AS ({newcomer}),\n"
             f"q AS (INSERT INTO {self.holders} (lock_key, holder, kind, waiting, token,\n"
             "    acquired_at, expires_at, lease, channel)\n"
             f"    SELECT %(key)s, %(owner)s, 'lock', 1, 0, {NOW},\n"
-            f"        {NOW} + make_interval(secs => %(qttl)s), %(ttl)s, %(channel)s\n"
+            f"        {NOW} + make_interval(secs => %(qttl)s), %(lease)s, %(channel)s\n"
             "    WHERE NOT EXISTS (SELECT 1 FROM a)\n"
             "    ON CONFLICT (lock_key, holder) DO UPDATE SET expires_at = EXCLUDED.expires_at,\n"
             "        channel = EXCLUDED.channel),\n"
             f"{self._count_join('AND NOT EXISTS (SELECT 1 FROM a)')}\n"
             "SELECT (SELECT token FROM a), (SELECT free FROM j), (SELECT "
-            f"{NOT_DURABLE} WHERE NOT EXISTS (SELECT 1 FROM a)), (SELECT joins FROM a)"
+            f"{NOT_DURABLE} WHERE NOT EXISTS (SELECT 1 FROM a)), (SELECT joins FROM a), "
+            f"{self.others_queued}"
         )
 
     def _count_join(self, condition: str = "", *, many: str = "") -> str:
@@ -553,7 +604,7 @@ class PostgresStatements(OperationStatements):
             f"{condition}\n    RETURNING (owner IS NULL OR expires_at <= {NOW}) AS free)"
         )
 
-    def _release_sql(self, match: str, *, told: bool = False) -> str:
+    def _release_sql(self, match: str, *, told: bool = False, bell: bool = False) -> str:
         """SQL that ends the hold matched by ``match`` and hands the lock over: one row if ended.
 
         The head of the key's wait queue gets the lock with a new token and a lease of its own
@@ -565,6 +616,9 @@ class PostgresStatements(OperationStatements):
         entry) just now is passed over, not granted.
         The row remembers the token that handed it over (``note``), for a retried release.
         ``told``: the key's observers hear ``~ <key>`` on the table's channel too.
+        ``bell``: run on the connection that keeps the key's doorbell (%(bc)s, %(bo)s), it lets
+        go of it once the row is updated (its next waiter's wait then waits for the commit).
+        Waiters at the bell are neither handed the lock nor rung (see doorbell.py).
         Without a waiter that takes hand-overs (an entry without a lease: its client hears no
         releases) it is freed, and the head, or for a write lock everyone, is rung instead
         (``<owner> <key>``).
@@ -581,12 +635,19 @@ class PostgresStatements(OperationStatements):
             "SELECT holder, lease, channel, "
             f"LEAST({NOW} + make_interval(secs => lease), expires_at) AS "
             f"until FROM {self.holders} WHERE lock_key = %(key)s AND waiting = 1 AND "
-            f"kind = 'lock' AND expires_at > {NOW} ORDER BY acquired_at, holder LIMIT 1 "
-            "FOR UPDATE SKIP LOCKED"
+            f"kind = 'lock' AND expires_at > {NOW} AND channel IS DISTINCT FROM "
+            f"'{BELL_CHANNEL}' ORDER BY acquired_at, holder LIMIT 1 FOR UPDATE SKIP LOCKED"
         )
         given = "g.holder IS NOT NULL"
         head_told = f"coalesce(h.channel, '{ch}')"  # where the head's client listens
         observers = f"    , pg_notify('{ch}', '~ ' || r.lock_key)\n" if told else ""
+        # (a release that issues no token need not be durable: see NOT_DURABLE)
+        let_go = (
+            "    , pg_advisory_unlock(%(bc)s::int4, %(bo)s::int4), "
+            f"CASE WHEN r.owner IS NULL THEN {NOT_DURABLE} END\n"
+            if bell
+            else ""
+        )
         return (
             f"WITH h AS ({head}),\n"
             f"r AS (UPDATE {t} SET owner = g.holder,\n"
@@ -608,7 +669,7 @@ class PostgresStatements(OperationStatements):
             "    WHEN r.kind = 'write' OR h.holder IS NOT NULL\n"
             f"    THEN pg_notify({head_told}, coalesce(h.holder, '') || ' ' || r.lock_key) END,\n"
             "    r.owner IS NOT NULL AS handed\n"  # a token issued: its commit must be durable
-            f"{observers}FROM r LEFT JOIN h ON true"
+            f"{observers}{let_go}FROM r LEFT JOIN h ON true"
         )
 
     forever = f"timestamptz '{FOREVER}+00'"

@@ -64,8 +64,9 @@ from .._pool import ABANDONED_CONNECT_TIMEOUT, MAINTENANCE_DEADLINE, ROW_LOCK_WA
 from .._schema import HOLDERS, MAIN, missing, refuse_foreign
 from .._sessions import DelegatedSessionHolds
 from .._sql_ops import Busy, StatementOperations
+from .doorbell import BELL_IDLE, Bells
 from .session import PgSessions
-from .statements import MANY_TAKEN_PARTLY, NOT_DURABLE, PostgresStatements
+from .statements import BELL_CHANNEL, MANY_TAKEN_PARTLY, NOT_DURABLE, PostgresStatements
 
 log = logging.getLogger("dblock")
 
@@ -198,11 +199,34 @@ class PostgresStore(
         #: id(connection) -> its server process (a closed connection no longer tells it)
         self._pids: dict[int, int] = {}
         self._sessions = PgSessions(self)
+        #: the doorbells of plain locks' waiters (doorbell.py)
+        self._bells = Bells(self)
 
     # -- connections ----------------------------------------------------------------------
     def _connect(self) -> psycopg.Connection[Any]:
         conn = self._open_connection()
         self._pids[id(conn)] = conn.info.backend_pid
+        return conn
+
+    def _bell_connection(self) -> psycopg.Connection[Any]:
+        """A connection for doorbells (doorbell.py): TCP keepalives both ways, as a session
+        hold's, and ended by the server once idle ``BELL_IDLE`` s (PostgreSQL 14 and later)."""
+        conn = self._open_connection(self._sessions.connection_options())
+        self._pids[id(conn)] = conn.info.backend_pid
+        idle = f"'{BELL_IDLE * 1000}'"
+        settings = f", set_config('idle_session_timeout', {idle}, false)"
+        try:
+            sql = f"SELECT pg_backend_pid(){settings if conn.info.server_version >= 140000 else ''}"
+            row = conn.execute(sql).fetchone()
+        except BaseException:
+            self._close_connection(conn)
+            raise
+        if row is None or row[0] != conn.info.backend_pid:
+            # a pooler (PgBouncer) between: in its transaction mode a session's advisory
+            # lock stays on a server connection that others get; waiters hear releases
+            self._close_connection(conn)
+            self._bells.give_up()
+            raise psycopg.OperationalError("a connection pooler sits between: no doorbells")
         return conn
 
     def _open_connection(self, options: dict[str, Any] | None = None) -> psycopg.Connection[Any]:
@@ -338,16 +362,50 @@ class PostgresStore(
         with self._quiet_lock:
             joins = self._quiet.pop((key, owner), None)
             told = self._proclaimers.pop((key, owner), None) == token
-        params = {"key": key, "owner": owner, "token": token, "joins": joins}
+        params: dict[str, Any] = {"key": key, "owner": owner, "token": token, "joins": joins}
+        try:
+            # a hold that waited keeps the key's doorbell: its release lets go of it too
+            at_bell = self._bells.release_holding(
+                key, owner, lambda conn, bell: self._release_at_bell(conn, params, bell, told)
+            )
+        except Exception:
+            # it failed, which closed the bell's connection (rolling back what it had not
+            # committed, and freeing the bell): the plain release, which first checks whether
+            # that one committed
+            log.debug("dblock: the release on the doorbell's connection failed", exc_info=True)
+            return self._release_lease(params, told, after_failure=True)
+        if at_bell is not None:
+            return at_bell
+        return self._release_lease(params, told)
+
+    def _release_at_bell(
+        self,
+        conn: psycopg.Connection[Any],
+        params: dict[str, Any],
+        bell: tuple[int, int],
+        told: bool,
+    ) -> bool:
+        """End the hold and let go of the key's doorbell, on the bell's connection."""
+        sql = self.sql.release_at_bell_told if told else self.sql.release_at_bell
+        lock = {"bc": bell[0], "bo": bell[1]}
+        if conn.execute(sql, {**params, **lock}).fetchone() is not None:
+            return True
+        conn.execute(self.sql.bell_unlock, lock)  # nothing ended: the bell is let go of alone
+        return False
+
+    def _release_lease(
+        self, params: dict[str, Any], told: bool, *, after_failure: bool = False
+    ) -> bool:
+        joins = params["joins"]
         sql = self.sql
         unwaited = sql.release_unwaited_told if told else sql.release_unwaited
         handing = sql.release_and_hand_over_told if told else sql.release_and_hand_over
-        calls = 0
+        calls = 1 if after_failure else 0
 
         def op(conn: psycopg.Connection[Any]) -> bool:
             nonlocal calls
             calls += 1
-            quiet = joins is not None and calls == 1
+            quiet = joins is not None and calls == 1  # (after a failure, calls starts at 1)
             if quiet and conn.execute(unwaited, params).rowcount == 1:
                 return True
             if conn.execute(handing, params).fetchone() is not None:
@@ -358,7 +416,7 @@ class PostgresStore(
             row = conn.execute(self.sql.released_by, params).fetchone()
             return row is not None and bool(row[0])
 
-        return self.run("release", op, key=key)
+        return self.run("release", op, key=params["key"])
 
     def proclaim(self, key: str, owner: str, token: int, value: str | None) -> bool:
         """LeaderValues' proclaim (its statement also tells the key's observers); the hold
@@ -501,18 +559,28 @@ class PostgresStore(
 
     def acquire_fair(self, key: str, owner: str, ttl: float, queued: bool) -> int | None:
         params = {"key": key, "kind": "lock", "owner": owner, "ttl": ttl}
-
-        sql = self.sql.acquire_in_turn if queued else self.sql.acquire_as_newcomer
+        bell = self._bells.ringing(key, owner)
+        if bell is not None:
+            # next at the key's doorbell: served before the waiters behind it at the bell
+            bell.won = False
+            sql, newcomer = self.sql.acquire_at_bell, False
+        elif queued:
+            sql, newcomer = self.sql.acquire_in_turn, False
+        else:
+            sql, newcomer = self.sql.acquire_as_newcomer, True
 
         def op(conn: psycopg.Connection[Any]) -> int | None:
             row = conn.execute(sql, params).fetchone()
             if row is None:
                 return None
-            if not queued:
+            if newcomer:
                 self._taken_quietly(key, owner, row[1])
             return int(row[0])
 
-        return self.run("acquire", op, key=key)
+        token = self.run("acquire", op, key=key)
+        if bell is not None:
+            bell.won = token is not None  # the bell stays with the hold
+        return token
 
     def _taken_quietly(self, key: str, owner: str, joins: int | None) -> None:
         """``owner`` took ``key`` as a newcomer, so nobody waited for it then: remember the
@@ -541,11 +609,13 @@ class PostgresStore(
             "owner": owner,
             "ttl": ttl,
             "qttl": queue_ttl,
-            "channel": self._own_channel(),
+            **self._entry(key, owner, ttl),
         }
 
         def op(conn: psycopg.Connection[Any]) -> int | None:
             row = conn.execute(self.sql.acquire_or_enqueue, params).fetchone()
+            if row is not None and row[0] is None:
+                self._bells.queued(key, int(row[4]))
             if row is not None and row[0] is not None:
                 self._taken_quietly(key, owner, row[3])
                 return int(row[0])
@@ -561,6 +631,22 @@ class PostgresStore(
     def close(self) -> None:
         super().close()
         self._sessions.close()
+        self._bells.close()
+
+    def subscribe(self, key: str, owner: str, queue: str | None = None) -> Subscription:
+        """A plain lock's waiter sleeps at the key's doorbell where its queue is long
+        (doorbell.py), unless this client has ``MAX_BELLS`` in use; other waiters hear
+        releases on the listener."""
+        if queue == "lock" and self._bells.crowded(key):
+            bell = self._bells.doorbell(key, owner, self.rt.event())
+            if bell is not None:
+                try:
+                    bell.ready()
+                except BaseException:  # interrupted: the engine never gets it to close
+                    bell.close()
+                    raise
+                return bell
+        return super().subscribe(key, owner, queue)
 
     def info(self, key: str) -> LockInfo | None:
         def op(conn: psycopg.Connection[Any]) -> LockInfo | None:
@@ -636,10 +722,25 @@ class PostgresStore(
             "owner": owner,
             "kind": kind,
             "ttl": ttl,
-            "lease": lease,
-            "channel": self._own_channel(),
+            **self._entry(key, owner, lease),
         }
-        self.run("queueing", lambda conn: conn.execute(self.sql.enqueue, params), key=key)
+        row = self.run(
+            "queueing", lambda conn: conn.execute(self.sql.enqueue, params).fetchone(), key=key
+        )
+        if row is not None:
+            self._bells.queued(key, int(row[0]))
+
+    def _entry(self, key: str, owner: str, lease: float | None) -> dict[str, Any]:
+        """The ``lease`` and ``channel`` of ``owner``'s queue entry for ``key``, and how many
+        others queued its statement counts (``crowd``): a waiter at the key's doorbell takes
+        no hand-over and hears no ring (see doorbell.py), and takes the lock itself with that
+        lease once it has the bell."""
+        crowd = self._bells.crowd()
+        bell = self._bells.waiting(key, owner)
+        if bell is None:
+            return {"lease": lease, "channel": self._own_channel(), "crowd": crowd}
+        bell.ttl = lease
+        return {"lease": None, "channel": BELL_CHANNEL, "crowd": crowd}
 
     def requeue(self, key: str, owner: str, kind: str, ttl: float) -> bool:
         params = {"key": key, "owner": owner, "ttl": ttl}
