@@ -23,6 +23,18 @@ os.environ.setdefault("DBLOCK_TEST_PG_CROWD", "0")  # the workers' too: see test
 _pg_crowd.apply()
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _children_without_the_otel_sdk() -> None:
+    """The child processes of the test process run as on a host without the OpenTelemetry
+    SDK (tests/_children/sitecustomize.py). A session fixture, not an import-time setting: it
+    runs in the processes that run tests, never in xdist's controller, whose workers record
+    spans with the SDK."""
+    children = str(Path(__file__).parent / "_children")
+    path = os.environ.get("PYTHONPATH", "")
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (children, path) if p)
+    os.environ["DBLOCK_TEST_CHILD_NO_OTEL_SDK"] = "1"
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",

@@ -50,7 +50,8 @@ def _run(
         text=True,
         timeout=60,
         check=True,
-        env=None if env is None else {**os.environ, **env},
+        # the suite hides the SDK from its children (tests/_children): this one is the app
+        env={**os.environ, **(env or {}), "DBLOCK_TEST_CHILD_NO_OTEL_SDK": "0"},
     )
 
 

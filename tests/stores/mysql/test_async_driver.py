@@ -108,7 +108,9 @@ def test_the_loop_runs_while_a_task_sleeps_in_the_doorbells_get_lock(table: str,
                     break
             else:
                 raise AssertionError("never saw one GET_LOCK statement span 0.3 s")
-            assert advanced >= 20, f"the loop stalled during GET_LOCK: {advanced} ticks"
+            # 60 ticks on an idle machine, 16 seen under the suite's load; a loop frozen for
+            # the statement ticks at most once (the tick already due when it froze)
+            assert advanced >= 5, f"the loop stalled during GET_LOCK: {advanced} ticks"
             assert not waiter.done()
             assert _release(holder) == {"renew": "ok", "release": "ok"}
             assert await asyncio.wait_for(waiter, 30)

@@ -47,5 +47,6 @@ def test_a_waiter_is_woken_by_the_release_while_the_loop_keeps_running(
             await client.close()
 
     ticks, connections = asyncio.run(main())
-    assert ticks >= 10  # the loop ran while the listener and the waiter were blocked
+    # about 50 on an idle machine, a quarter of it under the suite's load; a frozen loop: 1
+    assert ticks >= 5  # the loop ran while the listener and the waiter were blocked
     assert connections == 1
