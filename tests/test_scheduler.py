@@ -6,6 +6,8 @@ import math
 import threading
 import time
 
+import pytest
+
 from dblock._engine import Hold, Spec
 from dblock._renewer import Scheduler
 from dblock._session_checks import SessionChecks
@@ -35,6 +37,29 @@ def test_jobs_run_in_the_order_of_their_times_and_cancelled_ones_not_at_all() ->
         scheduler.at(now + 0.2, lambda: order.append("b"))
         assert done.wait(10)
         assert order == ["a", "b", "c"]
+    finally:
+        scheduler.stop()
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_jobs_still_run_after_something_ended_the_thread() -> None:
+    """``at`` starts a thread only when it knows of none: one that ended (here a job raised
+    SystemExit, which ends a thread quietly) must be known to have ended, or every later
+    renewal would wait for a thread that is gone."""
+    scheduler = Scheduler("test-scheduler")
+
+    def end_the_thread() -> None:
+        raise SystemExit
+
+    try:
+        scheduler.at(time.monotonic(), end_the_thread)
+        first = scheduler._thread
+        assert first is not None
+        first.join(10)
+        assert not first.is_alive()
+        ran = threading.Event()
+        scheduler.at(time.monotonic(), ran.set)
+        assert ran.wait(10), "a job waited for the thread that had ended"
     finally:
         scheduler.stop()
 

@@ -31,9 +31,10 @@ def lock() -> threading.Lock:
     return made
 
 
-def condition() -> threading.Condition:
-    """A ``threading.Condition`` that is released, with no waiters, in a forked child."""
-    made = threading.Condition()
+def condition(lock: threading.Lock | None = None) -> threading.Condition:
+    """A ``threading.Condition`` (on ``lock``, one of ``lock()``'s, if given) that is released,
+    with no waiters, in a forked child."""
+    made = threading.Condition(lock)
     _made.add(made)
     return made
 

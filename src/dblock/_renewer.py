@@ -43,7 +43,10 @@ class Scheduler:
         self._name = name
         self._heap: list[tuple[float, int, Job]] = []
         self._seq = itertools.count()
-        self._cond = _forksafe.condition()
+        # `at` takes the plain lock, whose `with` costs no Python call (the condition's own
+        # does), on every acquire; the thread waits on the condition over it
+        self._lock = _forksafe.lock()
+        self._cond = _forksafe.condition(self._lock)
         self._thread: threading.Thread | None = None
         self._stopped = False
         self._pid = _forksafe.pid()
@@ -51,7 +54,7 @@ class Scheduler:
     def at(self, when: float, fn: Callable[[], None]) -> Job:
         """Run ``fn`` at ``time.monotonic() >= when``."""
         job = Job(fn)
-        with self._cond:
+        with self._lock:
             if self._pid != _forksafe.pid():
                 # a forked child: the parent's renewals and watches are the parent's to run
                 # (renewing them here would keep its leases alive after it died), and its
@@ -63,8 +66,9 @@ class Scheduler:
                 return job
             entry = (when, next(self._seq), job)
             heapq.heappush(self._heap, entry)
-            if self._thread is None or not self._thread.is_alive():
-                # first use, or a forked child: the parent's thread does not exist here
+            if self._thread is None:
+                # first use, a forked child (the parent's thread does not exist here), or
+                # the thread ended (see _loop)
                 self._thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
                 self._thread.start()
             elif self._heap[0] is entry:
@@ -83,6 +87,15 @@ class Scheduler:
             thread.join(timeout=5)
 
     def _loop(self) -> None:
+        try:
+            self._run_jobs()
+        finally:
+            # whatever ended it, the next job starts another (``at`` asks only this)
+            with self._lock:
+                if self._thread is threading.current_thread():
+                    self._thread = None
+
+    def _run_jobs(self) -> None:
         while True:
             with self._cond:
                 while not self._stopped:

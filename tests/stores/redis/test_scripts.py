@@ -195,3 +195,30 @@ def test_a_script_call_is_sent_as_redis_py_would_send_it() -> None:
     command = ("EVALSHA", "f" * 40, 2, "dblock:{t}:r:clé", "dblock:{t}:meta", "", 30_000_000, -1)
     expected = b"".join(PythonRespSerializer(6000, encoder.encode).pack(*command))
     assert hiredis.pack_command(command) == expected
+
+
+@pytest.mark.parametrize(
+    ("value", "text"),
+    [
+        ("0", "0"),
+        ("-5", "-5"),
+        ("1796149814736515", "1796149814736515"),  # a token: microseconds of the clock
+        ("2^53", "9007199254740992"),
+        ("1e18", "1000000000000000000"),
+        ("1e19", "10000000000000000000"),  # beyond a C long: written as '%.0f' writes it
+        ("-1e19", "-10000000000000000000"),
+        ("math.huge", "inf"),
+    ],
+)
+def test_numbers_are_written_as_the_integers_they_hold(url: str, value: str, text: str) -> None:
+    """``num`` writes what the scripts store and compare: exact integers throughout, and what
+    a C long cannot hold as ``%.0f`` would, not cut short."""
+    from dblock.stores.redis.scripts import PREAMBLE, STATE
+
+    raw = raw_redis(url)
+    try:
+        # twice: the first call settles how integers are written, the second uses it
+        script = STATE + PREAMBLE + f"return {{num({value}), num({value})}}"
+        assert raw.eval(script, 0) == [text, text]
+    finally:
+        raw.close()

@@ -66,7 +66,15 @@ end
 """
 
 PREAMBLE = r"""
-local function num(x) return string.format('%.0f', x) end
+-- a number as the integer it holds: '%d' costs a script a third of what '%.0f' does (0.15
+-- against 0.41 µs, and a hand-over writes six), but it casts to a C long: only where that has 64
+-- bits (a 32-bit build of Redis would cut microsecond stamps short), and only in its range
+local WIDE
+local function num(x)
+  if WIDE == nil then WIDE = string.format('%d', 2 ^ 53) == '9007199254740992' end
+  if WIDE and x > -9e18 and x < 9e18 then return string.format('%d', x) end
+  return string.format('%.0f', x)
+end
 
 -- a grant or a proclaim of KEY is told to its observers (LeaderPush), who listen on the name
 -- of its record as a channel: a PUBLISH that nobody listens to costs Redis a lookup. (A
