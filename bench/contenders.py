@@ -9,6 +9,7 @@ its own contender unavailable.
 from __future__ import annotations
 
 import hashlib
+import math
 import random
 import sqlite3
 import time
@@ -188,6 +189,44 @@ class DblockSessionByHand:
     def close(self) -> None:
         self.sessions._close(self.conn)
         self.client.close()
+
+
+class DblockSessionStoreCalls:
+    """A session hold as dblock's store makes it (``acquire_session``, ``release_session``:
+    its connection bookkeeping, checks and error handling), without the ``Lock`` and the
+    engine above it: between the statements by hand and dblock, what each layer costs."""
+
+    def __init__(self, backend_name: str, t: Targets, key: str) -> None:
+        import dblock
+
+        self.client = dblock.connect(t.url(backend_name), table=t.table)
+        lock = self.client.lock(key, ttl=None)  # the key's row exists: one statement a grant
+        lock.acquire()
+        lock.release()
+        self.store: Any = self.client._store
+        self.key = key
+        self.owner = f"store-calls:{uuid.uuid4().hex}"
+        self.token: int | None = None
+
+    def acquire(self) -> None:
+        self.token = self.store.acquire_session(self.key, self.owner, math.inf)
+        if self.token is None:
+            raise RuntimeError("the store's session grant granted nothing")
+
+    def release(self) -> None:
+        assert self.token is not None
+        if not self.store.release_session(self.key, self.owner, self.token):
+            raise RuntimeError("the store's session release released nothing")
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def _session_store_calls(backend: str) -> Factory:
+    def make(t: Targets, key: str) -> LockAdapter:
+        return DblockSessionStoreCalls(backend, t, key)
+
+    return make
 
 
 def _session_by_hand(backend: str) -> Factory:
@@ -727,6 +766,15 @@ def all_contenders() -> list[Contender]:
                 "floor",
                 _session_by_hand(b),
                 note="dblock's session grant and release statements without its Python",
+            )
+        )
+        c.append(
+            Contender(
+                b,
+                "floor: session store calls",
+                "floor",
+                _session_store_calls(b),
+                note="dblock's store calls for a session hold, without its Lock and engine",
             )
         )
     c.append(

@@ -1086,6 +1086,13 @@ def _session_targets(res: dict[str, Any]) -> list[dict[str, Any]]:
                     f"{rate / by_hand_a:.2f}×",
                     rate / by_hand_a >= 0.9,
                 )
+                store_a = a.get(f"{backend}/floor: session store calls", {}).get("pairs_per_s")
+                if store_a:  # the layers between: the store's calls alone, then the Lock's
+                    add(
+                        f"(a) {backend} session: (its store's calls alone ÷ its SQL by hand)",
+                        f"{store_a / by_hand_a:.2f}×",
+                        None,
+                    )
             best = max((a[p]["pairs_per_s"] for p in tooz if p in a), default=None)
             if best:
                 add(
@@ -1102,6 +1109,13 @@ def _session_targets(res: dict[str, Any]) -> list[dict[str, Any]]:
                     f"{rate / by_hand_b:.2f}×",
                     rate / by_hand_b >= 0.9,
                 )
+                store_b = b.get(f"{backend}/floor: session store calls", {}).get("throughput")
+                if store_b:
+                    add(
+                        f"(b) {backend} session: (its store's calls alone ÷ its SQL by hand)",
+                        f"{store_b / by_hand_b:.2f}×",
+                        None,
+                    )
             best = max(
                 (b[p]["throughput"] for p in tooz if p in b and b[p].get("exclusive")), default=None
             )

@@ -255,6 +255,8 @@ def test_sqlite_counts_include_the_connection_connect_opened(tmp_path: Path) -> 
         ("redis", "floor: FIFO ticket lock"),
         ("postgresql", "floor: session SQL by hand"),
         ("mysql", "floor: session SQL by hand"),
+        ("postgresql", "floor: session store calls"),
+        ("mysql", "floor: session store calls"),
     ],
 )
 def test_the_fair_floors_lock_and_hand_over_in_turn(
