@@ -142,6 +142,18 @@ class DblockStatementsByHand:
         self.client.close()
 
 
+def _session_client(backend_name: str, t: Targets, key: str) -> Any:
+    """A dblock client of ``t``'s table that took and released one session hold of ``key``
+    first: the key's row exists, so every later grant is one statement."""
+    import dblock
+
+    client = dblock.connect(t.url(backend_name), table=t.table)
+    lock = client.lock(key, ttl=None)
+    lock.acquire()
+    lock.release()
+    return client
+
+
 class DblockSessionByHand:
     """dblock's session grant and release statements (``ttl=None``), sent by hand on a session
     connection that dblock set up, waiting in the server's queue as dblock does: the server's
@@ -149,13 +161,7 @@ class DblockSessionByHand:
     dblock's Python. The ceiling of any session lock that keeps those guarantees."""
 
     def __init__(self, backend_name: str, t: Targets, key: str) -> None:
-        import dblock
-
-        self.client = dblock.connect(t.url(backend_name), table=t.table)
-        # one hold through dblock first: the key's row exists, so every grant is one statement
-        lock = self.client.lock(key, ttl=None)
-        lock.acquire()
-        lock.release()
+        self.client = _session_client(backend_name, t, key)
         backend: Any = self.client._store
         self.sessions = backend._sessions
         self.sql = backend.sql
@@ -197,12 +203,7 @@ class DblockSessionStoreCalls:
     engine above it: between the statements by hand and dblock, what each layer costs."""
 
     def __init__(self, backend_name: str, t: Targets, key: str) -> None:
-        import dblock
-
-        self.client = dblock.connect(t.url(backend_name), table=t.table)
-        lock = self.client.lock(key, ttl=None)  # the key's row exists: one statement a grant
-        lock.acquire()
-        lock.release()
+        self.client = _session_client(backend_name, t, key)
         self.store: Any = self.client._store
         self.key = key
         self.owner = f"store-calls:{uuid.uuid4().hex}"
@@ -222,16 +223,11 @@ class DblockSessionStoreCalls:
         self.client.close()
 
 
-def _session_store_calls(backend: str) -> Factory:
+def _session_floor(
+    floor: type[DblockSessionByHand | DblockSessionStoreCalls], backend: str
+) -> Factory:
     def make(t: Targets, key: str) -> LockAdapter:
-        return DblockSessionStoreCalls(backend, t, key)
-
-    return make
-
-
-def _session_by_hand(backend: str) -> Factory:
-    def make(t: Targets, key: str) -> LockAdapter:
-        return DblockSessionByHand(backend, t, key)
+        return floor(backend, t, key)
 
     return make
 
@@ -764,7 +760,7 @@ def all_contenders() -> list[Contender]:
                 b,
                 "floor: session SQL by hand",
                 "floor",
-                _session_by_hand(b),
+                _session_floor(DblockSessionByHand, b),
                 note="dblock's session grant and release statements without its Python",
             )
         )
@@ -773,7 +769,7 @@ def all_contenders() -> list[Contender]:
                 b,
                 "floor: session store calls",
                 "floor",
-                _session_store_calls(b),
+                _session_floor(DblockSessionStoreCalls, b),
                 note="dblock's store calls for a session hold, without its Lock and engine",
             )
         )
