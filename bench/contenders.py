@@ -142,13 +142,14 @@ class DblockStatementsByHand:
         self.client.close()
 
 
-def _session_client(backend_name: str, t: Targets, key: str) -> Any:
-    """A dblock client of ``t``'s table that took and released one session hold of ``key``
-    first: the key's row exists, so every later grant is one statement."""
+def _warmed_client(backend_name: str, t: Targets, key: str, ttl: float | None = None) -> Any:
+    """A dblock client of ``t``'s table that took and released one hold of ``key`` first (a
+    session hold unless ``ttl``): the key's row exists, so every later grant is one
+    statement, and on Redis the server has dblock's functions."""
     import dblock
 
     client = dblock.connect(t.url(backend_name), table=t.table)
-    lock = client.lock(key, ttl=None)
+    lock = client.lock(key, ttl=ttl)
     lock.acquire()
     lock.release()
     return client
@@ -161,7 +162,7 @@ class DblockSessionByHand:
     dblock's Python. The ceiling of any session lock that keeps those guarantees."""
 
     def __init__(self, backend_name: str, t: Targets, key: str) -> None:
-        self.client = _session_client(backend_name, t, key)
+        self.client = _warmed_client(backend_name, t, key)
         backend: Any = self.client._store
         self.sessions = backend._sessions
         self.sql = backend.sql
@@ -203,7 +204,7 @@ class DblockSessionStoreCalls:
     engine above it: between the statements by hand and dblock, what each layer costs."""
 
     def __init__(self, backend_name: str, t: Targets, key: str) -> None:
-        self.client = _session_client(backend_name, t, key)
+        self.client = _warmed_client(backend_name, t, key)
         self.store: Any = self.client._store
         self.key = key
         self.owner = f"store-calls:{uuid.uuid4().hex}"
@@ -671,6 +672,81 @@ class RedisTicketFloor:
         self.r.close()
 
 
+class DblockScriptsByHand:
+    """dblock's Redis functions sent by hand, as its blocking client sends them (one
+    ``FCALL`` per acquire or release, its own packing, no redis-py layers), each process
+    waiting on a pub/sub connection of its own for the hand-over that the release sends it:
+    the server's share of a dblock hold on Redis (lease on the server's clock, fencing token,
+    FIFO queue with leases, hand-over), without dblock's Python. The ceiling of dblock on
+    Redis with those guarantees."""
+
+    def __init__(self, t: Targets, key: str) -> None:
+        import redis
+
+        from dblock.stores.redis.scripts import FUNCTIONS
+        from dblock.stores.redis.store import _roundtrip
+
+        self.client = _warmed_client("redis", t, key, ttl=60.0)  # the library is loaded
+        store: Any = self.client._store
+        self.keys = store._keys(key)
+        self.key, self.channel = key, store.channel
+        self.owner = f"scripts-by-hand:{uuid.uuid4().hex}"
+        self.own = f"{store.prefix}by-hand:{uuid.uuid4().hex}"
+        self.conn = redis.Redis.from_url(t.redis, single_connection_client=True)
+        self.roundtrip = _roundtrip
+        self.take = FUNCTIONS["acquire_or_enqueue"]
+        self.free = FUNCTIONS["release"]
+        self.pubsub = redis.Redis.from_url(t.redis).pubsub(ignore_subscribe_messages=True)
+        self.pubsub.subscribe(self.own)
+        while self.pubsub.get_message(timeout=1.0) is None and not self.pubsub.subscribed:
+            pass
+        self.token = 0
+        self.handed = f" {self.owner} {key}"
+
+    def _try(self) -> int | None:
+        reply = self.roundtrip(
+            self.conn,
+            (
+                "FCALL",
+                self.take,
+                4,
+                *self.keys,
+                self.key,
+                self.channel,
+                self.owner,
+                60_000_000,
+                9_000_000,
+                self.own,
+            ),
+        )
+        return None if reply is None else int(reply)
+
+    def acquire(self) -> None:
+        token = self._try()
+        while token is None:
+            message = self.pubsub.get_message(timeout=1.0)
+            text = b"" if message is None else message["data"]
+            text = text.decode() if isinstance(text, bytes) else str(text)
+            if text.startswith("=") and text.endswith(self.handed):
+                token = int(text[1:].split(" ", 1)[0])
+            elif message is None or text.endswith(f" {self.key}"):  # rung, or a long silence
+                token = self._try()
+        self.token = token
+
+    def release(self) -> None:
+        reply = self.roundtrip(
+            self.conn,
+            ("FCALL", self.free, 4, *self.keys, self.key, self.channel, self.owner, self.token, 0),
+        )
+        if not int(reply or 0):
+            raise RuntimeError("dblock's release function released nothing")
+
+    def close(self) -> None:
+        self.pubsub.close()
+        self.conn.close()
+        self.client.close()
+
+
 class KazooLockAdapter:
     """kazoo's own Lock recipe: an ephemeral sequential node, each waiter watching its
     predecessor (what Curator's InterProcessMutex does)."""
@@ -812,6 +888,15 @@ def all_contenders() -> list[Contender]:
             "floor",
             RedisTicketFloor,
             note="no lease, token or crash safety: the ceiling of a fair Redis lock",
+        )
+    )
+    c.append(
+        Contender(
+            "redis",
+            "floor: dblock's scripts by hand",
+            "floor",
+            DblockScriptsByHand,
+            note="dblock's functions and hand-overs without its Python",
         )
     )
     c.append(Contender("zookeeper", "kazoo Lock", "peer", KazooLockAdapter, note="kazoo recipe"))

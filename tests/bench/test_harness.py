@@ -168,6 +168,11 @@ def test_redis_is_held_to_issue_52s_floors_on_synthetic_results() -> None:
     res["b"]["redis/dblock"] = contended(899.0, 5.6)
     assert [row["met"] for row in run._redis_floor_targets(res)] == [False, False, False]
     assert run._redis_floor_targets({"a": {}, "b": {}}) == []
+    hand = "redis/floor: dblock's scripts by hand"  # what the Python costs, shown beside
+    res["a"][hand] = {"pairs_per_s": 2e3}
+    res["b"][hand] = contended(1400.0, 1.5)
+    shown = [row["measured"] for row in run._redis_floor_targets(res) if row["met"] is None]
+    assert [m.replace("\u00d7", "x") for m in shown] == ["2.00x; 0.47x", "1.40x; 0.64x"]
 
 
 def _on_sqlite(tmp_path: Path, scenario: str) -> tuple[dict, str]:
@@ -253,6 +258,7 @@ def test_sqlite_counts_include_the_connection_connect_opened(tmp_path: Path) -> 
     ("backend", "floor"),
     [
         ("redis", "floor: FIFO ticket lock"),
+        ("redis", "floor: dblock's scripts by hand"),
         ("postgresql", "floor: session SQL by hand"),
         ("mysql", "floor: session SQL by hand"),
         ("postgresql", "floor: session store calls"),

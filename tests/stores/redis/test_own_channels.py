@@ -45,15 +45,34 @@ def _holder_and_waiter(url: str, table: str) -> Iterator[tuple[Any, Any, Any, db
         raw.close()
 
 
-def _waiting(client: dblock.Client, key: str, got: list[int]) -> threading.Thread:
-    def wait() -> None:
-        lock = client.lock(key, ttl=30)
-        assert lock.acquire(timeout=60)
-        assert lock.token is not None
-        got.append(lock.token)
-        lock.release()
+def _take(client: dblock.Client, key: str, got: list[int]) -> None:
+    """Take ``key`` (its token into ``got``) and release it."""
+    lock = client.lock(key, ttl=30)
+    assert lock.acquire(timeout=60)
+    assert lock.token is not None
+    got.append(lock.token)
+    lock.release()
 
-    thread = threading.Thread(target=wait)
+
+def _waiting(client: dblock.Client, key: str, got: list[int]) -> threading.Thread:
+    thread = threading.Thread(target=_take, args=(client, key, got))
+    thread.start()
+    return thread
+
+
+def _waiting_twice(
+    client: dblock.Client, got: list[int], between: threading.Event, again: threading.Event
+) -> threading.Thread:
+    """A thread that takes "k" twice (each token into ``got``), setting ``between`` after
+    the first and waiting for ``again`` before the second."""
+
+    def twice() -> None:
+        _take(client, "k", got)
+        between.set()
+        again.wait(60)
+        _take(client, "k", got)
+
+    thread = threading.Thread(target=twice)
     thread.start()
     return thread
 
@@ -65,21 +84,9 @@ def test_a_waiting_thread_takes_its_hand_over_on_its_own_connection(url: str, ta
     with _holder_and_waiter(url, table) as (raw, store, holder, waiter_client):
         got: list[int] = []
         channels: list[str] = []
-        held_again = threading.Event()
-
-        def twice() -> None:
-            for turn in range(2):
-                if turn:
-                    held_again.wait(60)
-                lock = waiter_client.lock("k", ttl=30)
-                assert lock.acquire(timeout=60)
-                assert lock.token is not None
-                got.append(lock.token)
-                lock.release()
-
+        between, held_again = threading.Event(), threading.Event()
         holder.acquire()
-        thread = threading.Thread(target=twice)
-        thread.start()
+        thread = _waiting_twice(waiter_client, got, between, held_again)
         channel = _entry_channel(raw, store, "k")
         channels.append(channel)
         listener = store._listener
@@ -88,10 +95,7 @@ def test_a_waiting_thread_takes_its_hand_over_on_its_own_connection(url: str, ta
         listener.stop()  # from here on, only the waiter's own connection can wake it
         first = holder.token
         holder.release()
-        deadline = time.monotonic() + 30
-        while len(got) < 1:
-            assert time.monotonic() < deadline, "the waiter did not get the lock"
-            time.sleep(0.01)
+        assert between.wait(30), "the waiter did not get the lock"
         holder.acquire()  # the second wait
         held_again.set()
         channels.append(_entry_channel(raw, store, "k"))
@@ -100,6 +104,32 @@ def test_a_waiting_thread_takes_its_hand_over_on_its_own_connection(url: str, ta
         assert not thread.is_alive()
         assert first is not None and len(got) == 2 and first < got[0] < got[1]
         assert channels[0] == channels[1]
+
+
+def test_messages_left_from_an_earlier_wait_do_not_hand_over_the_next(url: str, table: str) -> None:
+    """A thread's connection is not drained before its next wait: a hand-over to an owner of
+    an earlier acquire and rings left unread on its channel make the next wait look again at
+    most, never take the lock while another client holds it."""
+    with _holder_and_waiter(url, table) as (raw, store, holder, waiter_client):
+        got: list[int] = []
+        between, held_again = threading.Event(), threading.Event()
+        holder.acquire()
+        thread = _waiting_twice(waiter_client, got, between, held_again)
+        channel = _entry_channel(raw, store, "k")
+        holder.release()
+        assert between.wait(30), "the first wait did not get the lock"
+        for stale in (f"={2**62} {store.prefix}earlier-owner k", " k", "earlier-owner k"):
+            assert raw.publish(channel, stale) == 1  # the waiting thread's connection only
+        holder.acquire()
+        held_again.set()
+        assert _entry_channel(raw, store, "k") == channel
+        time.sleep(0.5)  # the stale messages are read by now
+        assert len(got) == 1, "the second wait took the lock while the holder held it"
+        second = holder.token
+        holder.release()
+        thread.join(60)
+        assert not thread.is_alive()
+        assert second is not None and len(got) == 2 and got[0] < second < got[1]
 
 
 def test_threads_beyond_the_own_connections_wait_through_the_listener(
