@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import random
 import socket
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TypeVar
 
 from . import _forksafe
@@ -33,6 +33,9 @@ class Core:
         self.checks = SessionChecks(self.scheduler)
         self._reentrant: dict[tuple[str, int], Hold] = {}
         self._registry_lock = _forksafe.lock()
+        #: the re-entrancy owner: the thread, or the asyncio task (the runtime's own call,
+        #: bound once: it runs twice on every acquire and release)
+        self.owner_serial: Callable[[], int] = runtime.owner_serial
 
     def run(self, steps: Steps[T]) -> T:
         """Run engine steps against the store (on the async runtime, inside its greenlet)."""
@@ -43,10 +46,6 @@ class Core:
         # <thread> names the thread (or task) for people; ownership is by the random part (in
         # the store) and by the runtime's owner serial (re-entrancy), neither ever reused
         return f"{_HOST}:{_forksafe.pid()}:{self.rt.owner_label()}"
-
-    def owner_serial(self) -> int:
-        """The re-entrancy owner: the thread, or the asyncio task."""
-        return self.rt.owner_serial()
 
     def new_owner(self) -> str:
         # 64 random bits tell holds apart; they are no secret (list() shows owners), so the

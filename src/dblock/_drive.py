@@ -3,9 +3,9 @@ client in its greenlet (where the store's waits await on the event loop)."""
 
 from __future__ import annotations
 
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
-from ._contract import Store, Wakeups
+from ._contract import Store
 from ._engine import Call, Op, Sleep, Steps, Subscribe, Unsubscribe, Wait
 
 T = TypeVar("T")
@@ -37,8 +37,8 @@ def _execute(op: Op, store: Store) -> Any:
         return op.subscription.wait(op.timeout)
     if isinstance(op, Subscribe):
         # the engine subscribes only where the client's traits say the store wakes waiters
-        # (Traits.of asked ``provides`` once): no capability check per wait
-        return cast("Wakeups", store).subscribe(op.key, op.owner, op.queue)
+        # (Traits.of asked ``provides`` once): no capability check (nor cast) per wait
+        return store.subscribe(op.key, op.owner, op.queue)  # type: ignore[attr-defined]
     if isinstance(op, Unsubscribe):
         op.subscription.close()
         return None

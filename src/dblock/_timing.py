@@ -111,10 +111,13 @@ def time_left() -> float | None:
     return None if deadline is None else deadline - time.monotonic()
 
 
-def bounded_wait(wait: float) -> tuple[float, bool]:
+def bounded_wait(wait: float, since: float | None = None) -> tuple[float, bool]:
     """(how long a wait of at most ``wait`` s may last, whether the caller's deadline cut it);
-    never less than ``DEADLINE_SLACK`` because of the deadline."""
+    never less than ``DEADLINE_SLACK`` because of the deadline. ``since``: for a wait that
+    started then (a ``time.monotonic()``), not now."""
     left = time_left()
+    if left is not None and since is not None:
+        left += time.monotonic() - since
     if left is None or max(left, 0.0) + DEADLINE_SLACK >= wait:
         return wait, False
     return max(left, 0.0) + DEADLINE_SLACK, True

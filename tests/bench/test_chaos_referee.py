@@ -1,5 +1,6 @@
 """The chaos referee's check of the leaders (``dblock lead``) on hand-made CMD logs: it must
-catch two CMDs that ran at once, and tell them from the stale leader a pause leaves behind."""
+catch two CMDs that ran at once, and tell them from the stale leader a pause leaves behind;
+and its check of holds reported lost that nothing could have ended."""
 
 from __future__ import annotations
 
@@ -105,3 +106,35 @@ def test_failover_is_measured_from_the_kill_to_another_leaders_start() -> None:
         {"kind": "kill", "pid": 1, "start": 11.0},  # a worker's
     ]
     assert referee.lead_failovers(starts, faults) == [12.6 - 10.5]
+
+
+def _lost_hold(rel_sent: float, rel_ret: float) -> dict[str, object]:
+    """A hold of a 2 s lease, acquire sent at 10.0, reported lost by its release."""
+    return {
+        "key": "k",
+        "token": 7,
+        "sent": 10.0,
+        "rel_sent": rel_sent,
+        "rel_ret": rel_ret,
+        "outcome": "lost",
+        "detail": "LockLost",
+    }
+
+
+def test_a_loss_nothing_could_have_caused_is_a_false_loss() -> None:
+    quick = _lost_hold(10.9, 10.95)  # released within half the lease, and at once
+    for file_lock in (False, True):
+        (found,) = referee.false_losses([quick], [], 2.0, file_lock)
+        assert found.startswith("false-loss: k: token 7 held 0.90 s")
+        assert "its release took 0.05 s" in found
+
+
+def test_a_release_that_waited_for_the_file_past_the_lease_may_find_it_lost() -> None:
+    """On a store of one file lock (SQLite) a release may wait for the file's write lock, held
+    by a holder the machine did not schedule: returned past the lease's end, it may have run
+    after it. Elsewhere the same timing stays a false loss (a slow retry after a lost reply
+    must still count the first attempt's release)."""
+    slow = _lost_hold(10.9, 12.1)
+    assert referee.false_losses([slow], [], 2.0, file_lock=True) == []
+    (found,) = referee.false_losses([slow], [], 2.0, file_lock=False)
+    assert "its release took 1.20 s" in found

@@ -133,8 +133,24 @@ class Attempt(ABC, Generic[G]):
 
     def _trying(self, call: Call) -> Steps[Any]:
         """``_granting``, where a statement that gave up waiting for the key's row is a try that
-        found the key busy (None): see ``_unless_row_locked``."""
-        return (yield from self._unless_row_locked(self._granting(call), None))
+        found the key busy (None): see ``_unless_row_locked``. (The two in one generator: every
+        try passes through it, and each generator between it and the driver is a frame more
+        to resume at each of its steps.)"""
+        self.row_locked = False
+        try:
+            try:
+                return (yield call)
+            except GeneratorExit:
+                raise  # closed unfinished (see run): no step may follow
+            except BaseException as exc:
+                if cut_short(exc) or (isinstance(exc, BackendError) and exc._settled):
+                    yield from self._disown()
+                raise
+        except BackendError as exc:
+            if not exc._row_locked:
+                raise
+            self.row_locked = True
+            return None
 
     def _unless_row_locked(self, steps: Steps[T], busy: T) -> Steps[T]:
         """``steps``' result, or ``busy`` if its statement gave up waiting for a row that an

@@ -35,6 +35,15 @@ class Spec:
     #: the longest a waiter that is told of releases goes without looking again (None: the
     #: engine's default): a holder that died without releasing is noticed within it
     recheck: float | None = None
+    #: held as long as a connection of the store's, on the server's own lock (no lease)
+    session: bool = field(init=False, repr=False, compare=False, default=False)
+    #: held alongside others of the key (read holds, permits)
+    shared: bool = field(init=False, repr=False, compare=False, default=False)
+
+    def __post_init__(self) -> None:
+        # read on every acquire, renewal and release: attributes, not properties
+        self.session = self.kind == "session"
+        self.shared = self.kind in ("read", "semaphore")
 
     def check(self, store: Store) -> None:
         """Raise ConfigurationError if ``store`` lacks a capability this kind needs."""
@@ -49,16 +58,6 @@ class Spec:
             require(store, ScheduledRuns, "scheduled()")
         elif self.kind == "session":
             require(store, SessionHolds, "session holds")
-
-    @property
-    def session(self) -> bool:
-        """Held as long as a connection of the store's, on the server's own lock (no lease)."""
-        return self.kind == "session"
-
-    @property
-    def shared(self) -> bool:
-        """Held alongside others of the key (read holds, permits)."""
-        return self.kind in ("read", "semaphore")
 
     def queue(self, traits: Traits) -> str | None:
         """The kind of queue entry a waiter keeps (None: it does not queue). Plain locks queue

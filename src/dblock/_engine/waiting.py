@@ -87,12 +87,12 @@ class Acquisition(Attempt[int]):
         spec, entry = self.spec, self.entry
         cap = self.traits.poll_cap
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
-        backoff = Backoff(FIRST_BACKOFF, cap)
+        backoff: Backoff | None = None  # made when first needed: a free lock needs none
         acquired = closed = False
         should_try = True
         ahead = -1  # waiters ahead of us, as last probed (-1: not known)
         late_retries = LATE_RETRIES
-        pacer = TurnPacer(cap)
+        pacer: TurnPacer | None = None
         # what waits inside a statement (a busy SQLite file, a free pooled connection) waits no
         # longer than this acquire may; leaving the queue afterwards is not bounded by it
         bound = set_deadline(deadline if self.blocking else time.monotonic())
@@ -141,6 +141,8 @@ class Acquisition(Attempt[int]):
                     should_try = True
                     continue
                 yield from self._no_finished_record()
+                if backoff is None:
+                    backoff = Backoff(FIRST_BACKOFF, cap)
                 pause = backoff.next()
                 live = self.subscription is not None and self.subscription.live
                 # A wake-up at every change to the store (SQLite's) is for the head and the
@@ -150,6 +152,8 @@ class Acquisition(Attempt[int]):
                 # Sleeper at a release in the same client, a key's channel at its release.
                 paced = ahead > 1 and self.subscription is not None and self.subscription.broadcast
                 if ahead >= 0 and (not live or paced):
+                    if pacer is None:
+                        pacer = TurnPacer(cap)
                     pause = pacer.pause(ahead)
                 if spec.recheck is not None:  # a dead holder's lease end is noticed within it
                     pause = min(pause, spec.recheck)
@@ -219,21 +223,26 @@ class Acquisition(Attempt[int]):
         """Make our queue entry, or refresh it when due; True if we should try again now (also
         when the statement waited for the key's row, held by an open transaction: the try
         then waits for that row in the server)."""
-        return (yield from self._unless_row_locked(self._keep_queued_now(), True))
-
-    def _keep_queued_now(self) -> Steps[bool]:
         entry = self.entry
         if self.queue is None or (
             entry.written_at is not None and time.monotonic() - entry.written_at <= QUEUE_TTL / 3
         ):
+            self.row_locked = False
+            return False  # nothing due (most waits): no statement, no generators
+        return (yield from self._unless_row_locked(self._keep_queued_now(), True))
+
+    def _keep_queued_now(self) -> Steps[bool]:
+        """``_keep_queued``'s statement, when due."""
+        entry, queue = self.entry, self.queue
+        if queue is None:  # (_keep_queued asked already)
             return False
         sent = time.monotonic()
         sub = self.subscription
         if entry.written_at is None:
             # the lock may be handed to a plain lock's waiter that hears of releases
-            lease = self.spec.ttl if sub is not None and sub.live and self.queue == "lock" else None
+            lease = self.spec.ttl if sub is not None and sub.live and queue == "lock" else None
             yield from self._queueing(
-                Call(FairQueue.enqueue, self.spec.key, self.owner, self.queue, QUEUE_TTL, lease)
+                Call(FairQueue.enqueue, self.spec.key, self.owner, queue, QUEUE_TTL, lease)
             )
             entry.written(sent)
             # a release between our first try and our subscription was not announced to us:
@@ -246,7 +255,7 @@ class Acquisition(Attempt[int]):
             should_try, _ahead = yield from self._worth_trying()
             return should_try
         kept = yield from self._queueing(
-            Call(FairQueue.requeue, self.spec.key, self.owner, self.queue, QUEUE_TTL)
+            Call(FairQueue.requeue, self.spec.key, self.owner, queue, QUEUE_TTL)
         )
         if not kept:
             # Our entry is gone: the lock was handed to us (its notification is late or lost,

@@ -313,12 +313,13 @@ class PooledStore(Store, Generic[C]):
         """
         reconnected = False
         attempt = 0
-        # a busy database is waited for no longer than the caller's deadline allows
-        busy_for, cut = bounded_wait(self._transient_for)
-        give_up = time.monotonic() + busy_for
+        started = time.monotonic()
         # a statement of the cleanup after a cancellation (leaving a queue) carries that
         # cancellation on its errors, but is no interrupted statement: it is retried as usual
+        # (asked before the statement: a cancellation thrown into it is its interruption)
         earlier = self.rt.cleaning_up()
+        busy: tuple[float, bool] | None = None
+        offloads = self.offloads
         while True:
             attempt += 1
             try:
@@ -329,7 +330,7 @@ class PooledStore(Store, Generic[C]):
                 raise self._connect_error(exc, key) from exc
             ident, watch = self._watchdog.watch(deadline, partial(self._abort, conn))
             try:
-                result = self.rt.offload(fn, conn) if self.offloads else fn(conn)
+                result = self.rt.offload(fn, conn) if offloads else fn(conn)
             except BaseException as exc:
                 self._watchdog.done(ident)
                 interruption = _interruption(exc)
@@ -389,8 +390,12 @@ class PooledStore(Store, Generic[C]):
                     )
                     error._row_locked = True
                     raise error from exc
+                if busy is None:
+                    # a busy database is waited for no longer than the caller's deadline allows
+                    busy = bounded_wait(self._transient_for, since=started)
+                busy_for, cut = busy
                 if failure is Failure.TRANSIENT and (
-                    attempt < _TRANSIENT_ATTEMPTS or time.monotonic() < give_up
+                    attempt < _TRANSIENT_ATTEMPTS or time.monotonic() < started + busy_for
                 ):
                     self.rt.sleep(self._transient_pause(attempt))
                     continue
