@@ -114,29 +114,20 @@ class Attempt(ABC, Generic[G]):
     def _disown(self) -> Steps[None]:
         """End whatever this owner holds of the keys (a grant interrupted in flight)."""
 
-    def _granting(self, call: Call) -> Steps[Any]:
+    def _granting(self, call: Call, *, row_locked_busy: bool = False) -> Steps[Any]:
         """Run a statement that may grant the hold. If it is cut short (``cut_short``: an asyncio
         cancellation, a timeout around the acquire, Ctrl-C), or aborted past its deadline on
         a server that then ended it (BackendError ``_settled``), the store may have granted
         it anyway: that hold is ended before the error propagates, so none is left for only
         its lease to free. (Another failed statement is not: the store retried it, and it
-        failed because the database cannot be reached.)"""
-        try:
-            result = yield call
-        except GeneratorExit:
-            raise  # closed unfinished (see run): no step may follow
-        except BaseException as exc:
-            if cut_short(exc) or (isinstance(exc, BackendError) and exc._settled):
-                yield from self._disown()
-            raise
-        return result
+        failed because the database cannot be reached.)
 
-    def _trying(self, call: Call) -> Steps[Any]:
-        """``_granting``, where a statement that gave up waiting for the key's row is a try that
-        found the key busy (None): see ``_unless_row_locked``. (The two in one generator: every
-        try passes through it, and each generator between it and the driver is a frame more
-        to resume at each of its steps.)"""
-        self.row_locked = False
+        ``row_locked_busy``: a statement that gave up waiting for the key's row is a try that
+        found the key busy (None), as ``_unless_row_locked`` makes it, in this one generator:
+        every try passes through it, and each generator between it and the driver is one
+        frame more to resume at each of its steps."""
+        if row_locked_busy:
+            self.row_locked = False
         try:
             try:
                 return (yield call)
@@ -147,10 +138,15 @@ class Attempt(ABC, Generic[G]):
                     yield from self._disown()
                 raise
         except BackendError as exc:
-            if not exc._row_locked:
+            if not (row_locked_busy and exc._row_locked):
                 raise
             self.row_locked = True
             return None
+
+    def _trying(self, call: Call) -> Steps[Any]:
+        """``_granting`` of a try: a statement that gave up waiting for the key's row found the
+        key busy (None; see ``_unless_row_locked``)."""
+        return self._granting(call, row_locked_busy=True)  # its steps, not a frame around them
 
     def _unless_row_locked(self, steps: Steps[T], busy: T) -> Steps[T]:
         """``steps``' result, or ``busy`` if its statement gave up waiting for a row that an
