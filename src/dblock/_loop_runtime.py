@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
+import functools
 import logging
 import time
 import weakref
@@ -25,36 +27,58 @@ T = TypeVar("T")
 
 
 class LoopEvent:
-    """``threading.Event``'s interface over an ``asyncio.Event``; ``set`` from any thread."""
+    """``threading.Event``'s interface on the loop; ``set`` from any thread.
 
-    __slots__ = ("_event", "_loop")
+    A wait is one future of the loop's (and a timer): no task, as ``asyncio.wait_for`` of an
+    ``asyncio.Event`` made one per wait, two turns of the loop more for every wake-up of a
+    waiting acquire."""
+
+    __slots__ = ("_flag", "_loop", "_waiters")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
-        self._event = asyncio.Event()
+        self._flag = False
+        self._waiters: list[asyncio.Future[bool]] = []
 
     def set(self) -> None:
         if _on_loop(self._loop):
-            self._event.set()
+            self._set()
         else:
-            self._loop.call_soon_threadsafe(self._event.set)
+            self._loop.call_soon_threadsafe(self._set)
+
+    def _set(self) -> None:
+        if self._flag:
+            return
+        self._flag = True
+        for waiter in self._waiters:  # each wait removes its own
+            if not waiter.done():
+                waiter.set_result(True)
 
     def clear(self) -> None:
-        self._event.clear()
+        self._flag = False
 
     def is_set(self) -> bool:
-        return self._event.is_set()
+        return self._flag
 
     def wait(self, timeout: float | None = None) -> bool:
-        if self._event.is_set():
+        if self._flag:
             return True
         if timeout is not None and timeout <= 0:
             return False
+        waiter: asyncio.Future[bool] = self._loop.create_future()
+        self._waiters.append(waiter)
+        timer = None if timeout is None else self._loop.call_later(timeout, _expire, waiter)
         try:
-            await_(asyncio.wait_for(self._event.wait(), timeout))
-        except asyncio.TimeoutError:
-            return False
-        return True
+            return bool(await_(waiter))
+        finally:
+            if timer is not None:
+                timer.cancel()
+            self._waiters.remove(waiter)
+
+
+def _expire(waiter: asyncio.Future[bool]) -> None:
+    if not waiter.done():
+        waiter.set_result(False)
 
 
 class _TaskWorker:
@@ -197,7 +221,11 @@ class LoopRuntime:
         cannot be stopped, and it may be using a connection), hands what it returned to
         ``discard`` (a connection it opened, which nobody would otherwise close), then
         propagates."""
-        future = asyncio.ensure_future(asyncio.to_thread(fn, *args))
+        # what asyncio.to_thread does (the caller's context, the loop's default executor),
+        # less the task that would run its coroutine: each offload was a task's two loop
+        # turns more (a store operation of the async client is one offload)
+        call = functools.partial(contextvars.copy_context().run, fn, *args)
+        future = self.loop.run_in_executor(None, call)
         try:
             return await_(asyncio.shield(future))
         except asyncio.CancelledError:
