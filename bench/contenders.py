@@ -747,6 +747,51 @@ class DblockScriptsByHand:
         self.client.close()
 
 
+class DblockRedisStoreCalls:
+    """A Redis hold as dblock's store makes it, in the engine's order (a plain try while the
+    client has no listener; else ``subscribe`` and ``acquire_or_enqueue``, the subscription's
+    wait for its hand-over; ``release``: the pool, the watchdog, the waiter's own connection),
+    without the ``Lock`` and the engine above it: between dblock's functions by hand and
+    dblock, what each layer costs."""
+
+    def __init__(self, t: Targets, key: str) -> None:
+        from dblock._engine import QUEUE_TTL
+
+        self.client = _warmed_client("redis", t, key, ttl=60.0)
+        self.store: Any = self.client._store
+        self.key, self.queue_ttl = key, QUEUE_TTL
+        self.token = 0
+        self.owner = ""
+
+    def acquire(self) -> None:
+        store, key = self.store, self.key
+        self.owner = owner = f"store-calls:{uuid.uuid4().hex}"  # one per hold, as dblock's
+        if not store.joining():  # as the engine: no listener yet, so a plain try first
+            token = store.acquire_fair(key, owner, 60.0, False)
+            if token is not None:
+                self.token = token
+                return
+        sub = store.subscribe(key, owner, "lock")
+        try:
+            token = store.acquire_or_enqueue(key, owner, 60.0, self.queue_ttl)
+            while token is None:
+                sub.wait(1.0)
+                if sub.granted is not None:  # handed over
+                    token = sub.granted
+                else:  # rung, or a long silence: look again (a queued owner stays queued)
+                    token = store.acquire_or_enqueue(key, owner, 60.0, self.queue_ttl)
+        finally:
+            sub.close()
+        self.token = token
+
+    def release(self) -> None:
+        if not self.store.release(self.key, self.owner, self.token):
+            raise RuntimeError("the store's release released nothing")
+
+    def close(self) -> None:
+        self.client.close()
+
+
 class KazooLockAdapter:
     """kazoo's own Lock recipe: an ephemeral sequential node, each waiter watching its
     predecessor (what Curator's InterProcessMutex does)."""
@@ -897,6 +942,15 @@ def all_contenders() -> list[Contender]:
             "floor",
             DblockScriptsByHand,
             note="dblock's functions and hand-overs without its Python",
+        )
+    )
+    c.append(
+        Contender(
+            "redis",
+            "floor: dblock's store calls",
+            "floor",
+            DblockRedisStoreCalls,
+            note="dblock's store for a hold, without its Lock and engine",
         )
     )
     c.append(Contender("zookeeper", "kazoo Lock", "peer", KazooLockAdapter, note="kazoo recipe"))

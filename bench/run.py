@@ -1055,6 +1055,9 @@ def _redis_floor_targets(res: dict[str, Any]) -> list[dict[str, Any]]:
                 f"{by_hand / peer:.2f}×; {rate / by_hand:.2f}×",
                 None,
             )
+        calls = a.get("redis/floor: dblock's store calls", {}).get("pairs_per_s")
+        if calls and not math.isnan(calls):
+            add("(a) redis: (dblock's store calls ÷ redis-py Lock)", f"{calls / peer:.2f}×", None)
     v, floor = b.get(me, {}), b.get(fifo, {})
     if v.get("repeats") and floor.get("repeats") and floor.get("throughput"):
         ratio = v["throughput"] / floor["throughput"]
@@ -1064,6 +1067,13 @@ def _redis_floor_targets(res: dict[str, Any]) -> list[dict[str, Any]]:
             add(
                 "(b) redis: (dblock's scripts by hand ÷ the FIFO ticket floor; dblock ÷ them)",
                 f"{by_hand / floor['throughput']:.2f}×; {v['throughput'] / by_hand:.2f}×",
+                None,
+            )
+        calls = b.get("redis/floor: dblock's store calls", {}).get("throughput")
+        if calls:  # the layers between: the store's calls alone, then the Lock's and engine's
+            add(
+                "(b) redis: (dblock's store calls ÷ the FIFO ticket floor)",
+                f"{calls / floor['throughput']:.2f}×",
                 None,
             )
         mine, theirs = v["wait_p99_ms"], floor["wait_p99_ms"]

@@ -259,6 +259,7 @@ def test_sqlite_counts_include_the_connection_connect_opened(tmp_path: Path) -> 
     [
         ("redis", "floor: FIFO ticket lock"),
         ("redis", "floor: dblock's scripts by hand"),
+        ("redis", "floor: dblock's store calls"),
         ("postgresql", "floor: session SQL by hand"),
         ("mysql", "floor: session SQL by hand"),
         ("postgresql", "floor: session store calls"),
