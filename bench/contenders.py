@@ -672,6 +672,10 @@ class RedisTicketFloor:
         self.r.close()
 
 
+#: the lease of the Redis floors that keep dblock's guarantees (dblock's own contender's ttl)
+_LEASE = 60.0
+
+
 class DblockScriptsByHand:
     """dblock's Redis functions sent by hand, as its blocking client sends them (one
     ``FCALL`` per acquire or release, its own packing, no redis-py layers), each process
@@ -683,25 +687,28 @@ class DblockScriptsByHand:
     def __init__(self, t: Targets, key: str) -> None:
         import redis
 
+        from dblock._engine import QUEUE_TTL
+        from dblock.stores._listener import parse
         from dblock.stores.redis.scripts import FUNCTIONS
         from dblock.stores.redis.store import _roundtrip
 
-        self.client = _warmed_client("redis", t, key, ttl=60.0)  # the library is loaded
+        self.client = _warmed_client("redis", t, key, ttl=_LEASE)  # the library is loaded
         store: Any = self.client._store
         self.keys = store._keys(key)
         self.key, self.channel = key, store.channel
         self.owner = f"scripts-by-hand:{uuid.uuid4().hex}"
         self.own = f"{store.prefix}by-hand:{uuid.uuid4().hex}"
         self.conn = redis.Redis.from_url(t.redis, single_connection_client=True)
-        self.roundtrip = _roundtrip
+        self.roundtrip, self.parse = _roundtrip, parse
+        self.lease_us, self.queue_us = round(_LEASE * 1e6), round(QUEUE_TTL * 1e6)
         self.take = FUNCTIONS["acquire_or_enqueue"]
         self.free = FUNCTIONS["release"]
-        self.pubsub = redis.Redis.from_url(t.redis).pubsub(ignore_subscribe_messages=True)
+        listening = redis.Redis.from_url(t.redis, decode_responses=True)  # parse reads text
+        self.pubsub = listening.pubsub(ignore_subscribe_messages=True)
         self.pubsub.subscribe(self.own)
         while self.pubsub.get_message(timeout=1.0) is None and not self.pubsub.subscribed:
             pass
         self.token = 0
-        self.handed = f" {self.owner} {key}"
 
     def _try(self) -> int | None:
         reply = self.roundtrip(
@@ -714,8 +721,8 @@ class DblockScriptsByHand:
                 self.key,
                 self.channel,
                 self.owner,
-                60_000_000,
-                9_000_000,
+                self.lease_us,
+                self.queue_us,
                 self.own,
             ),
         )
@@ -725,12 +732,13 @@ class DblockScriptsByHand:
         token = self._try()
         while token is None:
             message = self.pubsub.get_message(timeout=1.0)
-            text = b"" if message is None else message["data"]
-            text = text.decode() if isinstance(text, bytes) else str(text)
-            if text.startswith("=") and text.endswith(self.handed):
-                token = int(text[1:].split(" ", 1)[0])
-            elif message is None or text.endswith(f" {self.key}"):  # rung, or a long silence
-                token = self._try()
+            heard = None if message is None else self.parse(message["data"])
+            if heard is not None and heard[2] != self.key:
+                continue  # about another key
+            if heard is not None and heard[3] is not None and heard[1] == self.owner:
+                token = heard[3]  # handed over
+            elif heard is None or not heard[1] or heard[1] == self.owner:
+                token = self._try()  # rung, or a long silence (or a message it cannot read)
         self.token = token
 
     def release(self) -> None:
@@ -757,7 +765,7 @@ class DblockRedisStoreCalls:
     def __init__(self, t: Targets, key: str) -> None:
         from dblock._engine import QUEUE_TTL
 
-        self.client = _warmed_client("redis", t, key, ttl=60.0)
+        self.client = _warmed_client("redis", t, key, ttl=_LEASE)
         self.store: Any = self.client._store
         self.key, self.queue_ttl = key, QUEUE_TTL
         self.token = 0
@@ -767,19 +775,19 @@ class DblockRedisStoreCalls:
         store, key = self.store, self.key
         self.owner = owner = f"store-calls:{uuid.uuid4().hex}"  # one per hold, as dblock's
         if not store.joining():  # as the engine: no listener yet, so a plain try first
-            token = store.acquire_fair(key, owner, 60.0, False)
+            token = store.acquire_fair(key, owner, _LEASE, False)
             if token is not None:
                 self.token = token
                 return
         sub = store.subscribe(key, owner, "lock")
         try:
-            token = store.acquire_or_enqueue(key, owner, 60.0, self.queue_ttl)
+            token = store.acquire_or_enqueue(key, owner, _LEASE, self.queue_ttl)
             while token is None:
                 sub.wait(1.0)
                 if sub.granted is not None:  # handed over
                     token = sub.granted
                 else:  # rung, or a long silence: look again (a queued owner stays queued)
-                    token = store.acquire_or_enqueue(key, owner, 60.0, self.queue_ttl)
+                    token = store.acquire_or_enqueue(key, owner, _LEASE, self.queue_ttl)
         finally:
             sub.close()
         self.token = token

@@ -1034,6 +1034,11 @@ def _contended_targets(label: str, v: dict[str, Any], fair: float) -> list[dict[
     ]
 
 
+#: the Redis floors under dblock, each one layer less of it: what its server side allows (its
+#: functions by hand), then its store's calls without the ``Lock`` and the engine
+_DBLOCK_LAYERS = ("dblock's scripts by hand", "dblock's store calls")
+
+
 def _redis_floor_targets(res: dict[str, Any]) -> list[dict[str, Any]]:
     """Issue 52's last steps to the floors on Redis: uncontended against redis-py's ``Lock``,
     contended against the FIFO ticket floor (its throughput and p99 wait)."""
@@ -1044,38 +1049,29 @@ def _redis_floor_targets(res: dict[str, Any]) -> list[dict[str, Any]]:
 
     a, b = res.get("a", {}), res.get("b", {})
     me, plain, fifo = "redis/dblock", "redis/redis-py Lock", "redis/floor: FIFO ticket lock"
-    hand = "redis/floor: dblock's scripts by hand"
     rate, peer = a.get(me, {}).get("pairs_per_s"), a.get(plain, {}).get("pairs_per_s")
     if rate and peer and not math.isnan(rate) and not math.isnan(peer):
         add("(a) redis: ≥ 0.95× redis-py Lock", f"{rate / peer:.2f}×", rate / peer >= 0.95)
-        by_hand = a.get(hand, {}).get("pairs_per_s")
-        if by_hand and not math.isnan(by_hand):  # what dblock's functions allow, and its Python
-            add(
-                "(a) redis: (dblock's scripts by hand ÷ redis-py Lock; dblock ÷ them)",
-                f"{by_hand / peer:.2f}×; {rate / by_hand:.2f}×",
-                None,
-            )
-        calls = a.get("redis/floor: dblock's store calls", {}).get("pairs_per_s")
-        if calls and not math.isnan(calls):
-            add("(a) redis: (dblock's store calls ÷ redis-py Lock)", f"{calls / peer:.2f}×", None)
+        for name in _DBLOCK_LAYERS:
+            under = a.get(f"redis/floor: {name}", {}).get("pairs_per_s")
+            if under and not math.isnan(under):
+                add(
+                    f"(a) redis: ({name} ÷ redis-py Lock; dblock ÷ them)",
+                    f"{under / peer:.2f}×; {rate / under:.2f}×",
+                    None,
+                )
     v, floor = b.get(me, {}), b.get(fifo, {})
     if v.get("repeats") and floor.get("repeats") and floor.get("throughput"):
         ratio = v["throughput"] / floor["throughput"]
         add("(b) redis: ≥ 0.9× the FIFO ticket floor", f"{ratio:.2f}×", ratio >= 0.9)
-        by_hand = b.get(hand, {}).get("throughput")
-        if by_hand:
-            add(
-                "(b) redis: (dblock's scripts by hand ÷ the FIFO ticket floor; dblock ÷ them)",
-                f"{by_hand / floor['throughput']:.2f}×; {v['throughput'] / by_hand:.2f}×",
-                None,
-            )
-        calls = b.get("redis/floor: dblock's store calls", {}).get("throughput")
-        if calls:  # the layers between: the store's calls alone, then the Lock's and engine's
-            add(
-                "(b) redis: (dblock's store calls ÷ the FIFO ticket floor)",
-                f"{calls / floor['throughput']:.2f}×",
-                None,
-            )
+        for name in _DBLOCK_LAYERS:
+            under = b.get(f"redis/floor: {name}", {}).get("throughput")
+            if under:
+                add(
+                    f"(b) redis: ({name} ÷ the FIFO ticket floor; dblock ÷ them)",
+                    f"{under / floor['throughput']:.2f}×; {v['throughput'] / under:.2f}×",
+                    None,
+                )
         mine, theirs = v["wait_p99_ms"], floor["wait_p99_ms"]
         add(
             "(b) redis: p99 wait ≤ 1.1× the FIFO ticket floor's",

@@ -138,9 +138,8 @@ class Attempt(ABC, Generic[G]):
                     yield from self._disown()
                 raise
         except BackendError as exc:
-            if not (row_locked_busy and exc._row_locked):
+            if not (row_locked_busy and self._gave_up_on_row(exc)):
                 raise
-            self.row_locked = True
             return None
 
     def _trying(self, call: Call) -> Steps[Any]:
@@ -157,10 +156,16 @@ class Attempt(ABC, Generic[G]):
         try:
             return (yield from steps)
         except BackendError as exc:
-            if not exc._row_locked:
+            if not self._gave_up_on_row(exc):
                 raise
-            self.row_locked = True
             return busy
+
+    def _gave_up_on_row(self, exc: BackendError) -> bool:
+        """``exc`` is a statement's that gave up waiting for a row an open transaction holds
+        (``row_locked`` then says so): the answer ``busy``, not an error."""
+        if exc._row_locked:
+            self.row_locked = True
+        return exc._row_locked
 
     def _confirm(self, hold: Hold, sent: float) -> Steps[tuple[Hold | None, bool]]:
         """``hold``, granted by a request sent at ``sent``, if its reply confirms it

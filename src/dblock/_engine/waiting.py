@@ -223,19 +223,17 @@ class Acquisition(Attempt[int]):
         """Make our queue entry, or refresh it when due; True if we should try again now (also
         when the statement waited for the key's row, held by an open transaction: the try
         then waits for that row in the server)."""
-        entry = self.entry
-        if self.queue is None or (
+        entry, queue = self.entry, self.queue
+        if queue is None or (
             entry.written_at is not None and time.monotonic() - entry.written_at <= QUEUE_TTL / 3
         ):
             self.row_locked = False
             return False  # nothing due (most waits): no statement, no generators
-        return (yield from self._unless_row_locked(self._keep_queued_now(), True))
+        return (yield from self._unless_row_locked(self._keep_queued_now(queue), True))
 
-    def _keep_queued_now(self) -> Steps[bool]:
-        """``_keep_queued``'s statement, when due."""
-        entry, queue = self.entry, self.queue
-        if queue is None:  # (_keep_queued asked already)
-            return False
+    def _keep_queued_now(self, queue: str) -> Steps[bool]:
+        """``_keep_queued``'s statement for our entry in ``queue``, when due."""
+        entry = self.entry
         sent = time.monotonic()
         sub = self.subscription
         if entry.written_at is None:

@@ -390,22 +390,22 @@ class PooledStore(Store, Generic[C]):
                     )
                     error._row_locked = True
                     raise error from exc
-                if busy is None:
-                    # a busy database is waited for no longer than the caller's deadline allows
-                    busy = bounded_wait(self._transient_for, since=started)
-                busy_for, cut = busy
-                if failure is Failure.TRANSIENT and (
-                    attempt < _TRANSIENT_ATTEMPTS or time.monotonic() < started + busy_for
-                ):
-                    self.rt.sleep(self._transient_pause(attempt))
-                    continue
-                if failure is Failure.TRANSIENT and cut:
-                    # busy past the caller's deadline; the statement did nothing
-                    raise DeadlinePassed(
-                        f"{what} on {self.safe_url} (table {self.table}) found the database "
-                        "busy until the caller's deadline",
-                        key=key,
-                    ) from None
+                if failure is Failure.TRANSIENT:
+                    if busy is None:
+                        # a busy database is waited for no longer than the caller's deadline
+                        # allows, counted from the call's start
+                        busy = bounded_wait(self._transient_for, since=started)
+                    busy_for, cut = busy
+                    if attempt < _TRANSIENT_ATTEMPTS or time.monotonic() < started + busy_for:
+                        self.rt.sleep(self._transient_pause(attempt))
+                        continue
+                    if cut:
+                        # busy past the caller's deadline; the statement did nothing
+                        raise DeadlinePassed(
+                            f"{what} on {self.safe_url} (table {self.table}) found the database "
+                            "busy until the caller's deadline",
+                            key=key,
+                        ) from None
                 raise self._wrap(exc, f"{what} failed on {self.safe_url}", key) from exc
             self._watchdog.done(ident)
             if watch.aborted:  # it finished just as it was being aborted
